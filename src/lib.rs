@@ -1,0 +1,32 @@
+//! metronome: a sidecar proxy that makes the stutter of streamed LLM output visible.
+//!
+//! It forwards every streamed response byte for byte, stamps each frame when it arrives from the
+//! inference server (ingress) and when its bytes reach the client's socket (egress), and exports
+//! Prometheus histograms of time to first token, inter-token gaps, stalls and jank.
+//!
+//! Module map, in the order one request flows through them (ARCHITECTURE.md has the long form):
+//!
+//! - [`config`]: the TOML configuration, its defaults, validation and overrides.
+//! - [`proxy`]: the listener, router, forwarder and the metered body (ingress reader, egress body,
+//!   egress clock on the client socket).
+//! - [`scan`]: the incremental SSE / NDJSON scanners; they read frames, never copy or change them.
+//! - [`format`]: token accounting per streaming API (which events carry tokens, and how many).
+//! - [`ledger`]: fixed-size per-stream state, recorded exactly once at the end of a stream.
+//! - [`metrics`]: the Prometheus metric contract of DESIGN.md section 4.
+//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`).
+//! - [`sim`], [`probe`], [`demo`]: a streaming server with a cadence you set, a client that measures
+//!   what arrives, and both wired around the proxy in one command.
+
+pub mod admin;
+pub mod config;
+pub mod demo;
+pub mod format;
+pub mod ledger;
+pub mod metrics;
+pub mod probe;
+pub mod proxy;
+pub mod scan;
+pub mod sim;
+pub mod sketch;
+pub mod stats;
+pub mod telemetry;
