@@ -30,3 +30,4 @@ pub mod sim;
 pub mod sketch;
 pub mod stats;
 pub mod telemetry;
+pub mod units;
