@@ -194,7 +194,7 @@ fn histogram(out: &mut String, run: &ProbeRun, threshold: Duration) {
     let (width, height) = (900.0, 260.0);
     let (left, right, top, bottom) = (70.0, 20.0, 15.0, 40.0);
     let zero_w = 24.0;
-    let plot_x = left + zero_w + 16.0;
+    let plot_x = left + zero_w + 36.0;
     let plot_w = width - plot_x - right;
     let plot_h = height - top - bottom;
     let base = top + plot_h;
@@ -222,6 +222,9 @@ fn histogram(out: &mut String, run: &ProbeRun, threshold: Duration) {
          <title>gap 0 (same frame): {zero}</title></rect>",
         base - h
     );
+    if zero > 0 {
+        count_label(out, left + zero_w / 2.0, base - h, zero);
+    }
     let _ = writeln!(
         out,
         "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">0</text>",
@@ -247,6 +250,7 @@ fn histogram(out: &mut String, run: &ProbeRun, threshold: Duration) {
             format_duration(Duration::from_secs_f64(from)),
             format_duration(Duration::from_secs_f64(to)),
         );
+        count_label(out, plot_x + (i as f64 + 0.5) * bin_w, base - h, count);
     }
     // Axes, decade ticks and labels.
     let _ = writeln!(
@@ -260,7 +264,7 @@ fn histogram(out: &mut String, run: &ProbeRun, threshold: Duration) {
     );
     for decade in lo_decade..=hi_decade {
         let x = x_of(10f64.powi(decade));
-        let label = format_duration(Duration::from_secs_f64(10f64.powi(decade)));
+        let label = round_label(10f64.powi(decade));
         let _ = writeln!(
             out,
             "<line class=\"axis\" x1=\"{x:.1}\" y1=\"{base:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\"/>\
@@ -314,7 +318,7 @@ fn strips(out: &mut String, run: &ProbeRun, threshold: Duration) {
     let (width, left, right, top) = (900.0, 70.0, 20.0, 10.0);
     let (lane_h, lane_gap) = (6.0, 3.0);
     let plot_w = width - left - right;
-    let height = top + streams.len() as f64 * (lane_h + lane_gap) + 34.0;
+    let height = top + streams.len() as f64 * (lane_h + lane_gap) + 44.0;
     let x_of = |s: &super::stream::StreamRecord, at: Instant| {
         left + at.saturating_duration_since(s.scheduled).as_secs_f64() / span * plot_w
     };
@@ -380,22 +384,75 @@ fn strips(out: &mut String, run: &ProbeRun, threshold: Duration) {
         "<line class=\"axis\" x1=\"{left:.1}\" y1=\"{base:.1}\" x2=\"{:.1}\" y2=\"{base:.1}\"/>",
         width - right
     );
-    for i in 0..=5 {
-        let x = left + plot_w * f64::from(i) / 5.0;
-        let label = format_duration(Duration::from_secs_f64(span * f64::from(i) / 5.0));
+    let step = tick_step(span);
+    let mut tick = 0.0;
+    while tick <= span * 1.0001 {
+        let x = left + tick / span * plot_w;
         let _ = writeln!(
             out,
-            "<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>",
-            base + 14.0
+            "<line class=\"axis\" x1=\"{x:.1}\" y1=\"{base:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\"/>\
+             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            base + 4.0,
+            base + 16.0,
+            round_label(tick)
+        );
+        tick += step;
+    }
+    // Stream numbers down the left: every row when few, every tenth otherwise.
+    let every = if streams.len() <= 30 { 1 } else { 10 };
+    for (row, s) in streams.iter().enumerate().step_by(every) {
+        let y = top + row as f64 * (lane_h + lane_gap) + lane_h;
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{y:.1}\" text-anchor=\"end\" font-size=\"9\">{}</text>",
+            left - 6.0,
+            s.index
         );
     }
     let _ = writeln!(
         out,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">stream</text>",
-        left - 6.0,
-        top + lane_h
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">time since the stream's intended start</text>",
+        left + plot_w / 2.0,
+        base + 30.0
     );
     out.push_str("</svg>\n");
+}
+
+/// A count above its bar, so a single stall is as readable as a thousand steady gaps.
+fn count_label(out: &mut String, x: f64, top: f64, count: u64) {
+    let _ = writeln!(
+        out,
+        "<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"9\">{count}</text>",
+        top - 3.0
+    );
+}
+
+/// The axis step: 1, 2 or 5 times a power of ten, giving at most 8 steps over `span` seconds.
+fn tick_step(span: f64) -> f64 {
+    let rough = span / 8.0;
+    let power = 10f64.powf(rough.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * power)
+        .find(|step| *step >= rough)
+        .unwrap_or(10.0 * power)
+}
+
+/// A round number of seconds as an axis label: `0`, `100us`, `20ms`, `1.5s`.
+fn round_label(seconds: f64) -> String {
+    let trim = |v: f64| {
+        let text = format!("{v:.3}");
+        text.trim_end_matches('0').trim_end_matches('.').to_owned()
+    };
+    if seconds <= 0.0 {
+        "0".to_owned()
+    } else if seconds >= 1.0 {
+        format!("{}s", trim(seconds))
+    } else if seconds >= 1e-3 {
+        format!("{}ms", trim(seconds * 1e3))
+    } else {
+        format!("{}us", trim(seconds * 1e6))
+    }
 }
 
 fn ms(value: Option<f64>) -> String {
@@ -468,5 +525,17 @@ mod tests {
         assert!(html.contains(&format!("Only the first {MAX_STRIPS} of 205 streams")));
         assert_eq!(html.matches("<g><title>stream").count(), MAX_STRIPS);
         assert_eq!(html.matches("<svg").count(), html.matches("</svg>").count());
+    }
+
+    #[test]
+    fn axis_labels_are_round() {
+        assert_eq!(round_label(0.0), "0");
+        assert_eq!(round_label(1e-3), "1ms");
+        assert_eq!(round_label(0.2), "200ms");
+        assert_eq!(round_label(1.5), "1.5s");
+        assert_eq!(round_label(1e-4), "100us");
+        assert_eq!(tick_step(1.57), 0.2);
+        assert_eq!(tick_step(8.0), 1.0);
+        assert!((tick_step(0.3) - 0.05).abs() < 1e-12);
     }
 }
