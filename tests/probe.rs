@@ -12,7 +12,7 @@ use metronome::probe::{
 use upstream::{ms, Upstream};
 
 fn config(url: &str, requests: u64, concurrency: usize) -> ProbeConfig {
-    let mut config = ProbeConfig::new(url.parse().unwrap(), "m");
+    let mut config = ProbeConfig::new(url, "m").unwrap();
     config.stop = Stop::Requests(requests);
     config.load = Load::Closed { concurrency };
     config.timeout = Duration::from_secs(10);
@@ -290,4 +290,91 @@ async fn custom_body_and_headers_are_sent_unchanged() {
     let seen = server.seen.lock().unwrap();
     assert_eq!(&seen.bodies[0][..], &config.body[..]);
     assert_eq!(seen.headers[0]["authorization"], "Bearer secret");
+}
+
+// The probe against the real `metronome sim`.
+
+mod against_the_sim {
+    use super::*;
+    use metronome::probe::args::chat_body;
+    use metronome::sim::{self, SimConfig, SimHandle};
+
+    async fn start(config: SimConfig) -> SimHandle {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        sim::spawn(listener, config).unwrap()
+    }
+
+    fn probe_config(sim: &SimHandle, streams: u64, concurrency: usize, tokens: u32) -> ProbeConfig {
+        let mut config = config(&sim.url(), streams, concurrency);
+        config.body = chat_body("sim-model", "Say something steady.", tokens);
+        config
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn steady_30ms_cadence_is_measured_within_2ms() {
+        let sim = start(SimConfig {
+            gap: ms(30),
+            ttft: ms(50),
+            ..SimConfig::default()
+        })
+        .await;
+        let (run, report) = probe(&probe_config(&sim, 4, 2, 40)).await;
+        eprintln!("sim steady 30ms: itl {:?}", report.itl_ms);
+
+        assert_eq!((report.requests, report.errors), (4, 0));
+        assert_eq!(report.detail.gaps, 4 * 39);
+        assert!(run.streams.iter().all(|s| s.usage_tokens == Some(40)));
+        let p50 = report.itl_ms.p50.unwrap();
+        assert!(
+            (p50 - 30.0).abs() <= 2.0,
+            "itl p50 {p50} ms is not within 2 ms of 30 ms"
+        );
+        assert!(report.ttft_ms.p50.unwrap() >= 49.0);
+        assert_eq!(report.stall_pct, Some(0.0));
+        sim.shutdown().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_placed_stall_is_one_of_39_gaps() {
+        let sim = start(SimConfig {
+            gap: ms(20),
+            ttft: ms(20),
+            stall_at: vec![20],
+            stall: ms(300),
+            ..SimConfig::default()
+        })
+        .await;
+        let (_, report) = probe(&probe_config(&sim, 3, 3, 40)).await;
+
+        assert_eq!(report.errors, 0);
+        assert_eq!(report.detail.gaps, 3 * 39);
+        assert_eq!(report.detail.stalls, 3);
+        let pct = report.stall_pct.unwrap();
+        assert!((pct - 100.0 / 39.0).abs() < 1e-9, "stall_pct {pct}");
+        let max = report.itl_ms.max.unwrap();
+        assert!((310.0..600.0).contains(&max), "itl max {max}");
+        // 117 gaps: p99 is rank 116, among the three stalls.
+        assert!(report.itl_ms.p99.unwrap() >= 310.0);
+        assert!(report.itl_ms.p95.unwrap() < 200.0);
+        sim.shutdown().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn coalesced_frames_show_as_zero_gaps() {
+        let sim = start(SimConfig {
+            gap: ms(15),
+            ttft: ms(10),
+            coalesce: 2,
+            ..SimConfig::default()
+        })
+        .await;
+        let (_, report) = probe(&probe_config(&sim, 2, 1, 20)).await;
+
+        assert_eq!(report.errors, 0);
+        assert_eq!(report.detail.gaps, 2 * 19);
+        // 20 token events in frames of two: 10 gaps of 0 per stream.
+        assert_eq!(report.detail.clumped_gaps, 2 * 10);
+        assert_eq!(report.itl_ms.p50, Some(0.0));
+        sim.shutdown().await.unwrap();
+    }
 }

@@ -281,3 +281,62 @@ fn no_data_is_null_in_json() {
     assert!(report["reading_bands"]["above_50"].is_null());
     assert_eq!(report["verdict"], "JANKY");
 }
+
+/// Starts `metronome sim` on a runtime of its own thread; returns its base URL.
+fn sim_in_background(config: metronome::sim::SimConfig) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let sim = metronome::sim::spawn(listener, config).unwrap();
+            tx.send(sim.url()).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv().unwrap()
+}
+
+#[test]
+fn the_ci_gate_against_the_sim() {
+    use metronome::sim::SimConfig;
+    let steady = sim_in_background(SimConfig {
+        gap: ms(20),
+        ttft: ms(20),
+        ..SimConfig::default()
+    });
+    let stalling = sim_in_background(SimConfig {
+        gap: ms(20),
+        ttft: ms(20),
+        stall_at: vec![20],
+        stall: ms(300),
+        ..SimConfig::default()
+    });
+    let gate = "itl_p99<250ms,tps_p50>10,errors<1";
+    let common = ["-n", "3", "-c", "3", "--max-tokens", "40", "--assert", gate];
+
+    let pass = probe(&[&["--url", steady.as_str()][..], &common].concat());
+    let text = stdout(&pass);
+    assert_eq!(pass.status.code(), Some(0), "{text}{}", stderr(&pass));
+    assert!(text.contains("PASS itl_p99<250ms: measured "), "{text}");
+    assert!(text.contains("(117 gaps, 0 inside one frame)"), "{text}");
+
+    let fail = probe(&[&["--url", stalling.as_str()][..], &common].concat());
+    let text = stdout(&fail);
+    assert_eq!(fail.status.code(), Some(1), "{text}{}", stderr(&fail));
+    // 3 stalls among 117 gaps: p99 (rank 116) is a stall of 20 + 300 ms.
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("FAIL itl_p99<250ms"))
+        .unwrap();
+    assert!(line.contains("measured 3"), "{line}");
+    assert!(
+        text.contains("stalls         2.56%   (3 of 117 gaps over 200.0ms)"),
+        "{text}"
+    );
+    assert!(text.contains("PASS errors<1: measured 0"), "{text}");
+}

@@ -203,11 +203,13 @@ pub enum ConfigError {
 impl ProbeConfig {
     /// A closed-loop probe of `url` with one stream at a time, ten streams, the default chat
     /// request for `model` and the default limits: the starting point for code that builds a
-    /// config by hand.
-    pub fn new(url: Uri, model: &str) -> Self {
+    /// config by hand. The URL follows the `--url` rules (http only; no path means
+    /// `/v1/chat/completions`).
+    pub fn new(url: &str, model: &str) -> Result<Self, ConfigError> {
+        let url = parse_url(url)?;
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        ProbeConfig {
+        Ok(ProbeConfig {
             url,
             load: Load::Closed { concurrency: 1 },
             stop: Stop::Requests(10),
@@ -216,7 +218,7 @@ impl ProbeConfig {
             timeout: Duration::from_secs(120),
             stall_threshold: Duration::from_millis(200),
             stream_id_header: HeaderName::from_static(STREAM_ID_HEADER),
-        }
+        })
     }
 }
 
