@@ -21,6 +21,7 @@ pub const DEFAULT_PATH: &str = "/v1/chat/completions";
 /// Command-line arguments of `metronome probe`, grouped by concern (the groups are the sections
 /// of `--help`). The larger groups are boxed so the binary's subcommand enum stays small.
 #[derive(clap::Args, Debug, Clone)]
+#[command(after_long_help = AFTER_HELP)]
 pub struct ProbeArgs {
     /// URL to stream from (POST). A URL without a path gets `/v1/chat/completions`. Only `http://`
     /// for now.
@@ -115,6 +116,27 @@ pub struct OutputArgs {
     #[arg(long = "assert")]
     pub gates: Vec<String>,
 }
+
+/// The definitions behind the numbers, shown by `metronome probe --help`.
+const AFTER_HELP: &str = "\
+Figures:
+  TTFT         intended start -> first token event (open loop: the scheduled time, so queueing shows)
+  ITL          every gap between consecutive token events, all streams pooled; token events that
+               arrive in one frame have a gap of 0 (a clump, as the reader sees it)
+  tokens/s     per stream: (output tokens - 1) / (last token event - first token event); output
+               tokens from the server's usage if reported, else counted token events
+  stall_pct    percentage of gaps longer than --stall-threshold
+  jank ratio   p99 gap / max(p50 gap, 1ms), pooled; per stream over streams with 8+ gaps
+  verdict      SMOOTH when jank ratio < 4 and median tokens/s > 7, else JANKY
+Percentiles are nearest-rank on the exact samples. Figures without data are null in JSON, - in text.
+Failed streams (connect, non-2xx, body error, timeout, no token event, error event) count in
+`errors`; their token events still count in the timing figures.
+
+Gates (--assert): tps_p50 tps_p5 itl_p50 itl_p95 itl_p99 itl_max ttft_p50 ttft_p95 ttft_p99
+ttft_max jank stream_jank_p50 stream_jank_p95 stall_pct errors, with < <= > >=; latencies take
+a unit (250ms, 2s), the others plain numbers. A gate without data fails.
+
+Exit codes: 0 all gates pass, 1 a gate failed, 2 usage error or a report file cannot be written.";
 
 /// When the probe stops starting streams.
 #[derive(Debug, Clone, Copy, PartialEq)]

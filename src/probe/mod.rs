@@ -144,8 +144,8 @@ fn progress_bar(stop: Stop) -> ProgressBar {
         Stop::After(_) => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
     };
     let template = match stop {
-        Stop::Requests(_) => "{bar:40} {pos}/{len} streams {elapsed}",
-        Stop::After(_) => "{spinner} {pos} streams {elapsed}",
+        Stop::Requests(_) => "{bar:40} {pos}/{len} streams done {elapsed}",
+        Stop::After(_) => "{spinner} {pos} streams done {elapsed}",
     };
     if let Ok(style) = ProgressStyle::with_template(template) {
         bar.set_style(style);
