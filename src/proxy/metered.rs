@@ -26,9 +26,9 @@ use tokio::sync::{mpsc, Semaphore};
 use super::egress_clock::EgressClock;
 use super::BoxError;
 use crate::format::Accounting;
-use crate::ledger::{IngressEnd, IngressLedger, StreamLedger};
-use crate::metrics::Metrics;
-use crate::scan::{Event, EventSink, Framing, Scanner};
+use crate::ledger::{IngressEnd, StreamLedger};
+use crate::meter::IngressMeter;
+use crate::scan::{Framing, Scanner};
 
 /// A frame on its way from the ingress reader to the egress body.
 #[derive(Debug)]
@@ -100,9 +100,10 @@ where
         budget: budget.clone(),
         budget_max: settings.buffer_bytes,
         ledger: ledger.clone(),
-        scanner: Scanner::new(settings.framing, settings.max_event_bytes),
-        accounting,
-        state: IngressLedger::default(),
+        meter: IngressMeter::new(
+            Scanner::new(settings.framing, settings.max_event_bytes),
+            accounting,
+        ),
         idle_timeout: settings.idle_timeout,
     };
     tokio::spawn(reader.run(upstream));
@@ -121,9 +122,7 @@ struct IngressReader {
     budget: Arc<Semaphore>,
     budget_max: usize,
     ledger: Arc<StreamLedger>,
-    scanner: Scanner,
-    accounting: Accounting,
-    state: IngressLedger,
+    meter: IngressMeter,
     idle_timeout: Duration,
 }
 
@@ -207,48 +206,20 @@ impl IngressReader {
         if let Some(last) = last {
             let _ = self.tx.send(last).await;
         }
-        let mut sink = IngressSink {
-            accounting: &mut self.accounting,
-            state: &mut self.state,
-            metrics: self.ledger.metrics(),
-            events: 0,
-            token_events: 0,
-        };
-        self.scanner.finish(&mut sink);
-        let (events, token_events) = (sink.events, sink.token_events);
-        if events > 0 {
-            // An NDJSON line without its final newline completes at the end of the body.
-            let metrics = self.ledger.metrics();
-            let at = Instant::now();
-            self.state.point.events_in_frame(events, metrics);
-            self.state.point.token_events(at, token_events, metrics);
-        }
+        let ledger = self.meter.finish(Instant::now(), self.ledger.metrics());
         self.ledger
-            .ingress_finished(std::mem::take(&mut self.state), end);
+            .ingress_finished(ledger, end);
     }
 
-    /// Scans one frame and updates the ingress ledger; the bytes pass through untouched.
+    /// Meters one frame; the bytes pass through untouched.
     fn scan(&mut self, bytes: Bytes, at: Instant) -> MeteredFrame {
-        let metrics = self.ledger.metrics();
-        let mut sink = IngressSink {
-            accounting: &mut self.accounting,
-            state: &mut self.state,
-            metrics,
-            events: 0,
-            token_events: 0,
-        };
-        self.scanner.feed(&bytes, &mut sink);
-        let (events, token_events) = (sink.events, sink.token_events);
-        let point = &mut self.state.point;
-        point.bytes(at);
-        point.events_in_frame(events, metrics);
-        point.token_events(at, token_events, metrics);
+        let counts = self.meter.frame(&bytes, at, self.ledger.metrics());
         let permits = bytes.len().min(self.budget_max).min(u32::MAX as usize) as u32;
         MeteredFrame {
             bytes,
             ingress: at,
-            events,
-            token_events,
+            events: counts.events,
+            token_events: counts.token_events,
             permits,
         }
     }
@@ -259,48 +230,6 @@ impl IngressReader {
             .upstream_errors
             .with_label_values(&[self.ledger.route(), kind])
             .inc();
-    }
-}
-
-/// Classifies each event into the ingress ledger as the scanner finds it.
-struct IngressSink<'a> {
-    accounting: &'a mut Accounting,
-    state: &'a mut IngressLedger,
-    metrics: &'a Metrics,
-    events: u32,
-    token_events: u32,
-}
-
-impl EventSink for IngressSink<'_> {
-    #[inline]
-    fn on_event(&mut self, event: Event<'_>) {
-        self.events += 1;
-        if event.truncated {
-            self.state.oversize_events += 1;
-            return;
-        }
-        let classified = self.accounting.classify(&event);
-        if classified.unparsed {
-            self.state.unparsed_events += 1;
-            return;
-        }
-        self.state.error_event |= classified.error;
-        if classified.usage_total.is_some() {
-            self.state.usage_tokens = classified.usage_total;
-        }
-        if self.state.model.is_none() {
-            if let Some(model) = classified.model {
-                self.state.model = Some(self.metrics.models.resolve(Some(model)));
-            }
-        }
-        if classified.token_event {
-            self.token_events += 1;
-            let tokens = classified.tokens.unwrap_or(1);
-            self.state.counted_tokens += u64::from(tokens);
-            self.state
-                .tokens_per_event
-                .observe(self.metrics.tokens_per_event.bounds(), f64::from(tokens));
-        }
     }
 }
 
