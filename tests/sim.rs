@@ -653,3 +653,59 @@ async fn many_streams_over_one_http2_connection() {
     assert_eq!((snap.started, snap.completed, snap.active), (300, 300, 0));
     sim.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn shutdown_lets_streams_in_flight_finish() {
+    let sim = start(SimConfig {
+        gap: ms(20),
+        ttft: ms(10),
+        tokens: 15,
+        ..SimConfig::default()
+    })
+    .await;
+    let stats = sim.stats().clone();
+    let client = tokio::spawn({
+        let addr = sim.addr();
+        async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let (mut sender, conn) = http1::handshake(TokioIo::new(tcp)).await.unwrap();
+            tokio::spawn(conn);
+            let response = sender
+                .send_request(post("/v1/chat/completions", r#"{"stream":true}"#))
+                .await
+                .unwrap();
+            read(response, Instant::now()).await
+        }
+    });
+    eventually("the stream to start", || stats.active() == 1).await;
+    sim.shutdown().await.unwrap();
+    let got = client.await.unwrap();
+    assert_eq!(got.events().events.len(), 1 + 15 + 1 + 1 + 1);
+    assert_eq!(stats.completed(), 1);
+}
+
+#[tokio::test]
+async fn same_seed_same_output() {
+    let config = SimConfig {
+        gap: ms(2),
+        ttft: ms(2),
+        tokens: 20,
+        jitter: 0.3,
+        spec_k: 2,
+        seed: 1234,
+        ..SimConfig::default()
+    };
+    let mut texts = Vec::new();
+    for _ in 0..2 {
+        let sim = start(config.clone()).await;
+        let got = chat(&sim, "").await;
+        let text: Vec<String> = parsed_events(&got)
+            .iter()
+            .filter_map(|(_, v)| v["choices"][0]["delta"]["content"].as_str())
+            .map(str::to_owned)
+            .collect();
+        texts.push(text);
+        sim.shutdown().await.unwrap();
+    }
+    assert_eq!(texts[0], texts[1]);
+}
