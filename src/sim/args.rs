@@ -1,0 +1,199 @@
+//! The command line of `metronome sim`. Durations go through [`crate::units::parse_duration`],
+//! so clap rejects a bad one naming its flag; ranges are checked by [`SimConfig::validate`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::config::{ConfigError, SimConfig, UsageMode};
+use crate::units::parse_duration;
+
+/// Command-line arguments of `metronome sim`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: String,
+
+    /// Model name reported in responses and by GET /v1/models.
+    #[arg(long, default_value = "sim-model")]
+    pub model: String,
+
+    /// Seed of every random choice, so a run repeats.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Output tokens when the request does not set max_tokens.
+    #[arg(long, default_value_t = 64)]
+    pub tokens: u64,
+
+    /// Most output tokens one request may get, whatever it asks for.
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens_cap: u64,
+
+    /// When OpenAI-shaped streams end with a usage chunk.
+    #[arg(long, value_enum, default_value_t = UsageMode::Always)]
+    pub usage: UsageMode,
+
+    /// Write the send time of every frame as JSON lines to this file.
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
+
+    /// How long shutdown waits for streams in flight.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub drain: Duration,
+
+    /// The cadence model (boxed: it is most of the flags, and the subcommand enum stays small).
+    #[command(flatten)]
+    pub cadence: Box<CadenceArgs>,
+}
+
+/// The flags that shape the cadence of every stream: gaps, stalls, contention, speculative
+/// decoding, coalescing, a buffering edge and the time to first token.
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Cadence")]
+pub struct CadenceArgs {
+    /// Median gap between token events (e.g. 50ms).
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    pub gap: Duration,
+
+    /// Sigma of log-normal gaps around --gap (0 = steady).
+    #[arg(long, default_value_t = 0.0)]
+    pub jitter: f64,
+
+    /// Probability of a stall before each token event.
+    #[arg(long, default_value_t = 0.0)]
+    pub stall_prob: f64,
+
+    /// Length of a stall (random or --stall-at).
+    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
+    pub stall: Duration,
+
+    /// Stall before token event N (1-based) of every stream; repeatable.
+    #[arg(long = "stall-at", value_name = "N")]
+    pub stall_at: Vec<u64>,
+
+    /// Continuous batching: each decode step takes gap + K x active streams (e.g. 2ms).
+    #[arg(long, default_value = "0ms", value_parser = parse_duration, value_name = "K")]
+    pub contention_k: Duration,
+
+    /// Speculative decoding: draft tokens per step (0 = off).
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    pub spec_k: u32,
+
+    /// Speculative decoding: acceptance probability of each draft token.
+    #[arg(long, default_value_t = 0.7, value_name = "A")]
+    pub spec_accept: f64,
+
+    /// Token events written together in one frame.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub coalesce: u32,
+
+    /// Buffering edge: flush only when this many bytes are pending.
+    #[arg(long, value_name = "N")]
+    pub edge_flush_bytes: Option<usize>,
+
+    /// Buffering edge: flush pending output this long after the last flush (e.g. 100ms).
+    #[arg(long, value_parser = parse_duration, value_name = "T")]
+    pub edge_flush_ms: Option<Duration>,
+
+    /// Time to first token before any prompt cost.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub ttft: Duration,
+
+    /// Extra time to first token per prompt token (prompt tokens = prompt bytes / 4).
+    #[arg(long, default_value = "0ms", value_parser = parse_duration)]
+    pub ttft_per_prompt_token: Duration,
+}
+
+// === impl SimConfig ===
+
+impl TryFrom<&SimArgs> for SimConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: &SimArgs) -> Result<Self, Self::Error> {
+        let cadence = &args.cadence;
+        let config = SimConfig {
+            model: args.model.clone(),
+            seed: args.seed,
+            tokens: args.tokens,
+            max_tokens_cap: args.max_tokens_cap,
+            usage: args.usage,
+            gap: cadence.gap,
+            jitter: cadence.jitter,
+            stall_prob: cadence.stall_prob,
+            stall: cadence.stall,
+            stall_at: cadence.stall_at.clone(),
+            contention_k: cadence.contention_k,
+            spec_k: cadence.spec_k,
+            spec_accept: cadence.spec_accept,
+            coalesce: cadence.coalesce,
+            edge_flush_bytes: cadence.edge_flush_bytes,
+            edge_flush_interval: cadence.edge_flush_ms,
+            ttft: cadence.ttft,
+            ttft_per_prompt_token: cadence.ttft_per_prompt_token,
+            timeline: args.timeline.clone(),
+            drain: args.drain,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sim: SimArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<SimArgs, clap::Error> {
+        let mut all = vec!["sim"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).map(|c| c.sim)
+    }
+
+    #[test]
+    fn defaults_match_sim_config_default() {
+        let args = parse(&[]).unwrap();
+        let config = SimConfig::try_from(&args).unwrap();
+        assert_eq!(config, SimConfig::default());
+    }
+
+    #[test]
+    fn flags_are_parsed() {
+        let args = parse(&[
+            "--gap",
+            "30ms",
+            "--stall-at",
+            "5",
+            "--stall-at",
+            "9",
+            "--edge-flush-ms",
+            "20ms",
+            "--usage",
+            "request",
+        ])
+        .unwrap();
+        let config = SimConfig::try_from(&args).unwrap();
+        assert_eq!(config.gap, Duration::from_millis(30));
+        assert_eq!(config.stall_at, vec![5, 9]);
+        assert_eq!(config.edge_flush_interval, Some(Duration::from_millis(20)));
+        assert_eq!(config.usage, UsageMode::Request);
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let err = parse(&["--gap", "50"]).err().unwrap().to_string();
+        assert!(err.contains("--gap"), "{err}");
+        let args = parse(&["--jitter=-1"]).unwrap();
+        let err = SimConfig::try_from(&args).unwrap_err().to_string();
+        assert!(err.starts_with("--jitter"), "{err}");
+        let args = parse(&["--stall-at", "0"]).unwrap();
+        let err = SimConfig::try_from(&args).unwrap_err().to_string();
+        assert!(err.starts_with("--stall-at"), "{err}");
+    }
+}

@@ -1,0 +1,189 @@
+//! What the sim serves and at what cadence, as plain data: built from the command line
+//! ([`super::SimArgs`]) or in code by the demo and by tests.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// When the OpenAI shapes send the final `usage` chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UsageMode {
+    /// Every stream ends with a usage chunk, as if each request asked for it; the default, so
+    /// a proxy always sees the server's own token count.
+    Always,
+    /// Only when the request sets `stream_options.include_usage: true`, as vLLM and OpenAI do.
+    Request,
+    /// Never, to exercise a proxy that has to count token events itself.
+    Never,
+}
+
+/// Everything the sim needs to answer requests: output length, wire details and the cadence
+/// model. The fields are public so a caller can write
+/// `SimConfig { gap: Duration::from_millis(20), tokens: 40, ..SimConfig::default() }`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// The model name reported in chunks and by `GET /v1/models`.
+    pub model: String,
+    /// Seeds every random choice (gaps, stalls, accepted tokens, words), so a run repeats.
+    pub seed: u64,
+    /// Output tokens when the request does not say (`max_tokens` and kin).
+    pub tokens: u64,
+    /// Upper bound on the output tokens of one request, whatever it asks for.
+    pub max_tokens_cap: u64,
+    /// When the OpenAI shapes add a usage chunk.
+    pub usage: UsageMode,
+    /// Median time between decode steps (token events).
+    pub gap: Duration,
+    /// Shape (sigma) of the log-normal gap distribution; 0 keeps every gap equal to `gap`.
+    pub jitter: f64,
+    /// Probability that a decode step is preceded by a stall of length `stall`.
+    pub stall_prob: f64,
+    /// Length of a stall, random (`stall_prob`) or placed (`stall_at`).
+    pub stall: Duration,
+    /// Token events (1-based) of every stream that are preceded by a stall: exact, for tests.
+    pub stall_at: Vec<u64>,
+    /// Continuous-batching cost: each decode step takes `gap + contention_k × active streams`.
+    pub contention_k: Duration,
+    /// Speculative decoding: draft tokens proposed per step (0 disables it).
+    pub spec_k: u32,
+    /// Probability that each draft token is accepted.
+    pub spec_accept: f64,
+    /// Decode steps written together in one frame (1 writes each as soon as it is ready).
+    pub coalesce: u32,
+    /// A buffering edge in front of the server: hold output until this many bytes are pending.
+    pub edge_flush_bytes: Option<usize>,
+    /// A buffering edge in front of the server: flush pending output this long after the last flush.
+    pub edge_flush_interval: Option<Duration>,
+    /// Time to first token before any prompt cost (the prefill floor).
+    pub ttft: Duration,
+    /// Extra time to first token per prompt token (prompt tokens ≈ prompt bytes / 4).
+    pub ttft_per_prompt_token: Duration,
+    /// Where to write the JSON-lines timeline of every frame's send time, if anywhere.
+    pub timeline: Option<PathBuf>,
+    /// How long a shutdown waits for streams in flight before it closes them.
+    pub drain: Duration,
+}
+
+// === impl SimConfig ===
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            model: "sim-model".to_owned(),
+            seed: 0,
+            tokens: 64,
+            max_tokens_cap: 4096,
+            usage: UsageMode::Always,
+            gap: Duration::from_millis(50),
+            jitter: 0.0,
+            stall_prob: 0.0,
+            stall: Duration::from_millis(300),
+            stall_at: Vec::new(),
+            contention_k: Duration::ZERO,
+            spec_k: 0,
+            spec_accept: 0.7,
+            coalesce: 1,
+            edge_flush_bytes: None,
+            edge_flush_interval: None,
+            ttft: Duration::from_millis(100),
+            ttft_per_prompt_token: Duration::ZERO,
+            timeline: None,
+            drain: Duration::from_secs(10),
+        }
+    }
+}
+
+impl SimConfig {
+    /// The demo's upstream: a busy server whose stutter is visible in a short run (jittered gaps,
+    /// slowdown under concurrency and the occasional stall).
+    pub fn demo_contention() -> Self {
+        SimConfig {
+            gap: Duration::from_millis(40),
+            jitter: 0.25,
+            contention_k: Duration::from_millis(1),
+            stall_prob: 0.01,
+            stall: Duration::from_millis(350),
+            ..SimConfig::default()
+        }
+    }
+
+    /// Checks the values a caller could set out of range, naming the command-line flag.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.jitter.is_finite() && self.jitter >= 0.0) {
+            return Err(ConfigError::new("--jitter", "must be a number >= 0"));
+        }
+        if !(0.0..=1.0).contains(&self.stall_prob) {
+            return Err(ConfigError::new("--stall-prob", "must be between 0 and 1"));
+        }
+        if !(0.0..=1.0).contains(&self.spec_accept) {
+            return Err(ConfigError::new("--spec-accept", "must be between 0 and 1"));
+        }
+        if self.tokens == 0 {
+            return Err(ConfigError::new("--tokens", "must be at least 1"));
+        }
+        if self.max_tokens_cap == 0 {
+            return Err(ConfigError::new("--max-tokens-cap", "must be at least 1"));
+        }
+        if self.coalesce == 0 {
+            return Err(ConfigError::new("--coalesce", "must be at least 1"));
+        }
+        if self.stall_at.contains(&0) {
+            return Err(ConfigError::new(
+                "--stall-at",
+                "counts token events from 1, so 0 is not one",
+            ));
+        }
+        if self.edge_flush_bytes == Some(0) {
+            return Err(ConfigError::new("--edge-flush-bytes", "must be at least 1"));
+        }
+        if self.model.is_empty() {
+            return Err(ConfigError::new("--model", "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+/// A configuration value out of range; the message names the flag to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{flag} {reason}.")]
+pub struct ConfigError {
+    /// The command-line flag at fault, e.g. `--jitter`.
+    pub flag: &'static str,
+    /// What is wrong with its value.
+    pub reason: String,
+}
+
+// === impl ConfigError ===
+
+impl ConfigError {
+    /// An error about `flag`.
+    pub fn new(flag: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError {
+            flag,
+            reason: reason.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid() {
+        assert_eq!(SimConfig::default().validate(), Ok(()));
+        let demo = SimConfig::demo_contention();
+        assert_eq!(demo.validate(), Ok(()));
+        assert!(demo.jitter > 0.0 && demo.stall_prob > 0.0 && !demo.contention_k.is_zero());
+    }
+
+    #[test]
+    fn errors_read_as_sentences_naming_the_flag() {
+        let config = SimConfig {
+            stall_prob: 1.5,
+            ..SimConfig::default()
+        };
+        let err = config.validate().unwrap_err();
+        assert_eq!(err.flag, "--stall-prob");
+        assert_eq!(err.to_string(), "--stall-prob must be between 0 and 1.");
+    }
+}

@@ -1,0 +1,289 @@
+//! The sim's HTTP surface: which path does what, and the ready-made (non-streamed) responses.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::cadence::StreamCadence;
+use super::request::{self, GenRequest};
+use super::server::Shared;
+use super::shapes::{Api, Finish, Wire};
+use super::stats::StreamGuard;
+use super::stream::{micros, SimBody, SimStream};
+use super::timeline::Record;
+
+/// Largest request body read; a prompt beyond this is refused rather than buffered.
+const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
+/// The header that carries a response's stream sequence number, to join a client's
+/// measurement with the sim's timeline.
+pub const STREAM_HEADER: &str = "x-sim-stream";
+
+/// Answers one request.
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<SimBody>, Infallible> {
+    let start = Instant::now();
+    let api = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/health") => return Ok(full(StatusCode::OK, "text/plain", "ok")),
+        (&Method::GET, "/v1/models") => return Ok(models(&shared)),
+        (&Method::POST, "/v1/chat/completions") => Api::Chat,
+        (&Method::POST, "/v1/completions") => Api::Completions,
+        (&Method::POST, "/generate_stream") => Api::Tgi,
+        (&Method::POST, "/v1/messages") => Api::Anthropic,
+        (method, path) => {
+            let known = matches!(
+                path,
+                "/health"
+                    | "/v1/models"
+                    | "/v1/chat/completions"
+                    | "/v1/completions"
+                    | "/generate_stream"
+                    | "/v1/messages"
+            );
+            let (status, kind) = if known {
+                (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
+            } else {
+                (StatusCode::NOT_FOUND, "not_found")
+            };
+            let message = format!("The sim does not serve {method} {path}.");
+            return Ok(error(Api::Chat, status, kind, &message));
+        }
+    };
+    let body = match Limited::new(req.into_body(), MAX_REQUEST_BYTES)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            let message = format!("The request body could not be read: {e}.");
+            return Ok(error(
+                api,
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &message,
+            ));
+        }
+    };
+    let request = match request::parse(api, &body) {
+        Ok(request) => request,
+        Err(e) => {
+            return Ok(error(
+                api,
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &e.0,
+            ));
+        }
+    };
+    Ok(generate(shared, api, request, start).await)
+}
+
+/// Starts a generation: a stream body, or (not streamed) the whole answer after its time.
+async fn generate(
+    shared: Arc<Shared>,
+    api: Api,
+    request: GenRequest,
+    start: Instant,
+) -> Response<SimBody> {
+    let config = &shared.config;
+    let received_unix_us = micros(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default(),
+    );
+    let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
+    if let Some(timeline) = &shared.timeline {
+        timeline.record(Record::Request {
+            stream: seq,
+            path: path_of(api),
+            received_unix_us,
+        });
+    }
+    let guard = StreamGuard::start(shared.stats.clone());
+    let wanted = request.max_tokens.unwrap_or(config.tokens).max(1);
+    let tokens = wanted.min(config.max_tokens_cap);
+    let finish = if request.max_tokens.is_some() || wanted > tokens {
+        Finish::Length
+    } else {
+        Finish::Stop
+    };
+    let prompt_tokens = request.prompt_tokens();
+    let wire = Wire {
+        api,
+        seq,
+        created: received_unix_us / 1_000_000,
+        model_json: shared.model_json.clone(),
+        word_seed: config.seed ^ seq.rotate_left(32),
+        prompt_tokens,
+        completion_tokens: tokens,
+        finish,
+        usage: match config.usage {
+            super::UsageMode::Always => true,
+            super::UsageMode::Request => request.include_usage,
+            super::UsageMode::Never => false,
+        },
+        continuous_usage: request.continuous_usage,
+    };
+    let prompt_cost = config
+        .ttft_per_prompt_token
+        .checked_mul(u32::try_from(prompt_tokens).unwrap_or(u32::MAX))
+        .unwrap_or(Duration::MAX);
+    let ttft = config.ttft.saturating_add(prompt_cost);
+    let cadence = StreamCadence::new(config, seq, ttft, tokens);
+    if request.stream {
+        let stream = SimStream::new(
+            shared.clone(),
+            wire,
+            cadence,
+            guard,
+            start,
+            received_unix_us,
+        );
+        let mut response = Response::new(SimBody::Stream(Box::new(stream)));
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        headers.insert(STREAM_HEADER, HeaderValue::from(seq));
+        return response;
+    }
+    whole_answer(&shared, wire, cadence, guard, start).await
+}
+
+/// Waits out every decode step, then answers with the whole output in one JSON document.
+async fn whole_answer(
+    shared: &Shared,
+    wire: Wire,
+    mut cadence: StreamCadence,
+    mut guard: StreamGuard,
+    start: Instant,
+) -> Response<SimBody> {
+    while let Some(step) = cadence.next_step(&shared.config, guard.active()) {
+        tokio::time::sleep_until(start + step.offset).await;
+    }
+    guard.complete();
+    let model = &shared.config.model;
+    let text = wire.text();
+    let (prompt, output) = (wire.prompt_tokens, wire.completion_tokens);
+    let usage = json!({
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + output,
+        "completion_tokens": output,
+    });
+    let openai_reason = match wire.finish {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+    };
+    let body = match wire.api {
+        Api::Chat => json!({
+            "id": wire.id(),
+            "object": "chat.completion",
+            "created": wire.created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": openai_reason,
+            }],
+            "usage": usage,
+        }),
+        Api::Completions => json!({
+            "id": wire.id(),
+            "object": "text_completion",
+            "created": wire.created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": openai_reason,
+            }],
+            "usage": usage,
+        }),
+        Api::Anthropic => json!({
+            "id": wire.id(),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": if wire.finish == Finish::Stop { "end_turn" } else { "max_tokens" },
+            "stop_sequence": null,
+            "usage": {"input_tokens": prompt, "output_tokens": output},
+        }),
+        Api::Tgi => json!({ "generated_text": text }),
+    };
+    let mut response = json_response(StatusCode::OK, &body);
+    response
+        .headers_mut()
+        .insert(STREAM_HEADER, HeaderValue::from(wire.seq));
+    response
+}
+
+/// `GET /v1/models`: the one configured model.
+fn models(shared: &Shared) -> Response<SimBody> {
+    let body = json!({
+        "object": "list",
+        "data": [{
+            "id": shared.config.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "metronome-sim",
+        }],
+    });
+    json_response(StatusCode::OK, &body)
+}
+
+/// An error in the API's own shape (Anthropic's differs from OpenAI's).
+fn error(api: Api, status: StatusCode, kind: &str, message: &str) -> Response<SimBody> {
+    let body = match api {
+        Api::Anthropic => json!({
+            "type": "error",
+            "error": {"type": kind, "message": message},
+        }),
+        _ => json!({
+            "error": {"message": message, "type": kind, "param": null, "code": status.as_u16()},
+        }),
+    };
+    json_response(status, &body)
+}
+
+/// A JSON response.
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<SimBody> {
+    full(status, "application/json", body.to_string())
+}
+
+/// A ready-made response.
+fn full(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<SimBody> {
+    let mut response = Response::new(SimBody::Full(Some(body.into())));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// The route of each API, for the timeline.
+fn path_of(api: Api) -> &'static str {
+    match api {
+        Api::Chat => "/v1/chat/completions",
+        Api::Completions => "/v1/completions",
+        Api::Tgi => "/generate_stream",
+        Api::Anthropic => "/v1/messages",
+    }
+}

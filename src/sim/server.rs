@@ -1,0 +1,153 @@
+//! The accept loop: one task per connection (HTTP/1.1 or HTTP/2, detected per connection), and a
+//! graceful shutdown that lets streams in flight finish within the drain time.
+
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::config::SimConfig;
+use super::stats::SimStats;
+use super::timeline::Timeline;
+
+/// HTTP/2 streams one connection may carry at once: enough for a load test over one connection.
+const MAX_H2_STREAMS: u32 = 16 * 1024;
+
+/// What every connection and stream of one server shares; read-only apart from atomics.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// The configuration, fixed for the server's life.
+    pub config: SimConfig,
+    /// The counters the caller may watch.
+    pub stats: Arc<SimStats>,
+    /// The timeline's sending side, when one is kept.
+    pub timeline: Option<Arc<Timeline>>,
+    /// The model name as a JSON string literal, escaped once here rather than per chunk.
+    pub model_json: Arc<str>,
+    /// The next stream's sequence number.
+    pub next_seq: AtomicU64,
+}
+
+/// Serves on `listener` until `shutdown` resolves, updating `stats` as requests come and go.
+pub async fn serve_with_stats(
+    listener: TcpListener,
+    config: SimConfig,
+    stats: Arc<SimStats>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    config
+        .validate()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let (timeline, writer) = match &config.timeline {
+        Some(path) => {
+            let (timeline, writer) = Timeline::create(path).await.map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot create the timeline {}: {e}", path.display()),
+                )
+            })?;
+            (Some(timeline), Some(writer))
+        }
+        None => (None, None),
+    };
+    let model_json = serde_json::to_string(&config.model).map_err(std::io::Error::other)?;
+    let drain = config.drain;
+    let shared = Arc::new(Shared {
+        config,
+        stats,
+        timeline: timeline.clone(),
+        model_json: model_json.into(),
+        next_seq: AtomicU64::new(0),
+    });
+
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_H2_STREAMS);
+    let builder = Arc::new(builder);
+    let (close_tx, close_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => {
+                    connections.spawn(connection(
+                        builder.clone(),
+                        stream,
+                        shared.clone(),
+                        close_rx.clone(),
+                    ));
+                }
+                Err(e) => {
+                    // Out of file descriptors and kin: back off instead of spinning.
+                    tracing::warn!(error = %e, "sim: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let _ = close_tx.send(true);
+    let drained = tokio::time::timeout(drain, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            open = connections.len(),
+            "sim: closing connections still open after the drain time"
+        );
+        connections.shutdown().await;
+    }
+    drop(shared);
+    if let (Some(timeline), Some(writer)) = (timeline, writer) {
+        let lines = writer.finish().await?;
+        let dropped = timeline.dropped();
+        if dropped > 0 {
+            tracing::warn!(
+                lines,
+                dropped,
+                "sim: timeline writer fell behind; lines were dropped"
+            );
+        } else {
+            tracing::info!(lines, "sim: timeline written");
+        }
+    }
+    Ok(())
+}
+
+/// Serves one connection until it ends or shutdown asks it to finish its requests and close.
+async fn connection(
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    stream: TcpStream,
+    shared: Arc<Shared>,
+    mut close: watch::Receiver<bool>,
+) {
+    // Each frame must reach the socket when it is written, not when Nagle decides.
+    let _ = stream.set_nodelay(true);
+    let service = service_fn(move |req| super::routes::handle(shared.clone(), req));
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        _ = close.changed() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "sim: connection ended with an error");
+    }
+}
