@@ -1,7 +1,747 @@
-//! (being written)
+//! The configuration: one TOML file, every key with a default, overridden by flags and
+//! `METRONOME_*` environment variables.
+//!
+//! A bad file never half-starts the proxy: [`Config::load`] reads it, rejects unknown keys, and
+//! validates every value, collecting each problem with the key it belongs to, so one run of
+//! `metronome check-config` lists them all.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-/// Arguments of `metronome serve`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct ServeArgs {}
-/// `metronome check-config FILE`.
-pub fn check_config_command(_file: &std::path::Path) -> ExitCode { ExitCode::SUCCESS }
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::metrics::{Buckets, MAX_BOUNDS};
+use crate::units::parse_duration;
+
+/// Arguments of `metronome serve`: the file, and the overrides operators reach for most.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// The TOML configuration file (every key is optional; see config/metronome.toml).
+    #[arg(long, env = "METRONOME_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Proxy listener address (overrides `server.listen`).
+    #[arg(long, env = "METRONOME_LISTEN")]
+    pub listen: Option<String>,
+    /// Default upstream URL (overrides `server.upstream`).
+    #[arg(long, env = "METRONOME_UPSTREAM")]
+    pub upstream: Option<String>,
+    /// Admin listener address for /metrics, /healthz, /readyz (overrides `server.admin`).
+    #[arg(long, env = "METRONOME_ADMIN")]
+    pub admin: Option<String>,
+    /// Stall threshold, e.g. `200ms` (overrides `metering.stall_threshold`).
+    #[arg(long, env = "METRONOME_STALL_THRESHOLD")]
+    pub stall_threshold: Option<String>,
+}
+
+/// One problem in a configuration: the key it belongs to and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// Dotted key, e.g. `routes[2].upstream`.
+    pub key: String,
+    /// What is wrong, as a sentence.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.reason)
+    }
+}
+
+/// Every problem found in a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct ConfigError(pub Vec<ConfigProblem>);
+
+impl ConfigError {
+    fn one(key: &str, reason: impl Into<String>) -> Self {
+        ConfigError(vec![ConfigProblem {
+            key: key.to_string(),
+            reason: reason.into(),
+        }])
+    }
+}
+
+/// The file as written: strings where the validated [`Config`] has parsed values.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawConfig {
+    server: RawServer,
+    timeouts: RawTimeouts,
+    metering: RawMetering,
+    models: ModelsConfig,
+    buckets: Buckets,
+    routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawServer {
+    listen: String,
+    admin: String,
+    upstream: String,
+    drain_grace: String,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        RawServer {
+            listen: "0.0.0.0:8080".into(),
+            admin: "0.0.0.0:9464".into(),
+            upstream: "http://127.0.0.1:8000".into(),
+            drain_grace: "30s".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawTimeouts {
+    connect: String,
+    first_byte: String,
+    idle: String,
+}
+
+impl Default for RawTimeouts {
+    fn default() -> Self {
+        RawTimeouts {
+            connect: "5s".into(),
+            first_byte: "300s".into(),
+            idle: "120s".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawMetering {
+    content_types: Vec<String>,
+    stall_threshold: String,
+    max_event_bytes: usize,
+    buffer_bytes: usize,
+    buffer_frames: usize,
+    stream_id_header: String,
+}
+
+impl Default for RawMetering {
+    fn default() -> Self {
+        RawMetering {
+            content_types: vec!["text/event-stream".into(), "application/x-ndjson".into()],
+            stall_threshold: "200ms".into(),
+            max_event_bytes: crate::scan::DEFAULT_MAX_EVENT_BYTES,
+            buffer_bytes: 256 * 1024,
+            buffer_frames: 1024,
+            stream_id_header: "x-metronome-stream-id".into(),
+        }
+    }
+}
+
+/// How the `model` label is bounded.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelsConfig {
+    /// When non-empty, only these model names become labels; the rest are `other`.
+    pub allow: Vec<String>,
+    /// Otherwise the first `max` names seen become labels; the rest are `other`.
+    pub max: usize,
+}
+
+impl Default for ModelsConfig {
+    fn default() -> Self {
+        ModelsConfig {
+            allow: Vec::new(),
+            max: 32,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    name: String,
+    path: String,
+    #[serde(default, rename = "match")]
+    match_kind: Option<String>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    upstream: Option<String>,
+}
+
+/// How a route's path is compared with the request's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathMatch {
+    /// The request path equals the route's.
+    Exact,
+    /// The request path starts with the route's.
+    Prefix,
+}
+
+/// A validated route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteConfig {
+    /// The `route` label value.
+    pub name: String,
+    /// The path to match.
+    pub path: String,
+    /// How to match it.
+    pub match_kind: PathMatch,
+    /// Only this method matches, when set.
+    pub method: Option<http::Method>,
+    /// Where matching requests go.
+    pub upstream: Upstream,
+}
+
+/// A validated upstream base URL (`http://host:port`, optionally with a path prefix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// `http` or `https`.
+    pub scheme: http::uri::Scheme,
+    /// `host:port`.
+    pub authority: http::uri::Authority,
+    /// A path prefix put before every request path (empty or starting with `/`, no trailing `/`).
+    pub base_path: String,
+}
+
+// === impl Upstream ===
+
+impl Upstream {
+    /// Parses and checks an upstream URL.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let uri: http::Uri = text
+            .parse()
+            .map_err(|e| format!("`{text}` is not a URL ({e})"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| format!("`{text}` has no scheme (write http://host:port)"))?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(format!("`{text}`: the scheme must be http or https"));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("`{text}` has no host"))?;
+        if scheme == http::uri::Scheme::HTTPS {
+            return Err(format!(
+                "`{text}`: https upstreams are not supported yet (TLS is its own issue); use http://"
+            ));
+        }
+        if uri.query().is_some() {
+            return Err(format!("`{text}`: an upstream URL cannot have a query"));
+        }
+        let base_path = uri.path().trim_end_matches('/').to_string();
+        Ok(Upstream {
+            scheme,
+            authority,
+            base_path,
+        })
+    }
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
+    }
+}
+
+/// The validated configuration the proxy runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Proxy listener address.
+    pub listen: SocketAddr,
+    /// Admin listener address.
+    pub admin: SocketAddr,
+    /// Upstream of requests that match no route, and of routes without their own.
+    pub upstream: Upstream,
+    /// How long SIGTERM waits for in-flight streams.
+    pub drain_grace: Duration,
+    /// Connecting to the upstream.
+    pub connect_timeout: Duration,
+    /// From sending the request to the upstream's response head.
+    pub first_byte_timeout: Duration,
+    /// Longest silence between two upstream frames of a stream.
+    pub idle_timeout: Duration,
+    /// Response content types that are metered (compared without parameters, case-insensitive).
+    pub stream_content_types: Vec<String>,
+    /// A gap longer than this is a stall.
+    pub stall_threshold: Duration,
+    /// Bound on the partial event a scanner carries.
+    pub max_event_bytes: usize,
+    /// Bound on bytes waiting between the ingress reader and the egress body.
+    pub buffer_bytes: usize,
+    /// Bound on frames waiting between the ingress reader and the egress body.
+    pub buffer_frames: usize,
+    /// Response header carrying the stream ID; `None` when turned off.
+    pub stream_id_header: Option<http::HeaderName>,
+    /// Bounds on the `model` label.
+    pub models: ModelsConfig,
+    /// Histogram buckets.
+    pub buckets: Buckets,
+    /// Routes, in the order they are tried.
+    pub routes: Vec<RouteConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        // The defaults are valid by construction (tested below).
+        match validate(RawConfig::default()) {
+            Ok(config) => config,
+            Err(e) => panic!("built-in defaults are invalid: {e}"),
+        }
+    }
+}
+
+// === impl Config ===
+
+impl Config {
+    /// Parses and validates TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_problem(&e))?;
+        validate(raw)
+    }
+
+    /// Reads, parses and validates a file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::one("(file)", format!("cannot read {}: {e}", path.display()))
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// The configuration for `serve`: the file if given, then the flag and environment overrides.
+    pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let mut raw = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError::one("--config", format!("cannot read {}: {e}", path.display()))
+                })?;
+                toml::from_str(&text).map_err(|e| toml_problem(&e))?
+            }
+            None => RawConfig::default(),
+        };
+        if let Some(v) = &args.listen {
+            raw.server.listen = v.clone();
+        }
+        if let Some(v) = &args.upstream {
+            raw.server.upstream = v.clone();
+        }
+        if let Some(v) = &args.admin {
+            raw.server.admin = v.clone();
+        }
+        if let Some(v) = &args.stall_threshold {
+            raw.metering.stall_threshold = v.clone();
+        }
+        validate(raw)
+    }
+}
+
+fn toml_problem(e: &toml::de::Error) -> ConfigError {
+    let message = e.message().to_string();
+    let key = match e.span() {
+        Some(span) => format!("(at byte {})", span.start),
+        None => "(file)".to_string(),
+    };
+    ConfigError::one(&key, message)
+}
+
+/// Validates every value, collecting all problems.
+fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+    let mut problems = Vec::new();
+    let mut problem = |key: &str, reason: String| {
+        problems.push(ConfigProblem {
+            key: key.to_string(),
+            reason,
+        })
+    };
+
+    let addr = |key: &str, text: &str, problem: &mut dyn FnMut(&str, String)| {
+        text.parse::<SocketAddr>()
+            .map_err(|_| problem(key, format!("`{text}` is not an address like 0.0.0.0:8080")))
+            .ok()
+    };
+    let duration = |key: &str, text: &str, problem: &mut dyn FnMut(&str, String)| {
+        parse_duration(text)
+            .and_then(|d| {
+                if d.is_zero() {
+                    Err("must be longer than zero".to_string())
+                } else {
+                    Ok(d)
+                }
+            })
+            .map_err(|e| problem(key, e))
+            .ok()
+    };
+
+    let listen = addr("server.listen", &raw.server.listen, &mut problem);
+    let admin = addr("server.admin", &raw.server.admin, &mut problem);
+    let upstream = Upstream::parse(&raw.server.upstream)
+        .map_err(|e| problem("server.upstream", e))
+        .ok();
+    let drain_grace = duration("server.drain_grace", &raw.server.drain_grace, &mut problem);
+    let connect_timeout = duration("timeouts.connect", &raw.timeouts.connect, &mut problem);
+    let first_byte_timeout = duration(
+        "timeouts.first_byte",
+        &raw.timeouts.first_byte,
+        &mut problem,
+    );
+    let idle_timeout = duration("timeouts.idle", &raw.timeouts.idle, &mut problem);
+    let stall_threshold = duration(
+        "metering.stall_threshold",
+        &raw.metering.stall_threshold,
+        &mut problem,
+    );
+    if let (Some(l), Some(a)) = (listen, admin) {
+        if l == a && l.port() != 0 {
+            problem(
+                "server.admin",
+                format!("must differ from server.listen (both are {l})"),
+            );
+        }
+    }
+
+    let m = &raw.metering;
+    if m.content_types.is_empty() {
+        problem(
+            "metering.content_types",
+            "must list at least one content type (otherwise nothing is metered)".into(),
+        );
+    }
+    for (i, ct) in m.content_types.iter().enumerate() {
+        if ct.parse::<mime_like::Essence>().is_err() {
+            problem(
+                &format!("metering.content_types[{i}]"),
+                format!("`{ct}` is not a content type like text/event-stream"),
+            );
+        }
+    }
+    if m.max_event_bytes < 256 || m.max_event_bytes > 16 * 1024 * 1024 {
+        problem(
+            "metering.max_event_bytes",
+            format!("{} is out of range (256 to 16777216)", m.max_event_bytes),
+        );
+    }
+    if m.buffer_bytes < 1024 || m.buffer_bytes > 256 * 1024 * 1024 {
+        problem(
+            "metering.buffer_bytes",
+            format!("{} is out of range (1024 to 268435456)", m.buffer_bytes),
+        );
+    }
+    if m.buffer_frames == 0 || m.buffer_frames > 1 << 20 {
+        problem(
+            "metering.buffer_frames",
+            format!("{} is out of range (1 to 1048576)", m.buffer_frames),
+        );
+    }
+    let stream_id_header = if m.stream_id_header.is_empty() {
+        None
+    } else {
+        http::HeaderName::from_bytes(m.stream_id_header.as_bytes())
+            .map_err(|_| {
+                problem(
+                    "metering.stream_id_header",
+                    format!("`{}` is not a valid header name", m.stream_id_header),
+                )
+            })
+            .ok()
+    };
+
+    if raw.models.max == 0 && raw.models.allow.is_empty() {
+        problem(
+            "models.max",
+            "must be at least 1 unless models.allow lists the models".into(),
+        );
+    }
+    if raw.models.max > 1000 {
+        problem(
+            "models.max",
+            format!(
+                "{} would let streams create too many series (at most 1000)",
+                raw.models.max
+            ),
+        );
+    }
+
+    let b = &raw.buckets;
+    for (key, bounds) in [
+        ("buckets.ttft", &b.ttft),
+        ("buckets.itl", &b.itl),
+        ("buckets.proxy_delay", &b.proxy_delay),
+        ("buckets.stall_duration", &b.stall_duration),
+        ("buckets.jank_ratio", &b.jank_ratio),
+        ("buckets.tokens_per_event", &b.tokens_per_event),
+        ("buckets.events_per_frame", &b.events_per_frame),
+    ] {
+        if let Err(reason) = check_bounds(bounds) {
+            problem(key, reason);
+        }
+    }
+
+    let mut routes = Vec::new();
+    let mut names = std::collections::HashSet::new();
+    for (i, r) in raw.routes.iter().enumerate() {
+        let key = |field: &str| format!("routes[{i}].{field}");
+        if r.name.is_empty()
+            || r.name.len() > 64
+            || !r
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c))
+        {
+            problem(
+                &key("name"),
+                format!(
+                    "`{}` must be 1 to 64 characters of letters, digits, _ - . :",
+                    r.name
+                ),
+            );
+        } else if r.name == "other" {
+            problem(
+                &key("name"),
+                "`other` is reserved for requests that match no route".into(),
+            );
+        } else if !names.insert(r.name.clone()) {
+            problem(
+                &key("name"),
+                format!("`{}` is used by another route", r.name),
+            );
+        }
+        if !r.path.starts_with('/') {
+            problem(&key("path"), format!("`{}` must start with /", r.path));
+        }
+        let match_kind = match r.match_kind.as_deref() {
+            None | Some("prefix") => Some(PathMatch::Prefix),
+            Some("exact") => Some(PathMatch::Exact),
+            Some(other) => {
+                problem(
+                    &key("match"),
+                    format!("`{other}` must be `prefix` or `exact`"),
+                );
+                None
+            }
+        };
+        let method = match &r.method {
+            None => Some(None),
+            Some(m) => match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                Ok(method) => Some(Some(method)),
+                Err(_) => {
+                    problem(&key("method"), format!("`{m}` is not an HTTP method"));
+                    None
+                }
+            },
+        };
+        let route_upstream = match &r.upstream {
+            None => upstream.clone(),
+            Some(u) => Upstream::parse(u)
+                .map_err(|e| problem(&key("upstream"), e))
+                .ok(),
+        };
+        if let (Some(match_kind), Some(method), Some(upstream)) =
+            (match_kind, method, route_upstream)
+        {
+            routes.push(RouteConfig {
+                name: r.name.clone(),
+                path: r.path.clone(),
+                match_kind,
+                method,
+                upstream,
+            });
+        }
+    }
+
+    match (
+        listen,
+        admin,
+        upstream,
+        drain_grace,
+        connect_timeout,
+        first_byte_timeout,
+        idle_timeout,
+        stall_threshold,
+    ) {
+        (
+            Some(listen),
+            Some(admin),
+            Some(upstream),
+            Some(drain_grace),
+            Some(connect_timeout),
+            Some(first_byte_timeout),
+            Some(idle_timeout),
+            Some(stall_threshold),
+        ) if problems.is_empty() => Ok(Config {
+            listen,
+            admin,
+            upstream,
+            drain_grace,
+            connect_timeout,
+            first_byte_timeout,
+            idle_timeout,
+            stream_content_types: m
+                .content_types
+                .iter()
+                .map(|c| c.trim().to_ascii_lowercase())
+                .collect(),
+            stall_threshold,
+            max_event_bytes: m.max_event_bytes,
+            buffer_bytes: m.buffer_bytes,
+            buffer_frames: m.buffer_frames,
+            stream_id_header,
+            models: raw.models,
+            buckets: raw.buckets,
+            routes,
+        }),
+        _ => Err(ConfigError(problems)),
+    }
+}
+
+fn check_bounds(bounds: &[f64]) -> Result<(), String> {
+    if bounds.is_empty() {
+        return Err("must list at least one bucket bound".into());
+    }
+    if bounds.len() > MAX_BOUNDS {
+        return Err(format!("{} bounds, at most {MAX_BOUNDS}", bounds.len()));
+    }
+    if bounds.iter().any(|b| !b.is_finite() || *b < 0.0) {
+        return Err("bounds must be finite and not negative".into());
+    }
+    if bounds.windows(2).any(|w| w[0] >= w[1]) {
+        return Err("bounds must increase strictly".into());
+    }
+    Ok(())
+}
+
+/// Just enough content-type syntax to check a `type/subtype`.
+mod mime_like {
+    /// `type/subtype` without parameters.
+    pub struct Essence;
+
+    impl std::str::FromStr for Essence {
+        type Err = ();
+        fn from_str(s: &str) -> Result<Self, ()> {
+            let token = |t: &str| {
+                !t.is_empty()
+                    && t.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "!#$&-^_.+".contains(c))
+            };
+            match s.trim().split_once('/') {
+                Some((a, b)) if token(a) && token(b) => Ok(Essence),
+                _ => Err(()),
+            }
+        }
+    }
+}
+
+/// `metronome check-config FILE`: prints OK and a summary, or every problem; exit 0 or 2.
+pub fn check_config_command(file: &Path) -> ExitCode {
+    match Config::load(file) {
+        Ok(config) => {
+            println!("OK: {}", file.display());
+            println!("  proxy listener  {}", config.listen);
+            println!("  admin listener  {}", config.admin);
+            println!("  default upstream {}", config.upstream);
+            for route in &config.routes {
+                println!(
+                    "  route {:<16} {} {:?} {} -> {}",
+                    route.name,
+                    route.method.as_ref().map(|m| m.as_str()).unwrap_or("*"),
+                    route.match_kind,
+                    route.path,
+                    route.upstream
+                );
+            }
+            println!("  requests that match no route go to route `other`");
+            ExitCode::SUCCESS
+        }
+        Err(ConfigError(problems)) => {
+            eprintln!("{}: {} problem(s)", file.display(), problems.len());
+            for p in problems {
+                eprintln!("  {p}");
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let config = Config::default();
+        assert_eq!(config.listen.port(), 8080);
+        assert_eq!(config.admin.port(), 9464);
+        assert_eq!(config.stall_threshold, Duration::from_millis(200));
+        assert_eq!(config.buckets, Buckets::default());
+    }
+
+    #[test]
+    fn the_documented_example_is_valid() {
+        let text = include_str!("../config/metronome.toml");
+        let config = Config::from_toml(text).unwrap();
+        assert!(!config.routes.is_empty());
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_name() {
+        let err = Config::from_toml("[server]\nlisten = \"0.0.0.0:1\"\nlisen = 1\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `lisen`"), "{err}");
+    }
+
+    #[test]
+    fn every_problem_is_named_by_its_key() {
+        let text = r#"
+[server]
+listen = "nowhere"
+upstream = "ftp://x"
+[timeouts]
+idle = "5"
+[metering]
+buffer_bytes = 10
+[buckets]
+itl = [0.1, 0.05]
+[[routes]]
+name = "chat"
+path = "v1/chat"
+match = "glob"
+[[routes]]
+name = "chat"
+path = "/x"
+method = "G T"
+"#;
+        let ConfigError(problems) = Config::from_toml(text).unwrap_err();
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        for key in [
+            "server.listen",
+            "server.upstream",
+            "timeouts.idle",
+            "metering.buffer_bytes",
+            "buckets.itl",
+            "routes[0].path",
+            "routes[0].match",
+            "routes[1].name",
+            "routes[1].method",
+        ] {
+            assert!(keys.contains(&key), "missing {key} in {keys:?}");
+        }
+    }
+
+    #[test]
+    fn overrides_win_over_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.toml");
+        std::fs::write(&path, "[server]\nlisten = \"127.0.0.1:1111\"\n").unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            listen: Some("127.0.0.1:2222".into()),
+            upstream: Some("http://10.0.0.1:9000/base/".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::from_args(&args).unwrap();
+        assert_eq!(config.listen.port(), 2222);
+        assert_eq!(config.upstream.base_path, "/base");
+    }
+}

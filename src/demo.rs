@@ -4,4 +4,6 @@ use std::process::ExitCode;
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {}
 /// Entry point of `metronome demo`.
-pub async fn run(_args: DemoArgs) -> ExitCode { ExitCode::SUCCESS }
+pub async fn run(_args: DemoArgs) -> ExitCode {
+    ExitCode::SUCCESS
+}

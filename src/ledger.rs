@@ -1,1 +1,380 @@
-//! (being written)
+//! The per-stream ledger: fixed-size state that is recorded into the metrics exactly once.
+//!
+//! A stream is seen at two points. The ingress reader owns an [`IngressLedger`] and updates it
+//! without locks; the client connection's egress clock stamps frames into the stream's
+//! [`EgressLedger`] as their bytes reach the socket. Both live in one [`StreamLedger`], shared by
+//! the ingress reader, the egress body and the frames waiting for their egress stamp. Whichever of
+//! them lets go last drops it, and `Drop` is the single place where the stream is recorded: after
+//! a complete stream, a client that vanished, an upstream that failed, or a task that panicked.
+//! Memory per stream is a few KiB whatever the stream's length.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::metrics::{LocalHistogram, Metrics, Outcome, Point};
+use crate::sketch::GapSketch;
+
+/// Streams with fewer gaps get no jank-ratio sample (DESIGN.md section 3).
+pub const MIN_GAPS_FOR_JANK: u32 = 8;
+
+/// One point's view of a stream: token-event timing, gaps, stalls and framing.
+#[derive(Debug, Default, Clone)]
+pub struct PointLedger {
+    first_byte: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    token_events: u64,
+    itl: LocalHistogram,
+    stalls: u64,
+    stall_durations: LocalHistogram,
+    events_per_frame: LocalHistogram,
+    gaps: GapSketch,
+}
+
+// === impl PointLedger ===
+
+impl PointLedger {
+    /// Body bytes were seen at `at`.
+    #[inline]
+    pub fn bytes(&mut self, at: Instant) {
+        self.first_byte.get_or_insert(at);
+    }
+
+    /// `token_events` token events were seen at `at` (one frame, or one socket write): the first
+    /// one's gap runs from the previous token event, the others' gaps are 0.
+    #[inline]
+    pub fn token_events(&mut self, at: Instant, token_events: u32, metrics: &Metrics) {
+        if token_events == 0 {
+            return;
+        }
+        let bounds = metrics.itl.bounds();
+        let zero_gaps = token_events - 1;
+        match self.last_token {
+            Some(last) => {
+                let gap = at.saturating_duration_since(last);
+                let seconds = gap.as_secs_f64();
+                self.itl.observe(bounds, seconds);
+                self.gaps.add(gap, 1);
+                if gap > metrics.stall_threshold {
+                    self.stalls += 1;
+                    self.stall_durations
+                        .observe(metrics.stall_duration.bounds(), seconds);
+                }
+            }
+            None => {
+                self.first_token = Some(at);
+            }
+        }
+        self.itl.observe_n(bounds, 0.0, zero_gaps);
+        self.gaps.add(Duration::ZERO, zero_gaps);
+        self.last_token = Some(at);
+        self.token_events += u64::from(token_events);
+    }
+
+    /// A frame (ingress) or socket write (egress) completed `events` events.
+    #[inline]
+    pub fn events_in_frame(&mut self, events: u32, metrics: &Metrics) {
+        if events > 0 {
+            self.events_per_frame
+                .observe(metrics.events_per_frame.bounds(), f64::from(events));
+        }
+    }
+
+    /// How many token events this point saw.
+    pub fn token_event_count(&self) -> u64 {
+        self.token_events
+    }
+
+    /// How many gaps exceeded the stall threshold.
+    pub fn stall_count(&self) -> u64 {
+        self.stalls
+    }
+
+    /// The inter-token gaps recorded (for tests and summaries).
+    pub fn itl(&self) -> &LocalHistogram {
+        &self.itl
+    }
+
+    /// The first and last token event.
+    pub fn token_span(&self) -> Option<(Instant, Instant)> {
+        Some((self.first_token?, self.last_token?))
+    }
+
+    fn record(&self, metrics: &Metrics, route: &str, model: &str, point: Point, received: Instant) {
+        let p = point.as_str();
+        if let Some(at) = self.first_byte {
+            metrics.ttfb.observe(
+                &[route, p],
+                at.saturating_duration_since(received).as_secs_f64(),
+            );
+        }
+        if let Some(at) = self.first_token {
+            metrics.ttft.observe(
+                &[route, model, p],
+                at.saturating_duration_since(received).as_secs_f64(),
+            );
+        }
+        metrics.itl.merge(&[route, model, p], &self.itl);
+        if self.stalls > 0 {
+            metrics
+                .stalls
+                .with_label_values(&[route, model, p])
+                .inc_by(self.stalls);
+            metrics
+                .stall_duration
+                .merge(&[route, model, p], &self.stall_durations);
+        }
+        if let Some(jank) = self.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
+            metrics.jank.observe(&[route, model, p], jank);
+        }
+        metrics
+            .events_per_frame
+            .merge(&[route, p], &self.events_per_frame);
+    }
+}
+
+/// Why the ingress reader stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IngressEnd {
+    /// The upstream body ended.
+    Complete,
+    /// The client went away and the upstream request was dropped.
+    ClientGone,
+    /// The upstream body failed (reset, malformed HTTP).
+    UpstreamError,
+    /// The upstream sent nothing for longer than the idle timeout.
+    UpstreamTimeout,
+}
+
+/// What the ingress reader learned about a stream.
+#[derive(Debug, Default, Clone)]
+pub struct IngressLedger {
+    /// Timing at the ingress point.
+    pub point: PointLedger,
+    /// The bounded `model` label, once the stream names a model.
+    pub model: Option<Arc<str>>,
+    /// Tokens per token event.
+    pub tokens_per_event: LocalHistogram,
+    /// Tokens counted from token events (exact per event where the format says so, else 1).
+    pub counted_tokens: u64,
+    /// The latest output-token total the server reported (`usage`).
+    pub usage_tokens: Option<u64>,
+    /// The stream carried an error event.
+    pub error_event: bool,
+    /// Events that could not be parsed.
+    pub unparsed_events: u64,
+    /// Events too long to inspect.
+    pub oversize_events: u64,
+}
+
+// === impl IngressLedger ===
+
+impl IngressLedger {
+    /// Output tokens and where the figure comes from (`usage` or `counted`).
+    pub fn output_tokens(&self) -> (u64, &'static str) {
+        match self.usage_tokens {
+            Some(n) => (n, "usage"),
+            None => (self.counted_tokens, "counted"),
+        }
+    }
+}
+
+/// What the egress clock learned about a stream.
+#[derive(Debug, Default, Clone)]
+pub struct EgressLedger {
+    /// Timing at the egress point.
+    pub point: PointLedger,
+    /// Egress minus ingress, per frame.
+    pub proxy_delay: LocalHistogram,
+    /// The socket write the last stamped frame went out in, to count events per write.
+    last_write: Option<u64>,
+    /// Events in frames of that write so far.
+    write_events: u32,
+}
+
+// === impl EgressLedger ===
+
+impl EgressLedger {
+    /// A frame read at `ingress` reached the client socket at `at`, in socket write `write_seq`.
+    #[inline]
+    pub fn frame(
+        &mut self,
+        at: Instant,
+        write_seq: u64,
+        ingress: Instant,
+        events: u32,
+        token_events: u32,
+        metrics: &Metrics,
+    ) {
+        self.point.bytes(at);
+        self.proxy_delay.observe(
+            metrics.proxy_delay.bounds(),
+            at.saturating_duration_since(ingress).as_secs_f64(),
+        );
+        if self.last_write != Some(write_seq) {
+            self.point.events_in_frame(self.write_events, metrics);
+            self.last_write = Some(write_seq);
+            self.write_events = 0;
+        }
+        self.write_events += events;
+        self.point.token_events(at, token_events, metrics);
+    }
+
+    fn finish(&mut self, metrics: &Metrics) {
+        self.point.events_in_frame(self.write_events, metrics);
+        self.write_events = 0;
+    }
+}
+
+/// Everything known about one metered stream; recorded exactly once, when the last holder drops it.
+#[derive(Debug)]
+pub struct StreamLedger {
+    metrics: Arc<Metrics>,
+    route: Arc<str>,
+    /// When metronome received the request: the start of TTFT and TTFB.
+    received: Instant,
+    /// Stamped by the client connection's egress clock, possibly from another task.
+    egress: Mutex<EgressLedger>,
+    /// Put here once by the ingress reader when it stops.
+    ingress: Mutex<Option<(IngressLedger, IngressEnd)>>,
+    /// The egress body handed hyper the end of the stream (nothing was cut short).
+    delivered_end: AtomicBool,
+}
+
+// === impl StreamLedger ===
+
+impl StreamLedger {
+    /// Opens the ledger of a new stream and counts it as active.
+    pub fn open(metrics: Arc<Metrics>, route: Arc<str>, received: Instant) -> Arc<Self> {
+        metrics.streams_active.with_label_values(&[&route]).inc();
+        Arc::new(StreamLedger {
+            metrics,
+            route,
+            received,
+            egress: Mutex::new(EgressLedger::default()),
+            ingress: Mutex::new(None),
+            delivered_end: AtomicBool::new(false),
+        })
+    }
+
+    /// The metrics this stream records into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The stream's route label.
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+
+    /// A frame reached the client socket.
+    pub fn egress_frame(
+        &self,
+        at: Instant,
+        write_seq: u64,
+        ingress: Instant,
+        events: u32,
+        token_events: u32,
+    ) {
+        let mut egress = self.egress.lock().unwrap_or_else(|e| e.into_inner());
+        egress.frame(at, write_seq, ingress, events, token_events, &self.metrics);
+    }
+
+    /// The ingress reader stopped; it hands over what it learned.
+    pub fn ingress_finished(&self, ledger: IngressLedger, end: IngressEnd) {
+        *self.ingress.lock().unwrap_or_else(|e| e.into_inner()) = Some((ledger, end));
+    }
+
+    /// The egress body handed hyper the end of the stream.
+    pub fn delivered_end(&self) {
+        self.delivered_end.store(true, Ordering::Release);
+    }
+
+    fn outcome(&self, ingress: Option<&(IngressLedger, IngressEnd)>) -> Outcome {
+        let Some((ledger, end)) = ingress else {
+            return Outcome::UpstreamError; // the ingress reader never reported: it failed
+        };
+        match end {
+            IngressEnd::UpstreamError => Outcome::UpstreamError,
+            IngressEnd::UpstreamTimeout => Outcome::UpstreamTimeout,
+            IngressEnd::ClientGone => Outcome::ClientCancelled,
+            IngressEnd::Complete if ledger.error_event => Outcome::UpstreamError,
+            IngressEnd::Complete if !self.delivered_end.load(Ordering::Acquire) => {
+                Outcome::ClientCancelled
+            }
+            IngressEnd::Complete if ledger.point.token_event_count() == 0 => Outcome::NoToken,
+            IngressEnd::Complete => Outcome::Complete,
+        }
+    }
+}
+
+impl Drop for StreamLedger {
+    fn drop(&mut self) {
+        let metrics = &*self.metrics;
+        let route = &*self.route;
+        let ingress = self
+            .ingress
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let outcome = self.outcome(ingress.as_ref());
+        let model_label = ingress
+            .as_ref()
+            .and_then(|(l, _)| l.model.clone())
+            .unwrap_or_else(|| metrics.models.resolve(None));
+        let model = &*model_label;
+
+        if let Some((ledger, _)) = &ingress {
+            ledger
+                .point
+                .record(metrics, route, model, Point::Ingress, self.received);
+            metrics
+                .tokens_per_event
+                .merge(&[route, model], &ledger.tokens_per_event);
+            let (tokens, source) = ledger.output_tokens();
+            if tokens > 0 {
+                metrics
+                    .output_tokens
+                    .with_label_values(&[route, model, source])
+                    .inc_by(tokens);
+            }
+            if let Some((first, last)) = ledger.point.token_span() {
+                if tokens >= 2 {
+                    let tpot =
+                        last.saturating_duration_since(first).as_secs_f64() / (tokens - 1) as f64;
+                    metrics.tpot.observe(&[route, model], tpot);
+                }
+            }
+            if ledger.unparsed_events > 0 {
+                metrics
+                    .unparsed_events
+                    .with_label_values(&[route, "invalid"])
+                    .inc_by(ledger.unparsed_events);
+            }
+            if ledger.oversize_events > 0 {
+                metrics
+                    .unparsed_events
+                    .with_label_values(&[route, "oversize"])
+                    .inc_by(ledger.oversize_events);
+            }
+        }
+
+        let egress = self.egress.get_mut().unwrap_or_else(|e| e.into_inner());
+        egress.finish(metrics);
+        egress
+            .point
+            .record(metrics, route, model, Point::Egress, self.received);
+        metrics.proxy_delay.merge(&[route], &egress.proxy_delay);
+
+        metrics
+            .streams
+            .with_label_values(&[route, model, outcome.as_str()])
+            .inc();
+        metrics
+            .request_duration
+            .observe(&[route], self.received.elapsed().as_secs_f64());
+        metrics.streams_active.with_label_values(&[route]).dec();
+        tracing::debug!(route, model, outcome = outcome.as_str(), "stream recorded");
+    }
+}

@@ -11,6 +11,7 @@
 //!   egress clock on the client socket).
 //! - [`scan`]: the incremental SSE / NDJSON scanners; they read frames, never copy or change them.
 //! - [`format`]: token accounting per streaming API (which events carry tokens, and how many).
+//! - [`meter`]: the per-frame work at ingress: scan, classify, update the ledger.
 //! - [`ledger`]: fixed-size per-stream state, recorded exactly once at the end of a stream.
 //! - [`metrics`]: the Prometheus metric contract of DESIGN.md section 4.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`).
@@ -22,6 +23,7 @@ pub mod config;
 pub mod demo;
 pub mod format;
 pub mod ledger;
+pub mod meter;
 pub mod metrics;
 pub mod probe;
 pub mod proxy;

@@ -32,7 +32,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     metronome::telemetry::init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -59,7 +59,9 @@ mod tests {
         assert_eq!(parse_duration("90us"), Ok(Duration::from_micros(90)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("250").unwrap_err().contains("no unit"));
-        assert!(parse_duration("5 parsecs").unwrap_err().contains("not a unit"));
+        assert!(parse_duration("5 parsecs")
+            .unwrap_err()
+            .contains("not a unit"));
         assert!(parse_duration("ms").is_err());
     }
 

@@ -60,7 +60,9 @@ impl OpenAiAccounting {
         if token_event {
             if let Some(now) = usage_total {
                 let before = self.tokens_at_last_token_event.unwrap_or(0);
-                tokens = u32::try_from(now.saturating_sub(before)).ok().filter(|n| *n > 0);
+                tokens = u32::try_from(now.saturating_sub(before))
+                    .ok()
+                    .filter(|n| *n > 0);
                 self.tokens_at_last_token_event = Some(now);
             }
         }
@@ -244,17 +246,32 @@ mod tests {
     #[test]
     fn chat_chunks_from_vllm() {
         let mut acc = OpenAiAccounting::default();
-        let role = classify(&mut acc, r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#);
+        let role = classify(
+            &mut acc,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
+        );
         assert!(!role.token_event);
         assert_eq!(role.model, Some("meta-llama/Llama-3.1-8B-Instruct"));
-        let token = classify(&mut acc, r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" Hello\n"},"logprobs":null,"finish_reason":null}]}"#);
+        let token = classify(
+            &mut acc,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" Hello\n"},"logprobs":null,"finish_reason":null}]}"#,
+        );
         assert!(token.token_event);
         assert_eq!(token.tokens, None);
-        let held_back = classify(&mut acc, r#"{"model":"m","choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}"#);
+        let held_back = classify(
+            &mut acc,
+            r#"{"model":"m","choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}"#,
+        );
         assert!(!held_back.token_event);
-        let finish = classify(&mut acc, r#"{"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#);
+        let finish = classify(
+            &mut acc,
+            r#"{"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+        );
         assert!(!finish.token_event);
-        let usage = classify(&mut acc, r#"{"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":40,"total_tokens":45}}"#);
+        let usage = classify(
+            &mut acc,
+            r#"{"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":40,"total_tokens":45}}"#,
+        );
         assert!(!usage.token_event);
         assert_eq!(usage.usage_total, Some(40));
         assert!(classify(&mut acc, "[DONE]").end);
@@ -286,11 +303,20 @@ mod tests {
     #[test]
     fn continuous_usage_stats_give_exact_tokens_per_event() {
         let mut acc = OpenAiAccounting::default();
-        let a = classify(&mut acc, r#"{"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":1}}"#);
+        let a = classify(
+            &mut acc,
+            r#"{"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":1}}"#,
+        );
         assert_eq!(a.tokens, Some(1));
-        let held = classify(&mut acc, r#"{"choices":[{"delta":{"content":""}}],"usage":{"completion_tokens":2}}"#);
+        let held = classify(
+            &mut acc,
+            r#"{"choices":[{"delta":{"content":""}}],"usage":{"completion_tokens":2}}"#,
+        );
         assert!(!held.token_event);
-        let b = classify(&mut acc, r#"{"choices":[{"delta":{"content":"bcd"}}],"usage":{"completion_tokens":5}}"#);
+        let b = classify(
+            &mut acc,
+            r#"{"choices":[{"delta":{"content":"bcd"}}],"usage":{"completion_tokens":5}}"#,
+        );
         assert_eq!(b.tokens, Some(4));
     }
 

@@ -1,4 +1,269 @@
-//! (being written)
+//! The metering proxy: listener, router, forwarder and the metered body.
+//!
+//! - [`listener`] accepts connections (HTTP/1.1 and HTTP/2) and wraps each one's IO in the
+//!   [`egress_clock`], so frames are stamped when their bytes reach the client socket;
+//! - [`router`] gives each request its `route` label and upstream;
+//! - [`forward`] sends it upstream through a pooled client and builds the response;
+//! - [`metered`] meters a streamed response: an ingress reader task and the egress body;
+//! - [`body`] and [`headers`] are the small pieces those share.
+
+pub mod body;
+pub mod egress_clock;
+pub mod forward;
+pub mod headers;
+pub mod listener;
+pub mod metered;
+pub mod router;
+
+use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use http::{header, HeaderValue, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::{Config, ServeArgs};
+use crate::metrics::{status_class, Metrics, ModelLabels};
+use body::ProxyBody;
+use router::Router;
+
+/// The error type of response bodies: anything that aborts a response.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Hands out stream IDs: unique within the process and unlikely to repeat across restarts.
+#[derive(Debug)]
+pub struct StreamIds {
+    /// Random per process, so IDs from two runs do not collide in joined data.
+    prefix: u32,
+    next: AtomicU64,
+}
+
+// === impl StreamIds ===
+
+impl StreamIds {
+    fn new() -> Self {
+        StreamIds {
+            prefix: rand::random(),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    /// The next ID: 8 hex digits of process prefix, 12 of sequence.
+    pub fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:08x}{:012x}", self.prefix, n & 0xFFFF_FFFF_FFFF)
+    }
+}
+
+/// Everything request handling shares, built once at start.
+#[derive(Debug)]
+pub struct ProxyState {
+    /// The validated configuration.
+    pub config: Arc<Config>,
+    /// The routing table.
+    pub router: Router,
+    /// The pooled upstream client; request bodies are streamed through it, never buffered.
+    pub client: Client<HttpConnector, Incoming>,
+    /// The metric contract.
+    pub metrics: Arc<Metrics>,
+    /// Stream IDs for the response header.
+    pub stream_ids: StreamIds,
+    /// Set on SIGTERM: `/readyz` answers 503 so load balancers stop sending.
+    pub draining: AtomicBool,
+}
+
+// === impl ProxyState ===
+
+impl ProxyState {
+    /// Builds the shared state: metrics, router and the pooled client.
+    pub fn new(config: Config) -> Result<Self, prometheus::Error> {
+        let metrics = Metrics::new(
+            &config.buckets,
+            ModelLabels::new(&config.models.allow, config.models.max),
+            config.stall_threshold,
+        )?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .build(connector);
+        Ok(ProxyState {
+            router: Router::new(&config),
+            config: Arc::new(config),
+            client,
+            metrics: Arc::new(metrics),
+            stream_ids: StreamIds::new(),
+            draining: AtomicBool::new(false),
+        })
+    }
+
+    /// A JSON error answered by metronome itself: `{"error":{"type":…,"message":…}}`.
+    pub fn answer_error(
+        &self,
+        route: &str,
+        status: StatusCode,
+        kind: &str,
+        message: &str,
+    ) -> Response<ProxyBody> {
+        self.metrics
+            .requests
+            .with_label_values(&[route, status_class(status)])
+            .inc();
+        let body = serde_json::json!({ "error": { "type": kind, "message": message } });
+        let mut response = Response::new(ProxyBody::local(body.to_string()));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+
+    /// Counts an upstream failure.
+    pub fn count_upstream_error(&self, route: &str, kind: &str) {
+        self.metrics
+            .upstream_errors
+            .with_label_values(&[route, kind])
+            .inc();
+    }
+}
+
+/// A running proxy: its bound addresses and the means to stop it. Tests and the demo start one
+/// in-process on `127.0.0.1:0`.
+#[derive(Debug)]
+pub struct ProxyHandle {
+    /// Where clients connect.
+    pub proxy_addr: SocketAddr,
+    /// Where `/metrics` is.
+    pub admin_addr: SocketAddr,
+    /// The shared state (metrics, config).
+    pub state: Arc<ProxyState>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+// === impl ProxyHandle ===
+
+impl ProxyHandle {
+    /// Binds both listeners of `config` and starts serving.
+    pub async fn start(config: Config) -> std::io::Result<Self> {
+        let proxy_listener = TcpListener::bind(config.listen).await?;
+        let admin_listener = TcpListener::bind(config.admin).await?;
+        let state = Arc::new(ProxyState::new(config).map_err(std::io::Error::other)?);
+        Ok(Self::serve(proxy_listener, admin_listener, state))
+    }
+
+    /// Serves on listeners that are already bound.
+    pub fn serve(
+        proxy_listener: TcpListener,
+        admin_listener: TcpListener,
+        state: Arc<ProxyState>,
+    ) -> Self {
+        let (shutdown, watch_rx) = watch::channel(false);
+        let proxy_addr = proxy_listener
+            .local_addr()
+            .unwrap_or_else(|_| state.config.listen);
+        let admin_addr = admin_listener
+            .local_addr()
+            .unwrap_or_else(|_| state.config.admin);
+        let signal = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let tasks = vec![
+            tokio::spawn(listener::serve(
+                proxy_listener,
+                state.clone(),
+                signal(watch_rx.clone()),
+            )),
+            tokio::spawn(crate::admin::serve(
+                admin_listener,
+                state.clone(),
+                signal(watch_rx),
+            )),
+        ];
+        ProxyHandle {
+            proxy_addr,
+            admin_addr,
+            state,
+            shutdown,
+            tasks,
+        }
+    }
+
+    /// Stops accepting, drains in-flight streams for up to the configured grace, and returns.
+    pub async fn shutdown(self) {
+        self.state.draining.store(true, Ordering::SeqCst);
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
 /// Entry point of `metronome serve`.
-pub async fn run(_args: crate::config::ServeArgs) -> ExitCode { ExitCode::SUCCESS }
+pub async fn run(args: ServeArgs) -> ExitCode {
+    let config = match Config::from_args(&args) {
+        Ok(config) => config,
+        Err(crate::config::ConfigError(problems)) => {
+            eprintln!("error: the configuration is invalid:");
+            for p in problems {
+                eprintln!("  {p}");
+            }
+            return ExitCode::from(2);
+        }
+    };
+    let (listen, admin) = (config.listen, config.admin);
+    let handle = match ProxyHandle::start(config).await {
+        Ok(handle) => handle,
+        Err(e) => {
+            eprintln!("error: cannot start listening on {listen} and {admin}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(
+        proxy = %handle.proxy_addr,
+        admin = %handle.admin_addr,
+        upstream = %handle.state.config.upstream,
+        "metronome serving"
+    );
+    wait_for_termination().await;
+    tracing::info!(
+        grace = ?handle.state.config.drain_grace,
+        "draining in-flight streams"
+    );
+    handle.shutdown().await;
+    tracing::info!("stopped");
+    ExitCode::SUCCESS
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn wait_for_termination() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

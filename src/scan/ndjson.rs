@@ -91,11 +91,19 @@ mod tests {
 
     #[test]
     fn lines_blank_lines_crlf_and_a_last_line_without_newline() {
-        let got = scan_all(Framing::Ndjson, b"{\"a\":1}\r\n\n  \n{\"a\":2}\n{\"a\":3}", 1024);
+        let got = scan_all(
+            Framing::Ndjson,
+            b"{\"a\":1}\r\n\n  \n{\"a\":2}\n{\"a\":3}",
+            1024,
+        );
         let data: Vec<_> = got.events.iter().map(|e| e.1.clone()).collect();
         assert_eq!(
             data,
-            vec![b"{\"a\":1}".to_vec(), b"{\"a\":2}".to_vec(), b"{\"a\":3}".to_vec()]
+            vec![
+                b"{\"a\":1}".to_vec(),
+                b"{\"a\":2}".to_vec(),
+                b"{\"a\":3}".to_vec()
+            ]
         );
     }
 

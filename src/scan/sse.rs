@@ -130,7 +130,11 @@ impl SseScanner {
             matched += 1;
             pos += 1;
         }
-        self.bom_matched = if matched == BOM.len() { None } else { Some(matched) };
+        self.bom_matched = if matched == BOM.len() {
+            None
+        } else {
+            Some(matched)
+        };
         pos
     }
 
@@ -272,12 +276,7 @@ mod tests {
         scan_all(Framing::Sse, body, 1024)
             .events
             .into_iter()
-            .map(|(k, d, _)| {
-                (
-                    String::from_utf8(k).unwrap(),
-                    String::from_utf8(d).unwrap(),
-                )
-            })
+            .map(|(k, d, _)| (String::from_utf8(k).unwrap(), String::from_utf8(d).unwrap()))
             .collect()
     }
 
@@ -308,10 +307,7 @@ mod tests {
     #[test]
     fn multi_line_data_comments_and_event_types() {
         let body = b": keep-alive\n\nevent: content_block_delta\ndata: one\n: mid\ndata: two\nid: 7\nretry: 10\n\n";
-        assert_eq!(
-            events(body),
-            vec![pair("content_block_delta", "one\ntwo")]
-        );
+        assert_eq!(events(body), vec![pair("content_block_delta", "one\ntwo")]);
     }
 
     #[test]
@@ -329,7 +325,11 @@ mod tests {
         for byte in body.chunks(1) {
             scanner.feed(byte, &mut sink);
         }
-        assert_eq!(sink.events.len(), 1, "the second BOM makes an unknown field");
+        assert_eq!(
+            sink.events.len(),
+            1,
+            "the second BOM makes an unknown field"
+        );
         assert_eq!(sink.events[0].1, b"a");
         assert_eq!(sink.unknown_fields[0].0, b"\xEF\xBB\xBFdata");
     }
@@ -340,7 +340,10 @@ mod tests {
         let mut scanner = Scanner::new(Framing::Sse, 1024);
         scanner.feed(b"\xEF", &mut sink);
         scanner.feed(b"x: 1\ndata: a\n\n", &mut sink);
-        assert_eq!(sink.unknown_fields, vec![(b"\xEFx".to_vec(), b"1".to_vec())]);
+        assert_eq!(
+            sink.unknown_fields,
+            vec![(b"\xEFx".to_vec(), b"1".to_vec())]
+        );
         assert_eq!(sink.events.len(), 1);
     }
 

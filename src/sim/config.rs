@@ -163,3 +163,27 @@ impl ConfigError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid() {
+        assert_eq!(SimConfig::default().validate(), Ok(()));
+        let demo = SimConfig::demo_contention();
+        assert_eq!(demo.validate(), Ok(()));
+        assert!(demo.jitter > 0.0 && demo.stall_prob > 0.0 && !demo.contention_k.is_zero());
+    }
+
+    #[test]
+    fn errors_read_as_sentences_naming_the_flag() {
+        let config = SimConfig {
+            stall_prob: 1.5,
+            ..SimConfig::default()
+        };
+        let err = config.validate().unwrap_err();
+        assert_eq!(err.flag, "--stall-prob");
+        assert_eq!(err.to_string(), "--stall-prob must be between 0 and 1.");
+    }
+}

@@ -1,0 +1,125 @@
+//! The per-frame work of metering at ingress: scan the frame for events, classify each one, and
+//! update the stream's ingress ledger. The frame's bytes are only read.
+//!
+//! Kept apart from the reader task so that the benchmark measures exactly what the proxy runs.
+
+use std::time::Instant;
+
+use crate::format::Accounting;
+use crate::ledger::IngressLedger;
+use crate::metrics::Metrics;
+use crate::scan::{Event, EventSink, Scanner};
+
+/// Scanner, accountant and ingress ledger of one stream.
+#[derive(Debug)]
+pub struct IngressMeter {
+    scanner: Scanner,
+    accounting: Accounting,
+    ledger: IngressLedger,
+}
+
+/// What one frame held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FrameCounts {
+    /// Events the frame completed.
+    pub events: u32,
+    /// Of those, token events.
+    pub token_events: u32,
+}
+
+// === impl IngressMeter ===
+
+impl IngressMeter {
+    /// A meter for a new stream.
+    pub fn new(scanner: Scanner, accounting: Accounting) -> Self {
+        IngressMeter {
+            scanner,
+            accounting,
+            ledger: IngressLedger::default(),
+        }
+    }
+
+    /// Meters one frame read at `at`.
+    #[inline]
+    pub fn frame(&mut self, bytes: &[u8], at: Instant, metrics: &Metrics) -> FrameCounts {
+        let mut sink = IngressSink {
+            accounting: &mut self.accounting,
+            ledger: &mut self.ledger,
+            metrics,
+            counts: FrameCounts::default(),
+        };
+        self.scanner.feed(bytes, &mut sink);
+        let counts = sink.counts;
+        let point = &mut self.ledger.point;
+        point.bytes(at);
+        point.events_in_frame(counts.events, metrics);
+        point.token_events(at, counts.token_events, metrics);
+        counts
+    }
+
+    /// The body ended: events that complete only at the end (an NDJSON line without its newline)
+    /// are counted, and the ledger is handed over.
+    pub fn finish(mut self, at: Instant, metrics: &Metrics) -> IngressLedger {
+        let mut sink = IngressSink {
+            accounting: &mut self.accounting,
+            ledger: &mut self.ledger,
+            metrics,
+            counts: FrameCounts::default(),
+        };
+        self.scanner.finish(&mut sink);
+        let counts = sink.counts;
+        if counts.events > 0 {
+            self.ledger.point.events_in_frame(counts.events, metrics);
+            self.ledger
+                .point
+                .token_events(at, counts.token_events, metrics);
+        }
+        self.ledger
+    }
+
+    /// The ledger so far.
+    pub fn ledger(&self) -> &IngressLedger {
+        &self.ledger
+    }
+}
+
+/// Classifies each event into the ingress ledger as the scanner finds it.
+struct IngressSink<'a> {
+    accounting: &'a mut Accounting,
+    ledger: &'a mut IngressLedger,
+    metrics: &'a Metrics,
+    counts: FrameCounts,
+}
+
+impl EventSink for IngressSink<'_> {
+    #[inline]
+    fn on_event(&mut self, event: Event<'_>) {
+        self.counts.events += 1;
+        if event.truncated {
+            self.ledger.oversize_events += 1;
+            return;
+        }
+        let classified = self.accounting.classify(&event);
+        if classified.unparsed {
+            self.ledger.unparsed_events += 1;
+            return;
+        }
+        self.ledger.error_event |= classified.error;
+        if classified.usage_total.is_some() {
+            self.ledger.usage_tokens = classified.usage_total;
+        }
+        if self.ledger.model.is_none() {
+            if let Some(model) = classified.model {
+                self.ledger.model = Some(self.metrics.models.resolve(Some(model)));
+            }
+        }
+        if classified.token_event {
+            self.counts.token_events += 1;
+            let tokens = classified.tokens.unwrap_or(1);
+            self.ledger.counted_tokens += u64::from(tokens);
+            self.ledger
+                .tokens_per_event
+                .observe(self.metrics.tokens_per_event.bounds(), f64::from(tokens));
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! Histograms that a whole stream's samples can be merged into at once.
+//!
+//! The `prometheus` crate's histograms take one sample at a time through shared atomics. A stream
+//! instead gathers its samples in a [`LocalHistogram`] (a fixed array, no atomics, no allocation)
+//! and merges it into the shared [`HistogramFamily`] exactly once, when the stream is recorded.
+//! That keeps the per-frame path free of shared cache lines and label lookups, and makes "a stream
+//! is recorded exactly once" literally true of every histogram.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto;
+
+/// The most bucket boundaries a histogram may have (the config refuses more).
+pub const MAX_BOUNDS: usize = 32;
+
+/// Per-stream samples of one histogram: counts per bucket (the last one is `+Inf`), sum and count.
+#[derive(Debug, Clone)]
+pub struct LocalHistogram {
+    counts: [u32; MAX_BOUNDS + 1],
+    sum: f64,
+    count: u64,
+}
+
+impl Default for LocalHistogram {
+    fn default() -> Self {
+        LocalHistogram {
+            counts: [0; MAX_BOUNDS + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+}
+
+// === impl LocalHistogram ===
+
+impl LocalHistogram {
+    /// Adds one sample; `bounds` are the family's upper bounds (`le`), ascending.
+    #[inline]
+    pub fn observe(&mut self, bounds: &[f64], value: f64) {
+        self.observe_n(bounds, value, 1);
+    }
+
+    /// Adds `n` samples of the same value (a clump of zero gaps, for instance).
+    #[inline]
+    pub fn observe_n(&mut self, bounds: &[f64], value: f64, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let bucket = bounds.partition_point(|b| *b < value);
+        self.counts[bucket] = self.counts[bucket].saturating_add(n);
+        self.sum += value * f64::from(n);
+        self.count += u64::from(n);
+    }
+
+    /// How many samples were added.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The sum of the samples.
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+}
+
+/// One labelled series of a [`HistogramFamily`].
+#[derive(Debug)]
+struct Series {
+    label_values: Vec<String>,
+    /// Non-cumulative counts per bucket, the last one `+Inf`.
+    counts: Box<[AtomicU64]>,
+    /// The sum, as `f64` bits, updated by compare-and-swap.
+    sum_bits: AtomicU64,
+    count: AtomicU64,
+}
+
+// === impl Series ===
+
+impl Series {
+    fn merge(&self, local: &LocalHistogram) {
+        if local.count == 0 {
+            return;
+        }
+        for (shared, add) in self.counts.iter().zip(local.counts.iter()) {
+            if *add > 0 {
+                shared.fetch_add(u64::from(*add), Ordering::Relaxed);
+            }
+        }
+        let mut current = self.sum_bits.load(Ordering::Relaxed);
+        loop {
+            let next = (f64::from_bits(current) + local.sum).to_bits();
+            match self.sum_bits.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(seen) => current = seen,
+            }
+        }
+        self.count.fetch_add(local.count, Ordering::Relaxed);
+    }
+}
+
+/// A histogram metric with labels whose series take merges of [`LocalHistogram`]s.
+#[derive(Debug, Clone)]
+pub struct HistogramFamily {
+    inner: Arc<FamilyInner>,
+}
+
+#[derive(Debug)]
+struct FamilyInner {
+    desc: Desc,
+    bounds: Arc<[f64]>,
+    /// Series by a hash of their label values; a bucket holds the rare collisions.
+    series: RwLock<HashMap<u64, Vec<Arc<Series>>>>,
+}
+
+// === impl HistogramFamily ===
+
+impl HistogramFamily {
+    /// A family named `name` with the given labels and bucket upper bounds (ascending, at most
+    /// [`MAX_BOUNDS`]; the config validates both).
+    pub fn new(
+        name: &str,
+        help: &str,
+        label_names: &[&str],
+        bounds: &[f64],
+    ) -> prometheus::Result<Self> {
+        if bounds.len() > MAX_BOUNDS {
+            return Err(prometheus::Error::Msg(format!(
+                "{name}: at most {MAX_BOUNDS} buckets"
+            )));
+        }
+        let desc = Desc::new(
+            name.to_string(),
+            help.to_string(),
+            label_names.iter().map(|l| l.to_string()).collect(),
+            HashMap::new(),
+        )?;
+        Ok(HistogramFamily {
+            inner: Arc::new(FamilyInner {
+                desc,
+                bounds: bounds.into(),
+                series: RwLock::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The bucket upper bounds, for [`LocalHistogram::observe`].
+    pub fn bounds(&self) -> &[f64] {
+        &self.inner.bounds
+    }
+
+    /// Merges a stream's samples into the series with these label values. Label values must come
+    /// from bounded sets (routes, capped models, points): one series is created per new set.
+    pub fn merge(&self, label_values: &[&str], local: &LocalHistogram) {
+        if local.count == 0 {
+            return;
+        }
+        self.series(label_values).merge(local);
+    }
+
+    /// Adds a single sample (for figures that are not per stream).
+    pub fn observe(&self, label_values: &[&str], value: f64) {
+        let mut local = LocalHistogram::default();
+        local.observe(&self.inner.bounds, value);
+        self.merge(label_values, &local);
+    }
+
+    fn series(&self, label_values: &[&str]) -> Arc<Series> {
+        let hash = hash_labels(label_values);
+        let matches = |s: &&Arc<Series>| {
+            s.label_values
+                .iter()
+                .map(String::as_str)
+                .eq(label_values.iter().copied())
+        };
+        {
+            let map = self.inner.series.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(series) = map.get(&hash).and_then(|v| v.iter().find(matches)) {
+                return series.clone();
+            }
+        }
+        let mut map = self.inner.series.write().unwrap_or_else(|e| e.into_inner());
+        let bucket = map.entry(hash).or_default();
+        if let Some(series) = bucket.iter().find(matches) {
+            return series.clone();
+        }
+        let series = Arc::new(Series {
+            label_values: label_values.iter().map(|v| v.to_string()).collect(),
+            counts: (0..=self.inner.bounds.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            sum_bits: AtomicU64::new(0f64.to_bits()),
+            count: AtomicU64::new(0),
+        });
+        bucket.push(series.clone());
+        series
+    }
+}
+
+fn hash_labels(label_values: &[&str]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    label_values.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl Collector for HistogramFamily {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.inner.desc]
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        let desc = &self.inner.desc;
+        let map = self.inner.series.read().unwrap_or_else(|e| e.into_inner());
+        let mut metrics: Vec<proto::Metric> = map
+            .values()
+            .flatten()
+            .map(|series| {
+                let mut cumulative = 0u64;
+                let mut buckets = Vec::with_capacity(self.inner.bounds.len());
+                for (bound, count) in self.inner.bounds.iter().zip(series.counts.iter()) {
+                    cumulative += count.load(Ordering::Relaxed);
+                    let mut bucket = proto::Bucket::default();
+                    bucket.set_upper_bound(*bound);
+                    bucket.set_cumulative_count(cumulative);
+                    buckets.push(bucket);
+                }
+                let mut histogram = proto::Histogram::default();
+                histogram.set_bucket(buckets);
+                histogram.set_sample_sum(f64::from_bits(series.sum_bits.load(Ordering::Relaxed)));
+                // The count is the sum of the buckets, so a scrape that races a merge stays
+                // self-consistent (`+Inf` bucket == `_count`).
+                let total: u64 = series
+                    .counts
+                    .iter()
+                    .map(|c| c.load(Ordering::Relaxed))
+                    .sum();
+                histogram.set_sample_count(total.max(cumulative));
+                let labels = desc
+                    .variable_labels
+                    .iter()
+                    .zip(series.label_values.iter())
+                    .map(|(name, value)| {
+                        let mut pair = proto::LabelPair::default();
+                        pair.set_name(name.clone());
+                        pair.set_value(value.clone());
+                        pair
+                    })
+                    .collect();
+                let mut metric = proto::Metric::from_label(labels);
+                metric.set_histogram(histogram);
+                metric
+            })
+            .collect();
+        metrics.sort_by(|a, b| {
+            let la = a.get_label().iter().map(|l| l.value());
+            let lb = b.get_label().iter().map(|l| l.value());
+            la.cmp(lb)
+        });
+        let mut family = proto::MetricFamily::default();
+        family.set_name(desc.fq_name.clone());
+        family.set_help(desc.help.clone());
+        family.set_field_type(proto::MetricType::HISTOGRAM);
+        family.set_metric(metrics);
+        vec![family]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_samples_land_in_le_buckets_and_merge_once() {
+        let family =
+            HistogramFamily::new("t_seconds", "help", &["route"], &[0.1, 0.2, 0.5]).unwrap();
+        let mut local = LocalHistogram::default();
+        let b = family.bounds().to_vec();
+        local.observe(&b, 0.1); // le=0.1 (boundaries are inclusive)
+        local.observe(&b, 0.15);
+        local.observe_n(&b, 0.0, 3);
+        local.observe(&b, 9.0); // +Inf
+        family.merge(&["chat"], &local);
+        let mf = family.collect().remove(0);
+        let h = mf.get_metric()[0].get_histogram();
+        let cumulative: Vec<u64> = h
+            .get_bucket()
+            .iter()
+            .map(|b| b.cumulative_count())
+            .collect();
+        assert_eq!(cumulative, vec![4, 5, 5]);
+        assert_eq!(h.get_sample_count(), 6);
+        assert!((h.get_sample_sum() - 9.25).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,325 @@
+//! The Prometheus metric contract of DESIGN.md section 4.
+//!
+//! Names, labels, help texts and default buckets are a public interface: dashboards and alerts are
+//! written against them, so they change only through an issue. Stream figures are merged here once
+//! per stream by the ledger; request figures once per request by the forwarder.
+
+pub mod histogram;
+pub mod models;
+
+use std::time::Duration;
+
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use serde::Deserialize;
+
+pub use histogram::{HistogramFamily, LocalHistogram, MAX_BOUNDS};
+pub use models::ModelLabels;
+
+/// Where a figure was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Point {
+    /// When a frame's bytes were read from the upstream connection.
+    Ingress,
+    /// When a frame's bytes were written to the client connection's socket.
+    Egress,
+    /// When an event arrived at the client (probe or browser beacon).
+    Client,
+}
+
+// === impl Point ===
+
+impl Point {
+    /// The `point` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Point::Ingress => "ingress",
+            Point::Egress => "egress",
+            Point::Client => "client",
+        }
+    }
+}
+
+/// How a stream ended: the `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The upstream ended the stream and every byte was handed to the client.
+    Complete,
+    /// The client went away before the stream ended.
+    ClientCancelled,
+    /// The upstream failed: connection reset, malformed HTTP, or an error event mid-stream.
+    UpstreamError,
+    /// The upstream went silent for longer than the idle timeout.
+    UpstreamTimeout,
+    /// The stream ended without a single token event.
+    NoToken,
+}
+
+// === impl Outcome ===
+
+impl Outcome {
+    /// The `outcome` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Complete => "complete",
+            Outcome::ClientCancelled => "client_cancelled",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::UpstreamTimeout => "upstream_timeout",
+            Outcome::NoToken => "no_token",
+        }
+    }
+}
+
+/// Bucket upper bounds of every histogram, in seconds (ratios and counts for the last three).
+/// The defaults keep every vLLM and OpenTelemetry boundary, so `le` selectors compare.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Buckets {
+    /// Time to first token and first byte, and request duration.
+    pub ttft: Vec<f64>,
+    /// Inter-token latency and time per output token.
+    pub itl: Vec<f64>,
+    /// Proxy delay (egress minus ingress) per frame.
+    pub proxy_delay: Vec<f64>,
+    /// Length of each stall.
+    pub stall_duration: Vec<f64>,
+    /// Per-stream jank ratio (p99 gap / p50 gap).
+    pub jank_ratio: Vec<f64>,
+    /// Tokens per token event.
+    pub tokens_per_event: Vec<f64>,
+    /// Events per frame.
+    pub events_per_frame: Vec<f64>,
+}
+
+impl Default for Buckets {
+    fn default() -> Self {
+        let counts = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0];
+        Buckets {
+            ttft: vec![
+                0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+            ],
+            itl: vec![
+                0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+            ],
+            proxy_delay: vec![
+                0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ],
+            stall_duration: vec![
+                0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+            ],
+            jank_ratio: vec![
+                1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 20.0, 50.0, 100.0,
+            ],
+            tokens_per_event: counts.clone(),
+            events_per_frame: counts,
+        }
+    }
+}
+
+/// Every metric metronome exports, registered in one registry.
+#[derive(Debug)]
+pub struct Metrics {
+    /// The registry `/metrics` encodes.
+    pub registry: Registry,
+    /// `metronome_time_to_first_token_seconds{route,model,point}`.
+    pub ttft: HistogramFamily,
+    /// `metronome_time_to_first_byte_seconds{route,point}`.
+    pub ttfb: HistogramFamily,
+    /// `metronome_inter_token_latency_seconds{route,model,point}`, one sample per token event.
+    pub itl: HistogramFamily,
+    /// `metronome_time_per_output_token_seconds{route,model}`, one sample per stream.
+    pub tpot: HistogramFamily,
+    /// `metronome_stream_jank_ratio{route,model,point}`, one sample per stream.
+    pub jank: HistogramFamily,
+    /// `metronome_stalls_total{route,model,point}`.
+    pub stalls: IntCounterVec,
+    /// `metronome_stall_duration_seconds{route,model,point}`.
+    pub stall_duration: HistogramFamily,
+    /// `metronome_proxy_delay_seconds{route}`, per frame.
+    pub proxy_delay: HistogramFamily,
+    /// `metronome_tokens_per_event{route,model}`.
+    pub tokens_per_event: HistogramFamily,
+    /// `metronome_events_per_frame{route,point}`.
+    pub events_per_frame: HistogramFamily,
+    /// `metronome_output_tokens_total{route,model,source}`.
+    pub output_tokens: IntCounterVec,
+    /// `metronome_streams_total{route,model,outcome}`.
+    pub streams: IntCounterVec,
+    /// `metronome_streams_active{route}`.
+    pub streams_active: IntGaugeVec,
+    /// `metronome_requests_total{route,status_class}`.
+    pub requests: IntCounterVec,
+    /// `metronome_request_duration_seconds{route}`.
+    pub request_duration: HistogramFamily,
+    /// `metronome_upstream_errors_total{route,kind}`.
+    pub upstream_errors: IntCounterVec,
+    /// `metronome_unparsed_events_total{route,reason}`: events the accountant could not inspect
+    /// (they still went through untouched). Not in DESIGN.md's table; see ARCHITECTURE.md.
+    pub unparsed_events: IntCounterVec,
+    /// The bounded `model` label.
+    pub models: ModelLabels,
+    /// A gap longer than this is a stall.
+    pub stall_threshold: Duration,
+}
+
+const RMP: &[&str] = &["route", "model", "point"];
+
+// === impl Metrics ===
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new(
+        buckets: &Buckets,
+        models: ModelLabels,
+        stall_threshold: Duration,
+    ) -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let hist = |name: &str, help: &str, labels: &[&str], bounds: &[f64]| {
+            let family = HistogramFamily::new(name, help, labels, bounds)?;
+            registry.register(Box::new(family.clone()))?;
+            Ok::<_, prometheus::Error>(family)
+        };
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let vec = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(vec.clone()))?;
+            Ok::<_, prometheus::Error>(vec)
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            let vec = IntGaugeVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(vec.clone()))?;
+            Ok::<_, prometheus::Error>(vec)
+        };
+        let metrics = Metrics {
+            ttft: hist(
+                "metronome_time_to_first_token_seconds",
+                "Time from the request reaching metronome to the first token event, at each point.",
+                RMP,
+                &buckets.ttft,
+            )?,
+            ttfb: hist(
+                "metronome_time_to_first_byte_seconds",
+                "Time from the request reaching metronome to the first response body byte, at each point.",
+                &["route", "point"],
+                &buckets.ttft,
+            )?,
+            itl: hist(
+                "metronome_inter_token_latency_seconds",
+                "Gap between consecutive token events, per event (one sample per token event after the first; events in one frame have a gap of 0).",
+                RMP,
+                &buckets.itl,
+            )?,
+            tpot: hist(
+                "metronome_time_per_output_token_seconds",
+                "Per stream: (last token event - first token event) / (output tokens - 1), at ingress.",
+                &["route", "model"],
+                &buckets.itl,
+            )?,
+            jank: hist(
+                "metronome_stream_jank_ratio",
+                "Per stream with at least 8 gaps: p99 gap / max(p50 gap, 1ms).",
+                RMP,
+                &buckets.jank_ratio,
+            )?,
+            stalls: counter(
+                "metronome_stalls_total",
+                "Inter-token gaps longer than the stall threshold.",
+                RMP,
+            )?,
+            stall_duration: hist(
+                "metronome_stall_duration_seconds",
+                "Length of each inter-token gap longer than the stall threshold.",
+                RMP,
+                &buckets.stall_duration,
+            )?,
+            proxy_delay: hist(
+                "metronome_proxy_delay_seconds",
+                "Per frame: time from reading it from the upstream to writing it to the client socket.",
+                &["route"],
+                &buckets.proxy_delay,
+            )?,
+            tokens_per_event: hist(
+                "metronome_tokens_per_event",
+                "Tokens carried by each token event (exact where the format says so, else 1).",
+                &["route", "model"],
+                &buckets.tokens_per_event,
+            )?,
+            events_per_frame: hist(
+                "metronome_events_per_frame",
+                "Events completed per frame read from the upstream (ingress) or per socket write (egress).",
+                &["route", "point"],
+                &buckets.events_per_frame,
+            )?,
+            output_tokens: counter(
+                "metronome_output_tokens_total",
+                "Output tokens of finished streams; source=usage when the server reported them, counted otherwise.",
+                &["route", "model", "source"],
+            )?,
+            streams: counter(
+                "metronome_streams_total",
+                "Metered streams by how they ended.",
+                &["route", "model", "outcome"],
+            )?,
+            streams_active: gauge(
+                "metronome_streams_active",
+                "Metered streams open now.",
+                &["route"],
+            )?,
+            requests: counter(
+                "metronome_requests_total",
+                "Every proxied request, streaming or not, by response status class.",
+                &["route", "status_class"],
+            )?,
+            request_duration: hist(
+                "metronome_request_duration_seconds",
+                "Every proxied request: from receipt to the end of its response body.",
+                &["route"],
+                &buckets.ttft,
+            )?,
+            upstream_errors: counter(
+                "metronome_upstream_errors_total",
+                "Upstream failures by kind: connect, timeout, reset, protocol.",
+                &["route", "kind"],
+            )?,
+            unparsed_events: counter(
+                "metronome_unparsed_events_total",
+                "Events forwarded untouched that the token accountant could not inspect, by reason (invalid, oversize).",
+                &["route", "reason"],
+            )?,
+            models,
+            stall_threshold,
+            registry: registry.clone(),
+        };
+        let build_info = gauge(
+            "metronome_build_info",
+            "Always 1; the version label says which build is running.",
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        Ok(metrics)
+    }
+
+    /// Encodes every metric in the Prometheus text format (version 0.0.4).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let encoder = prometheus::TextEncoder::new();
+        if let Err(e) = encoder.encode_utf8(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "could not encode metrics");
+        }
+        out
+    }
+}
+
+/// The `status_class` label of an HTTP status: `1xx` … `5xx`.
+pub fn status_class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    }
+}

@@ -1,0 +1,142 @@
+//! The response body types the proxy hands hyper: a metered stream, a pass-through body that only
+//! times the request, or a small body metronome wrote itself (errors).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+
+use super::metered::EgressBody;
+use super::BoxError;
+use crate::metrics::Metrics;
+
+pin_project_lite::pin_project! {
+    /// Any response body the proxy sends.
+    #[project = ProxyBodyProj]
+    pub enum ProxyBody {
+        /// A metered stream.
+        Metered { #[pin] body: EgressBody },
+        /// A response that is not a stream: passed through, timed at its end.
+        Passthrough { #[pin] body: TimedBody<hyper::body::Incoming> },
+        /// A body metronome wrote (an error, a health answer).
+        Local { #[pin] body: Full<Bytes> },
+    }
+}
+
+// === impl ProxyBody ===
+
+impl ProxyBody {
+    /// A body of the given bytes.
+    pub fn local(bytes: impl Into<Bytes>) -> Self {
+        ProxyBody::Local {
+            body: Full::new(bytes.into()),
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project() {
+            ProxyBodyProj::Metered { body } => body.poll_frame(cx),
+            ProxyBodyProj::Passthrough { body } => body.poll_frame(cx),
+            ProxyBodyProj::Local { body } => body.poll_frame(cx).map_err(|e| match e {}),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Metered { body } => body.is_end_stream(),
+            ProxyBody::Passthrough { body } => body.is_end_stream(),
+            ProxyBody::Local { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Metered { body } => body.size_hint(),
+            ProxyBody::Passthrough { body } => body.size_hint(),
+            ProxyBody::Local { body } => body.size_hint(),
+        }
+    }
+}
+
+/// Records `metronome_request_duration_seconds` once, when the body ends or is dropped.
+#[derive(Debug)]
+struct DurationRecorder {
+    metrics: Arc<Metrics>,
+    route: Arc<str>,
+    received: Instant,
+}
+
+impl Drop for DurationRecorder {
+    fn drop(&mut self) {
+        self.metrics
+            .request_duration
+            .observe(&[&self.route], self.received.elapsed().as_secs_f64());
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An upstream body passed through untouched; the request's duration is recorded at its end.
+    #[derive(Debug)]
+    pub struct TimedBody<B> {
+        #[pin]
+        inner: B,
+        recorder: Option<DurationRecorder>,
+    }
+}
+
+// === impl TimedBody ===
+
+impl<B> TimedBody<B> {
+    /// Wraps `inner`; the duration runs from `received` to the body's end.
+    pub fn new(inner: B, metrics: Arc<Metrics>, route: Arc<str>, received: Instant) -> Self {
+        TimedBody {
+            inner,
+            recorder: Some(DurationRecorder {
+                metrics,
+                route,
+                received,
+            }),
+        }
+    }
+}
+
+impl<B> Body for TimedBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        let result = this.inner.poll_frame(cx).map_err(Into::into);
+        if let Poll::Ready(None | Some(Err(_))) = &result {
+            this.recorder.take();
+        }
+        result
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

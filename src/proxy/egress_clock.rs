@@ -1,0 +1,179 @@
+//! The egress clock: stamps a frame when its bytes reach the client connection's socket.
+//!
+//! Handing a frame to hyper is not delivery: hyper buffers, and a slow client leaves bytes waiting
+//! in hyper and the kernel. So the accepted connection's IO is wrapped in [`EgressIo`], which
+//! counts the bytes each write puts into the socket. When the egress body hands hyper a frame of
+//! `len` bytes, it registers it with the connection's [`EgressClock`] at threshold
+//! `written + len`: the frame cannot have reached the socket before that many more bytes were
+//! written. The first write that crosses the threshold stamps it. For HTTP/1.1 the stamp falls in
+//! the very write that carries the frame's last bytes (the few bytes of chunk framing make it at
+//! most that much early on a partial write); on HTTP/2, bytes of other streams on the connection
+//! count too, so a stamp can only be early, never late. One clock read per socket write.
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::ledger::StreamLedger;
+
+/// A frame handed to hyper, waiting for its bytes to reach the socket.
+#[derive(Debug)]
+struct PendingFrame {
+    /// Socket byte count at which the frame is out.
+    threshold: u64,
+    ledger: Arc<StreamLedger>,
+    ingress: Instant,
+    events: u32,
+    token_events: u32,
+}
+
+/// Per-connection count of bytes written to the client socket and the frames waiting for it.
+#[derive(Debug, Default)]
+pub struct EgressClock {
+    /// Bytes the socket has accepted so far.
+    written: AtomicU64,
+    /// Socket writes so far: frames stamped in one write share it (events per write).
+    writes: AtomicU64,
+    /// Frames waiting, in hand-off order. Only this connection's streams touch it.
+    pending: Mutex<VecDeque<PendingFrame>>,
+    /// `pending.len()`, readable without the lock: most writes find nothing to stamp.
+    pending_len: AtomicUsize,
+}
+
+// === impl EgressClock ===
+
+impl EgressClock {
+    /// A clock for a new connection.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The egress body handed hyper a frame of `len` bytes.
+    pub fn handoff(
+        &self,
+        len: usize,
+        ledger: &Arc<StreamLedger>,
+        ingress: Instant,
+        events: u32,
+        token_events: u32,
+    ) {
+        let threshold = self.written.load(Ordering::Acquire) + len as u64;
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.push_back(PendingFrame {
+            threshold,
+            ledger: ledger.clone(),
+            ingress,
+            events,
+            token_events,
+        });
+        self.pending_len.store(pending.len(), Ordering::Release);
+    }
+
+    /// The socket accepted `n` more bytes: stamp every frame that is now out.
+    fn wrote(&self, n: usize) {
+        let total = self.written.fetch_add(n as u64, Ordering::AcqRel) + n as u64;
+        if n == 0 || self.pending_len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let write_seq = self.writes.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        // Thresholds rise in hand-off order on HTTP/1.1; on HTTP/2 streams interleave, so look at
+        // every waiting frame rather than stopping at the first that is not out.
+        pending.retain(|frame| {
+            if frame.threshold <= total {
+                frame.ledger.egress_frame(
+                    now,
+                    write_seq,
+                    frame.ingress,
+                    frame.events,
+                    frame.token_events,
+                );
+                false
+            } else {
+                true
+            }
+        });
+        self.pending_len.store(pending.len(), Ordering::Release);
+    }
+
+    /// Bytes written to the socket so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The accepted connection's IO, counting what each write puts into the socket.
+    #[derive(Debug)]
+    pub struct EgressIo<T> {
+        #[pin]
+        inner: T,
+        clock: Arc<EgressClock>,
+    }
+}
+
+// === impl EgressIo ===
+
+impl<T> EgressIo<T> {
+    /// Wraps a connection's IO; `clock` is shared with the connection's egress bodies.
+    pub fn new(inner: T, clock: Arc<EgressClock>) -> Self {
+        EgressIo { inner, clock }
+    }
+}
+
+impl<T: AsyncRead> AsyncRead for EgressIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.project().inner.poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite> AsyncWrite for EgressIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.project();
+        let result = this.inner.poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = result {
+            this.clock.wrote(n);
+        }
+        result
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.project();
+        let result = this.inner.poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = result {
+            this.clock.wrote(n);
+        }
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+}

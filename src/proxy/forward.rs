@@ -1,0 +1,235 @@
+//! Forwarding one request: route it, rewrite it for the upstream, send it through the pooled
+//! client with the request body streamed, and turn the upstream's answer into the client's
+//! response: metered when it is a stream, passed through otherwise, or a JSON error when the
+//! upstream cannot be reached.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
+use hyper::body::Incoming;
+
+use super::body::{ProxyBody, TimedBody};
+use super::egress_clock::EgressClock;
+use super::headers::{append_forwarded, content_type_essence, remove_hop_by_hop};
+use super::metered::{meter, MeterSettings};
+use super::ProxyState;
+use crate::format::Accounting;
+use crate::ledger::StreamLedger;
+use crate::metrics::status_class;
+use crate::scan::Framing;
+
+/// What a request handler knows about the client connection it came on.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// The client's address (for `X-Forwarded-For`).
+    pub remote: SocketAddr,
+    /// `http` or `https` (for `X-Forwarded-Proto`).
+    pub scheme: &'static str,
+    /// Stamps frames when their bytes reach this connection's socket.
+    pub clock: Arc<EgressClock>,
+}
+
+/// Why a request got no upstream response, as `metronome_upstream_errors_total{kind}` and the
+/// JSON error body say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UpstreamFailure {
+    Connect,
+    Timeout,
+    Reset,
+    Protocol,
+}
+
+// === impl UpstreamFailure ===
+
+impl UpstreamFailure {
+    fn kind(self) -> &'static str {
+        match self {
+            UpstreamFailure::Connect => "connect",
+            UpstreamFailure::Timeout => "timeout",
+            UpstreamFailure::Reset => "reset",
+            UpstreamFailure::Protocol => "protocol",
+        }
+    }
+
+    fn classify(error: &hyper_util::client::legacy::Error) -> Self {
+        let timed_out = error_chain(error).any(|e| {
+            e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        });
+        if timed_out {
+            UpstreamFailure::Timeout
+        } else if error.is_connect() {
+            UpstreamFailure::Connect
+        } else {
+            let text = format!("{error:?}");
+            if text.contains("Reset")
+                || text.contains("closed")
+                || text.contains("IncompleteMessage")
+            {
+                UpstreamFailure::Reset
+            } else {
+                UpstreamFailure::Protocol
+            }
+        }
+    }
+}
+
+/// The causes of an error, outermost first.
+fn error_chain<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    let mut next = error.source();
+    std::iter::from_fn(move || {
+        let current = next?;
+        next = current.source();
+        Some(current)
+    })
+}
+
+/// Handles one request from a client connection.
+pub async fn handle(
+    request: Request<Incoming>,
+    state: Arc<ProxyState>,
+    connection: Connection,
+) -> Result<Response<ProxyBody>, Infallible> {
+    let received = Instant::now();
+    let route = state
+        .router
+        .route(request.method(), request.uri().path())
+        .clone();
+    let upstream_request = match upstream_request(request, &route.upstream, &connection) {
+        Ok(r) => r,
+        Err(message) => {
+            return Ok(state.answer_error(
+                &route.name,
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                &message,
+            ))
+        }
+    };
+
+    let config = &state.config;
+    let sent = tokio::time::timeout(
+        config.first_byte_timeout,
+        state.client.request(upstream_request),
+    )
+    .await;
+    let response = match sent {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => {
+            let failure = UpstreamFailure::classify(&error);
+            state.count_upstream_error(&route.name, failure.kind());
+            let (status, kind) = match failure {
+                UpstreamFailure::Timeout => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
+                _ => (StatusCode::BAD_GATEWAY, "upstream_unavailable"),
+            };
+            let cause = error_chain(&error)
+                .last()
+                .map(|e| e.to_string())
+                .unwrap_or_else(|| error.to_string());
+            let message = format!("upstream {} failed: {cause}", route.upstream);
+            tracing::warn!(route = %route.name, upstream = %route.upstream, error = %cause, "upstream request failed");
+            return Ok(state.answer_error(&route.name, status, kind, &message));
+        }
+        Err(_) => {
+            state.count_upstream_error(&route.name, "timeout");
+            let message = format!(
+                "upstream {} sent no response head within {:?}",
+                route.upstream, config.first_byte_timeout
+            );
+            return Ok(state.answer_error(
+                &route.name,
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                &message,
+            ));
+        }
+    };
+
+    let (mut parts, body) = response.into_parts();
+    remove_hop_by_hop(&mut parts.headers);
+    state
+        .metrics
+        .requests
+        .with_label_values(&[&route.name, status_class(parts.status)])
+        .inc();
+
+    let framing = content_type_essence(&parts.headers)
+        .filter(|essence| config.stream_content_types.iter().any(|c| c == essence))
+        .map(|essence| {
+            if essence.contains("ndjson") || essence.contains("jsonl") {
+                Framing::Ndjson
+            } else {
+                Framing::Sse
+            }
+        });
+    let Some(framing) = framing else {
+        let body = TimedBody::new(body, state.metrics.clone(), route.name.clone(), received);
+        return Ok(Response::from_parts(parts, ProxyBody::Passthrough { body }));
+    };
+
+    let ledger = StreamLedger::open(state.metrics.clone(), route.name.clone(), received);
+    if let Some(name) = &config.stream_id_header {
+        if let Ok(value) = HeaderValue::from_str(&state.stream_ids.next()) {
+            parts.headers.insert(name.clone(), value);
+        }
+    }
+    let settings = MeterSettings {
+        framing,
+        max_event_bytes: config.max_event_bytes,
+        buffer_bytes: config.buffer_bytes,
+        buffer_frames: config.buffer_frames,
+        idle_timeout: config.idle_timeout,
+    };
+    let body = meter(
+        body,
+        &settings,
+        Accounting::openai(),
+        ledger,
+        connection.clock.clone(),
+    );
+    Ok(Response::from_parts(parts, ProxyBody::Metered { body }))
+}
+
+/// The request as the upstream gets it: its URI, hop-by-hop headers removed, forwarding headers
+/// appended, the body streamed as it arrives.
+fn upstream_request(
+    request: Request<Incoming>,
+    upstream: &crate::config::Upstream,
+    connection: &Connection,
+) -> Result<Request<Incoming>, String> {
+    let (mut parts, body) = request.into_parts();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let uri: Uri = format!(
+        "{}://{}{}{}",
+        upstream.scheme, upstream.authority, upstream.base_path, path_and_query
+    )
+    .parse()
+    .map_err(|e| format!("cannot build the upstream URI: {e}"))?;
+    // An HTTP/2 client names the host in `:authority`; the HTTP/1.1 upstream needs `Host`.
+    if !parts.headers.contains_key(header::HOST) {
+        if let Some(authority) = parts.uri.authority() {
+            if let Ok(value) = HeaderValue::from_str(authority.as_str()) {
+                parts.headers.insert(header::HOST, value);
+            }
+        }
+    }
+    remove_hop_by_hop(&mut parts.headers);
+    append_forwarded(
+        &mut parts.headers,
+        "x-forwarded-for",
+        &connection.remote.ip().to_string(),
+    );
+    append_forwarded(&mut parts.headers, "x-forwarded-proto", connection.scheme);
+    parts.uri = uri;
+    parts.version = http::Version::HTTP_11;
+    Ok(Request::from_parts(parts, body))
+}

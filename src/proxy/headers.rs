@@ -1,0 +1,103 @@
+//! Header handling at the proxy boundary (RFC 9110 section 7.6.1): hop-by-hop headers belong to
+//! one connection and are removed in both directions; forwarding headers are appended; everything
+//! else passes as is.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// Headers that are always hop-by-hop.
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes `Connection`, every header it names, and the fixed hop-by-hop headers.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// Appends `value` to a comma-separated forwarding header (`X-Forwarded-For: a, b`).
+pub fn append_forwarded(headers: &mut HeaderMap, name: &'static str, value: &str) {
+    let combined = match headers.get(name).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.trim().is_empty() => format!("{existing}, {value}"),
+        _ => value.to_string(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&combined) {
+        headers.insert(name, v);
+    }
+}
+
+/// The content type without parameters, lower-cased (`text/event-stream; charset=utf-8` →
+/// `text/event-stream`).
+pub fn content_type_essence(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    Some(
+        value
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_go() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "keep-alive, x-secret-hop".parse().unwrap());
+        h.insert("x-secret-hop", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("te", "trailers".parse().unwrap());
+        h.insert("transfer-encoding", "chunked".parse().unwrap());
+        h.insert("upgrade", "h2c".parse().unwrap());
+        h.insert("proxy-connection", "keep-alive".parse().unwrap());
+        h.insert("trailer", "x-t".parse().unwrap());
+        h.insert("authorization", "Bearer k".parse().unwrap());
+        h.insert("content-type", "application/json".parse().unwrap());
+        remove_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, vec!["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn forwarded_for_appends() {
+        let mut h = HeaderMap::new();
+        append_forwarded(&mut h, "x-forwarded-for", "10.0.0.1");
+        append_forwarded(&mut h, "x-forwarded-for", "127.0.0.1");
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
+    }
+
+    #[test]
+    fn essence() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "content-type",
+            "Text/Event-Stream; charset=utf-8".parse().unwrap(),
+        );
+        assert_eq!(
+            content_type_essence(&h).as_deref(),
+            Some("text/event-stream")
+        );
+    }
+}
