@@ -1,0 +1,455 @@
+//! The probe's command line ([`ProbeArgs`]) and the validated settings a measurement runs from
+//! ([`ProbeConfig`]). The library API (the demo) builds a [`ProbeConfig`] directly; the command
+//! line goes through `TryFrom<&ProbeArgs>`, which is where every usage error is caught, before a
+//! single request is sent.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use http::Uri;
+
+use crate::units::parse_duration;
+
+/// The response header that carries the proxy's stream ID, joined later with its timeline.
+pub const STREAM_ID_HEADER: &str = "x-metronome-stream-id";
+
+/// The path used when `--url` names only a host: the OpenAI chat endpoint.
+pub const DEFAULT_PATH: &str = "/v1/chat/completions";
+
+/// Command-line arguments of `metronome probe`, grouped by concern (the groups are the sections
+/// of `--help`). The larger groups are boxed so the binary's subcommand enum stays small.
+#[derive(clap::Args, Debug, Clone)]
+#[command(after_long_help = AFTER_HELP)]
+pub struct ProbeArgs {
+    /// URL to stream from (POST). A URL without a path gets `/v1/chat/completions`. Only `http://`
+    /// for now.
+    #[arg(long)]
+    pub url: String,
+
+    /// How many streams, how fast.
+    #[command(flatten)]
+    pub load: LoadArgs,
+
+    /// What each request sends.
+    #[command(flatten)]
+    pub request: Box<RequestArgs>,
+
+    /// What is reported and gated.
+    #[command(flatten)]
+    pub output: Box<OutputArgs>,
+}
+
+/// How many streams the probe runs, how fast, and how long each may take.
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Load")]
+pub struct LoadArgs {
+    /// Streams in flight at once. Closed loop (default): exactly this many, each starting the next
+    /// stream when it ends (default 1). Open loop (`--rate`): a cap on streams in flight (default
+    /// no cap); a start held back by the cap still counts its latency from its intended time.
+    #[arg(long, short = 'c')]
+    pub concurrency: Option<usize>,
+
+    /// Number of streams to run (default 10).
+    #[arg(long, short = 'n', conflicts_with = "duration")]
+    pub requests: Option<u64>,
+
+    /// Start streams for this long instead of a fixed number (e.g. `30s`); streams in flight at
+    /// the end are finished.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Open loop: start this many streams per second at fixed intended times, whatever the
+    /// server's pace. TTFT is measured from the intended start, so queueing is not hidden.
+    #[arg(long)]
+    pub rate: Option<f64>,
+
+    /// Give up on a stream after this long (from sending it to its last byte).
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// The request every stream sends.
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Request")]
+pub struct RequestArgs {
+    /// The `model` of the default chat request.
+    #[arg(long, default_value = "default")]
+    pub model: String,
+
+    /// The user message of the default chat request.
+    #[arg(long, default_value = "Write a short story about a metronome.")]
+    pub prompt: String,
+
+    /// The `max_tokens` of the default chat request.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: u32,
+
+    /// Send this file as the request body instead of the default chat request.
+    #[arg(long)]
+    pub body: Option<PathBuf>,
+
+    /// An extra request header, `'Name: value'` (repeatable).
+    #[arg(long = "header", short = 'H')]
+    pub headers: Vec<String>,
+}
+
+/// The report: thresholds, files and gates.
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Report")]
+pub struct OutputArgs {
+    /// A gap longer than this is a stall.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    pub stall_threshold: Duration,
+
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+
+    /// Write a self-contained HTML report (gap histogram, cadence strips) to this file.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+
+    /// A gate such as `itl_p99<250ms` or `tps_p50>10` (repeatable, comma-separable). Any failed
+    /// gate makes the exit code 1.
+    #[arg(long = "assert")]
+    pub gates: Vec<String>,
+}
+
+/// The definitions behind the numbers, shown by `metronome probe --help`.
+const AFTER_HELP: &str = "\
+Figures:
+  TTFT         intended start -> first token event (open loop: the scheduled time, so queueing shows)
+  ITL          every gap between consecutive token events, all streams pooled; token events that
+               arrive in one frame have a gap of 0 (a clump, as the reader sees it)
+  tokens/s     per stream: (output tokens - 1) / (last token event - first token event); output
+               tokens from the server's usage if reported, else counted token events
+  stall_pct    percentage of gaps longer than --stall-threshold
+  jank ratio   p99 gap / max(p50 gap, 1ms), pooled; per stream over streams with 8+ gaps
+  verdict      SMOOTH when jank ratio < 4 and median tokens/s > 7, else JANKY
+Percentiles are nearest-rank on the exact samples. Figures without data are null in JSON, - in text.
+Failed streams (connect, non-2xx, body error, timeout, no token event, error event) count in
+`errors`; their token events still count in the timing figures.
+
+Gates (--assert): tps_p50 tps_p5 itl_p50 itl_p95 itl_p99 itl_max ttft_p50 ttft_p95 ttft_p99
+ttft_max jank stream_jank_p50 stream_jank_p95 stall_pct errors, with < <= > >=; latencies take
+a unit (250ms, 2s), the others plain numbers. A gate without data fails.
+
+Exit codes: 0 all gates pass, 1 a gate failed, 2 usage error or a report file cannot be written.";
+
+/// When the probe stops starting streams.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Stop {
+    /// After this many streams.
+    Requests(u64),
+    /// After this long (measured from the start of the run); streams in flight are finished.
+    After(Duration),
+}
+
+/// How streams are started.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Load {
+    /// Each of `concurrency` workers starts its next stream when the previous one ends. The
+    /// server's pace sets the start times, so latency is measured from the actual send.
+    Closed {
+        /// Streams in flight at once.
+        concurrency: usize,
+    },
+    /// Streams start at fixed intended times, `rate` per second, and latency is measured from
+    /// the intended time (no coordinated omission).
+    Open {
+        /// Streams started per second.
+        rate: f64,
+        /// At most this many in flight; a start held back waits, and the wait shows in its TTFT.
+        max_in_flight: Option<usize>,
+    },
+}
+
+/// Everything a measurement needs, validated. Fields are public so the demo can build one in code.
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
+    /// Where every request is sent (POST).
+    pub url: Uri,
+    /// Closed or open loop.
+    pub load: Load,
+    /// When to stop starting streams.
+    pub stop: Stop,
+    /// The request body, sent unchanged with every request.
+    pub body: Bytes,
+    /// Request headers (a `content-type: application/json` unless the user gave another).
+    pub headers: HeaderMap,
+    /// Per-stream limit, from sending the request to the end of its body.
+    pub timeout: Duration,
+    /// A gap longer than this is a stall.
+    pub stall_threshold: Duration,
+    /// The response header whose value is kept as the stream's ID.
+    pub stream_id_header: HeaderName,
+}
+
+/// A usage error: the command line or the configuration asks for something the probe cannot do.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `--url` is not a URL.
+    #[error("`{url}` is not a valid URL: {reason}")]
+    InvalidUrl {
+        /// What the user wrote.
+        url: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// The URL's scheme is not supported (yet).
+    #[error("`{0}` is not supported: the probe speaks http:// only for now")]
+    UnsupportedScheme(String),
+    /// `--header` is not `Name: value`.
+    #[error("`{0}` is not a header (write `Name: value`)")]
+    InvalidHeader(String),
+    /// `--body` could not be read.
+    #[error("cannot read the request body from {path}: {source}")]
+    UnreadableBody {
+        /// The file named by `--body`.
+        path: PathBuf,
+        /// Why reading failed.
+        source: std::io::Error,
+    },
+    /// A count that must be positive is zero.
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    /// `--rate` is not a positive, finite number.
+    #[error("--rate must be a positive number of streams per second, not {0}")]
+    InvalidRate(f64),
+}
+
+// === impl ProbeConfig ===
+
+impl ProbeConfig {
+    /// A closed-loop probe of `url` with one stream at a time, ten streams, the default chat
+    /// request for `model` and the default limits: the starting point for code that builds a
+    /// config by hand. The URL follows the `--url` rules (http only; no path means
+    /// `/v1/chat/completions`).
+    pub fn new(url: &str, model: &str) -> Result<Self, ConfigError> {
+        let url = parse_url(url)?;
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Ok(ProbeConfig {
+            url,
+            load: Load::Closed { concurrency: 1 },
+            stop: Stop::Requests(10),
+            body: chat_body(model, "Write a short story about a metronome.", 64),
+            headers,
+            timeout: Duration::from_secs(120),
+            stall_threshold: Duration::from_millis(200),
+            stream_id_header: HeaderName::from_static(STREAM_ID_HEADER),
+        })
+    }
+}
+
+impl TryFrom<&ProbeArgs> for ProbeConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: &ProbeArgs) -> Result<Self, Self::Error> {
+        let url = parse_url(&args.url)?;
+        let (load_args, request) = (&args.load, &*args.request);
+        let load = match load_args.rate {
+            None => Load::Closed {
+                concurrency: positive(load_args.concurrency.unwrap_or(1), "--concurrency")?,
+            },
+            Some(rate) if rate.is_finite() && rate > 0.0 => Load::Open {
+                rate,
+                max_in_flight: load_args
+                    .concurrency
+                    .map(|c| positive(c, "--concurrency"))
+                    .transpose()?,
+            },
+            Some(rate) => return Err(ConfigError::InvalidRate(rate)),
+        };
+        let stop = match load_args.duration {
+            Some(duration) => Stop::After(duration),
+            None => Stop::Requests(load_args.requests.unwrap_or(10)),
+        };
+        let body = match &request.body {
+            Some(path) => std::fs::read(path).map(Bytes::from).map_err(|source| {
+                ConfigError::UnreadableBody {
+                    path: path.clone(),
+                    source,
+                }
+            })?,
+            None => chat_body(&request.model, &request.prompt, request.max_tokens),
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let mut user_headers = HeaderMap::new();
+        for text in &request.headers {
+            let (name, value) = parse_header(text)?;
+            user_headers.append(name, value);
+        }
+        // A header the user gives replaces the default of the same name.
+        for name in user_headers.keys() {
+            headers.remove(name);
+        }
+        headers.extend(user_headers);
+        Ok(ProbeConfig {
+            url,
+            load,
+            stop,
+            body,
+            headers,
+            timeout: load_args.timeout,
+            stall_threshold: args.output.stall_threshold,
+            stream_id_header: HeaderName::from_static(STREAM_ID_HEADER),
+        })
+    }
+}
+
+/// The default request: an OpenAI chat completion with streaming and a final usage chunk, so the
+/// output-token count is exact where the server supports `stream_options`.
+pub fn chat_body(model: &str, prompt: &str, max_tokens: u32) -> Bytes {
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{ "role": "user", "content": prompt }],
+        "stream": true,
+        "max_tokens": max_tokens,
+        "stream_options": { "include_usage": true },
+    });
+    Bytes::from(body.to_string())
+}
+
+/// Parses `--url`, refusing what the client cannot reach and filling in the chat path.
+pub fn parse_url(text: &str) -> Result<Uri, ConfigError> {
+    let invalid = |reason: &str| ConfigError::InvalidUrl {
+        url: text.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let uri: Uri = text
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => return Err(ConfigError::UnsupportedScheme(format!("{other}://"))),
+        None => {
+            return Err(invalid(
+                "it has no scheme (write e.g. http://127.0.0.1:8000)",
+            ))
+        }
+    }
+    if uri.host().is_none() {
+        return Err(invalid("it has no host"));
+    }
+    let has_path = uri.path_and_query().is_some_and(|p| p.as_str() != "/");
+    if has_path {
+        return Ok(uri);
+    }
+    let mut parts = uri.into_parts();
+    parts.path_and_query = Some(http::uri::PathAndQuery::from_static(DEFAULT_PATH));
+    Uri::from_parts(parts).map_err(|e| invalid(&e.to_string()))
+}
+
+/// Parses one `--header 'Name: value'`.
+fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), ConfigError> {
+    let invalid = || ConfigError::InvalidHeader(text.to_owned());
+    let (name, value) = text.split_once(':').ok_or_else(invalid)?;
+    let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| invalid())?;
+    let value = HeaderValue::from_str(value.trim()).map_err(|_| invalid())?;
+    Ok((name, value))
+}
+
+fn positive(value: usize, flag: &'static str) -> Result<usize, ConfigError> {
+    if value == 0 {
+        Err(ConfigError::Zero(flag))
+    } else {
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ProbeArgs,
+    }
+
+    fn config(line: &[&str]) -> Result<ProbeConfig, ConfigError> {
+        let cli =
+            Cli::try_parse_from(std::iter::once("probe").chain(line.iter().copied())).unwrap();
+        ProbeConfig::try_from(&cli.args)
+    }
+
+    #[test]
+    fn defaults_are_a_closed_loop_of_ten_chat_streams() {
+        let c = config(&["--url", "http://127.0.0.1:8000"]).unwrap();
+        assert_eq!(
+            c.url.to_string(),
+            "http://127.0.0.1:8000/v1/chat/completions"
+        );
+        assert_eq!(c.load, Load::Closed { concurrency: 1 });
+        assert_eq!(c.stop, Stop::Requests(10));
+        let body: serde_json::Value = serde_json::from_slice(&c.body).unwrap();
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["max_tokens"], 64);
+        assert_eq!(body["stream_options"]["include_usage"], true);
+        assert_eq!(c.headers[CONTENT_TYPE], "application/json");
+        assert_eq!(c.stall_threshold, Duration::from_millis(200));
+        assert_eq!(c.timeout, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn open_loop_duration_and_headers() {
+        let c = config(&[
+            "--url",
+            "http://h:1/v1/completions",
+            "--rate",
+            "5",
+            "--duration",
+            "30s",
+            "-H",
+            "Authorization: Bearer x",
+            "-H",
+            "content-type: application/x-test",
+        ])
+        .unwrap();
+        assert_eq!(c.url.path(), "/v1/completions");
+        assert_eq!(
+            c.load,
+            Load::Open {
+                rate: 5.0,
+                max_in_flight: None
+            }
+        );
+        assert_eq!(c.stop, Stop::After(Duration::from_secs(30)));
+        assert_eq!(c.headers["authorization"], "Bearer x");
+        assert_eq!(c.headers.get_all(CONTENT_TYPE).iter().count(), 1);
+        assert_eq!(c.headers[CONTENT_TYPE], "application/x-test");
+    }
+
+    #[test]
+    fn usage_errors() {
+        assert!(matches!(
+            config(&["--url", "https://h/"]),
+            Err(ConfigError::UnsupportedScheme(_))
+        ));
+        assert!(matches!(
+            config(&["--url", "127.0.0.1:8000"]),
+            Err(ConfigError::InvalidUrl { .. })
+        ));
+        assert!(matches!(
+            config(&["--url", "http://h", "-H", "no colon"]),
+            Err(ConfigError::InvalidHeader(_))
+        ));
+        assert!(matches!(
+            config(&["--url", "http://h", "-c", "0"]),
+            Err(ConfigError::Zero(_))
+        ));
+        assert!(matches!(
+            config(&["--url", "http://h", "--rate", "0"]),
+            Err(ConfigError::InvalidRate(_))
+        ));
+        assert!(matches!(
+            config(&["--url", "http://h", "--body", "/nonexistent/body.json"]),
+            Err(ConfigError::UnreadableBody { .. })
+        ));
+    }
+}

@@ -1,0 +1,281 @@
+//! Runs the streams: a pooled HTTP client, the closed or open loop that starts streams, and the
+//! per-stream task that reads the body frame by frame into a [`StreamRecord`].
+//!
+//! Every stream ends in exactly one record, whatever happens to it: errors are recorded in it and
+//! never abort the run.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::{mpsc, Semaphore};
+
+use super::args::{Load, ProbeConfig, Stop};
+use super::stream::{Recorder, StreamError, StreamRecord};
+use crate::scan::Framing;
+
+/// The connector behind the pool. Plain TCP for now; https slots in here (a rustls connector
+/// wrapping this one) without touching the rest.
+type Connector = HttpConnector;
+
+/// The pooled client every stream of a run shares.
+type HttpClient = Client<Connector, Full<Bytes>>;
+
+/// Why a run could not take place at all (individual streams fail into their records instead).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The URL's scheme has no connector (yet).
+    #[error("`{0}` is not supported: the probe speaks http:// only for now")]
+    UnsupportedScheme(String),
+    /// The request could not be built from the configuration.
+    #[error("cannot build the request: {0}")]
+    InvalidRequest(String),
+}
+
+/// Every stream of one run, in start order.
+#[derive(Debug, Clone)]
+pub struct ProbeRun {
+    /// When the run began (the first intended start in open loop).
+    pub started: Instant,
+    /// When the last stream ended.
+    pub finished: Instant,
+    /// One record per stream started, ordered by [`StreamRecord::index`].
+    pub streams: Vec<StreamRecord>,
+}
+
+/// What every stream task needs, shared.
+struct Shared {
+    client: HttpClient,
+    config: ProbeConfig,
+}
+
+/// Runs the configured load and returns every stream's record.
+pub async fn measure(config: &ProbeConfig) -> Result<ProbeRun, ProbeError> {
+    measure_with(config, |_| {}).await
+}
+
+/// Like [`measure`], calling `on_stream` as each stream ends (for a progress bar).
+pub async fn measure_with(
+    config: &ProbeConfig,
+    mut on_stream: impl FnMut(&StreamRecord),
+) -> Result<ProbeRun, ProbeError> {
+    let client = build_client(config)?;
+    // Fail on an unbuildable request once, up front, rather than in every stream.
+    build_request(config).map_err(|e| ProbeError::InvalidRequest(e.to_string()))?;
+    let shared = Arc::new(Shared {
+        client,
+        config: config.clone(),
+    });
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let started = Instant::now();
+    match config.load {
+        Load::Closed { concurrency } => closed_loop(&shared, concurrency, started, &tx),
+        Load::Open {
+            rate,
+            max_in_flight,
+        } => {
+            tokio::spawn(open_loop(
+                shared.clone(),
+                rate,
+                max_in_flight,
+                started,
+                tx.clone(),
+            ));
+        }
+    }
+    // The channel closes once every task holding a sender has finished.
+    drop(tx);
+    let mut streams = Vec::new();
+    while let Some(record) = rx.recv().await {
+        on_stream(&record);
+        streams.push(record);
+    }
+    streams.sort_by_key(|r| r.index);
+    Ok(ProbeRun {
+        started,
+        finished: Instant::now(),
+        streams,
+    })
+}
+
+fn build_client(config: &ProbeConfig) -> Result<HttpClient, ProbeError> {
+    match config.url.scheme_str() {
+        Some("http") => {}
+        other => {
+            return Err(ProbeError::UnsupportedScheme(format!(
+                "{}://",
+                other.unwrap_or("")
+            )))
+        }
+    }
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(config.timeout));
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(usize::MAX)
+        .build(connector))
+}
+
+fn build_request(config: &ProbeConfig) -> Result<Request<Full<Bytes>>, http::Error> {
+    let mut builder = Request::builder()
+        .method(Method::POST)
+        .uri(config.url.clone());
+    if let Some(headers) = builder.headers_mut() {
+        headers.extend(config.headers.clone());
+    }
+    builder.body(Full::new(config.body.clone()))
+}
+
+/// `concurrency` workers, each starting its next stream as soon as its previous one ends.
+fn closed_loop(
+    shared: &Arc<Shared>,
+    concurrency: usize,
+    started: Instant,
+    tx: &mpsc::UnboundedSender<StreamRecord>,
+) {
+    let next = Arc::new(AtomicU64::new(0));
+    for _ in 0..concurrency {
+        let (shared, next, tx) = (shared.clone(), next.clone(), tx.clone());
+        tokio::spawn(async move {
+            loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                let now = Instant::now();
+                if !may_start(shared.config.stop, index, now, started) {
+                    break;
+                }
+                let record = run_stream(&shared, index, now).await;
+                if tx.send(record).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+}
+
+/// Starts stream `i` at `started + i / rate`, however the earlier ones are doing.
+async fn open_loop(
+    shared: Arc<Shared>,
+    rate: f64,
+    max_in_flight: Option<usize>,
+    started: Instant,
+    tx: mpsc::UnboundedSender<StreamRecord>,
+) {
+    let limit = max_in_flight.map(|n| Arc::new(Semaphore::new(n)));
+    for index in 0u64.. {
+        let scheduled = started + Duration::from_secs_f64(index as f64 / rate);
+        if !may_start(shared.config.stop, index, scheduled, started) {
+            break;
+        }
+        tokio::time::sleep_until(scheduled.into()).await;
+        let permit = match &limit {
+            Some(limit) => match limit.clone().acquire_owned().await {
+                Ok(permit) => Some(permit),
+                Err(_) => break,
+            },
+            None => None,
+        };
+        let (shared, tx) = (shared.clone(), tx.clone());
+        tokio::spawn(async move {
+            let record = run_stream(&shared, index, scheduled).await;
+            drop(permit);
+            let _ = tx.send(record);
+        });
+    }
+}
+
+fn may_start(stop: Stop, index: u64, at: Instant, started: Instant) -> bool {
+    match stop {
+        Stop::Requests(n) => index < n,
+        Stop::After(duration) => at < started + duration,
+    }
+}
+
+/// Runs one stream to its end (or its timeout) and returns its record.
+async fn run_stream(shared: &Shared, index: u64, scheduled: Instant) -> StreamRecord {
+    let mut record = StreamRecord::new(index, scheduled);
+    let request = match build_request(&shared.config) {
+        Ok(request) => request,
+        Err(e) => {
+            record.error = Some(StreamError::Request(e.to_string()));
+            record.finished = Some(Instant::now());
+            return record;
+        }
+    };
+    let sent = Instant::now();
+    record.sent = Some(sent);
+    let timeout = shared.config.timeout;
+    let outcome = tokio::time::timeout_at(
+        (sent + timeout).into(),
+        read_stream(shared, request, &mut record),
+    )
+    .await;
+    let now = Instant::now();
+    record.finished = Some(now);
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => record.error = Some(error),
+        Err(_elapsed) => record.error = Some(StreamError::Timeout(timeout)),
+    }
+    record
+}
+
+async fn read_stream(
+    shared: &Shared,
+    request: Request<Full<Bytes>>,
+    record: &mut StreamRecord,
+) -> Result<(), StreamError> {
+    let response = shared.client.request(request).await.map_err(|e| {
+        if e.is_connect() {
+            StreamError::Connect(error_chain(&e))
+        } else {
+            StreamError::Request(error_chain(&e))
+        }
+    })?;
+    let status = response.status();
+    record.status = Some(status.as_u16());
+    record.stream_id = response
+        .headers()
+        .get(&shared.config.stream_id_header)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if !status.is_success() {
+        return Err(StreamError::Status(status.as_u16()));
+    }
+    let framing = match response.headers().get(CONTENT_TYPE) {
+        Some(ct) if ct.as_bytes().starts_with(b"application/x-ndjson") => Framing::Ndjson,
+        _ => Framing::Sse,
+    };
+    let mut recorder = Recorder::new(framing);
+    let mut body = response.into_body();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| StreamError::Body(error_chain(&e)))?;
+        if let Some(data) = frame.data_ref() {
+            // One clock reading per frame: every event in it arrived now.
+            recorder.frame(data, Instant::now(), record);
+        }
+    }
+    recorder.finish(Instant::now(), record);
+    match record.error.take() {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+/// An error and its causes on one line (hyper's top-level messages alone say little).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

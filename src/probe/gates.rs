@@ -1,0 +1,431 @@
+//! Gates: `--assert 'itl_p99<250ms'` turns the probe into a CI check.
+//!
+//! A gate is `<metric><op><value>` with op `<`, `<=`, `>` or `>=`. Latency metrics (`itl_*`,
+//! `ttft_*`) take a duration with its unit (`250ms`, `2s`); every other metric takes a plain
+//! number. A gate whose metric has no data (no token events at all) fails: a CI gate never passes
+//! on an empty run.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::stats::Report;
+use crate::units::{format_duration, parse_duration};
+
+/// What a gate can check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    /// Median per-stream tokens/s.
+    TpsP50,
+    /// 5th percentile per-stream tokens/s (the slow streams).
+    TpsP5,
+    /// Pooled gap median.
+    ItlP50,
+    /// Pooled gap p95.
+    ItlP95,
+    /// Pooled gap p99.
+    ItlP99,
+    /// Longest gap.
+    ItlMax,
+    /// TTFT median.
+    TtftP50,
+    /// TTFT p95.
+    TtftP95,
+    /// TTFT p99.
+    TtftP99,
+    /// Longest TTFT.
+    TtftMax,
+    /// Pooled jank ratio.
+    Jank,
+    /// Median per-stream jank ratio.
+    StreamJankP50,
+    /// p95 per-stream jank ratio.
+    StreamJankP95,
+    /// Percentage of gaps that are stalls.
+    StallPct,
+    /// Failed streams.
+    Errors,
+}
+
+/// Every metric with its name, for parsing and for the error that lists them.
+const METRICS: [(&str, Metric); 15] = [
+    ("tps_p50", Metric::TpsP50),
+    ("tps_p5", Metric::TpsP5),
+    ("itl_p50", Metric::ItlP50),
+    ("itl_p95", Metric::ItlP95),
+    ("itl_p99", Metric::ItlP99),
+    ("itl_max", Metric::ItlMax),
+    ("ttft_p50", Metric::TtftP50),
+    ("ttft_p95", Metric::TtftP95),
+    ("ttft_p99", Metric::TtftP99),
+    ("ttft_max", Metric::TtftMax),
+    ("jank", Metric::Jank),
+    ("stream_jank_p50", Metric::StreamJankP50),
+    ("stream_jank_p95", Metric::StreamJankP95),
+    ("stall_pct", Metric::StallPct),
+    ("errors", Metric::Errors),
+];
+
+/// A comparison operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+}
+
+/// One parsed gate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gate {
+    /// What is checked.
+    pub metric: Metric,
+    /// How it is compared.
+    pub op: Op,
+    /// The bound, in the metric's report unit (milliseconds for latencies).
+    pub threshold: f64,
+    /// The gate as the user wrote it (without spaces), for messages.
+    pub text: String,
+}
+
+/// The result of checking one gate against a report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateOutcome {
+    /// The gate.
+    pub gate: Gate,
+    /// The measured value (milliseconds for latencies), `None` when there was no data.
+    pub measured: Option<f64>,
+    /// Whether the measured value satisfies the gate.
+    pub passed: bool,
+}
+
+/// A gate that cannot be parsed: a usage error (exit code 2).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GateError {
+    /// No comparison operator.
+    #[error("gate `{0}` has no comparison (write e.g. `itl_p99<250ms`; operators < <= > >=)")]
+    NoOperator(String),
+    /// The metric name is not known.
+    #[error("gate `{gate}` checks `{metric}`, which is not a metric (known: {known})")]
+    UnknownMetric {
+        /// The whole gate.
+        gate: String,
+        /// The unknown name.
+        metric: String,
+        /// The metrics that exist.
+        known: String,
+    },
+    /// The bound of a latency gate is not a duration.
+    #[error("gate `{gate}` needs a duration with a unit: {reason}")]
+    BadDuration {
+        /// The whole gate.
+        gate: String,
+        /// Why the duration does not parse.
+        reason: String,
+    },
+    /// The bound of another gate is not a plain number.
+    #[error("gate `{0}` needs a plain number (no unit)")]
+    BadNumber(String),
+}
+
+// === impl Metric ===
+
+impl Metric {
+    /// The metric's name in gates.
+    pub fn name(self) -> &'static str {
+        METRICS
+            .iter()
+            .find(|(_, m)| *m == self)
+            .map_or("?", |(name, _)| name)
+    }
+
+    /// Latency metrics take and show durations; the others are plain numbers.
+    pub fn is_duration(self) -> bool {
+        matches!(
+            self,
+            Metric::ItlP50
+                | Metric::ItlP95
+                | Metric::ItlP99
+                | Metric::ItlMax
+                | Metric::TtftP50
+                | Metric::TtftP95
+                | Metric::TtftP99
+                | Metric::TtftMax
+        )
+    }
+
+    /// The metric's value in `report` (milliseconds for latencies), `None` without data.
+    pub fn measure(self, report: &Report) -> Option<f64> {
+        match self {
+            Metric::TpsP50 => report.tokens_per_second.p50,
+            Metric::TpsP5 => report.tokens_per_second.p5,
+            Metric::ItlP50 => report.itl_ms.p50,
+            Metric::ItlP95 => report.itl_ms.p95,
+            Metric::ItlP99 => report.itl_ms.p99,
+            Metric::ItlMax => report.itl_ms.max,
+            Metric::TtftP50 => report.ttft_ms.p50,
+            Metric::TtftP95 => report.ttft_ms.p95,
+            Metric::TtftP99 => report.ttft_ms.p99,
+            Metric::TtftMax => report.ttft_ms.max,
+            Metric::Jank => report.jank_ratio,
+            Metric::StreamJankP50 => report.stream_jank_ratio.p50,
+            Metric::StreamJankP95 => report.stream_jank_ratio.p95,
+            Metric::StallPct => report.stall_pct,
+            Metric::Errors => Some(report.errors as f64),
+        }
+    }
+
+    /// A value of this metric as people read it (`312.4ms`, `2.56`, `3`).
+    pub fn format(self, value: f64) -> String {
+        if self.is_duration() {
+            format_duration(Duration::from_secs_f64(value.max(0.0) / 1e3))
+        } else if self == Metric::Errors {
+            format!("{value:.0}")
+        } else {
+            format!("{value:.2}")
+        }
+    }
+}
+
+// === impl Op ===
+
+impl Op {
+    /// Whether `measured <op> threshold` holds.
+    pub fn holds(self, measured: f64, threshold: f64) -> bool {
+        match self {
+            Op::Lt => measured < threshold,
+            Op::Le => measured <= threshold,
+            Op::Gt => measured > threshold,
+            Op::Ge => measured >= threshold,
+        }
+    }
+}
+
+// === impl Gate ===
+
+impl FromStr for Gate {
+    type Err = GateError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+        let at = text
+            .find(['<', '>'])
+            .ok_or_else(|| GateError::NoOperator(text.clone()))?;
+        let (name, rest) = text.split_at(at);
+        let (op, value) = if let Some(v) = rest.strip_prefix("<=") {
+            (Op::Le, v)
+        } else if let Some(v) = rest.strip_prefix(">=") {
+            (Op::Ge, v)
+        } else if let Some(v) = rest.strip_prefix('<') {
+            (Op::Lt, v)
+        } else if let Some(v) = rest.strip_prefix('>') {
+            (Op::Gt, v)
+        } else {
+            return Err(GateError::NoOperator(text.clone()));
+        };
+        let metric = METRICS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, m)| *m)
+            .ok_or_else(|| GateError::UnknownMetric {
+                gate: text.clone(),
+                metric: name.to_owned(),
+                known: METRICS.map(|(n, _)| n).join(", "),
+            })?;
+        let threshold = if metric.is_duration() {
+            let d = parse_duration(value).map_err(|reason| GateError::BadDuration {
+                gate: text.clone(),
+                reason,
+            })?;
+            d.as_secs_f64() * 1e3
+        } else {
+            value
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| GateError::BadNumber(text.clone()))?
+        };
+        Ok(Gate {
+            metric,
+            op,
+            threshold,
+            text,
+        })
+    }
+}
+
+// === impl GateOutcome ===
+
+impl fmt::Display for GateOutcome {
+    /// `PASS itl_p99<250ms: measured 31.2ms` or `FAIL ...: measured no data`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let word = if self.passed { "PASS" } else { "FAIL" };
+        let measured = match self.measured {
+            Some(v) => self.gate.metric.format(v),
+            None => "no data".to_owned(),
+        };
+        write!(f, "{word} {}: measured {measured}", self.gate.text)
+    }
+}
+
+/// Parses every `--assert` value; each may hold several gates separated by commas.
+pub fn parse_gates<S: AsRef<str>>(specs: &[S]) -> Result<Vec<Gate>, GateError> {
+    specs
+        .iter()
+        .flat_map(|spec| spec.as_ref().split(','))
+        .filter(|part| !part.trim().is_empty())
+        .map(str::parse)
+        .collect()
+}
+
+/// Checks every gate against `report`, in order.
+pub fn evaluate(gates: &[Gate], report: &Report) -> Vec<GateOutcome> {
+    gates
+        .iter()
+        .map(|gate| {
+            let measured = gate.metric.measure(report);
+            let passed = measured.is_some_and(|v| gate.op.holds(v, gate.threshold));
+            GateOutcome {
+                gate: gate.clone(),
+                measured,
+                passed,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::stats::{
+        Quantiles, ReadingBands, ReportDetail, StreamJank, TokensPerSecond, Verdict,
+    };
+
+    fn report() -> Report {
+        Report {
+            requests: 10,
+            errors: 0,
+            ttft_ms: Quantiles {
+                p50: Some(100.0),
+                p95: Some(150.0),
+                p99: Some(180.0),
+                max: Some(190.0),
+            },
+            itl_ms: Quantiles {
+                p50: Some(30.0),
+                p95: Some(31.0),
+                p99: Some(312.4),
+                max: Some(330.0),
+            },
+            tokens_per_second: TokensPerSecond {
+                p50: Some(30.0),
+                p5: Some(4.0),
+            },
+            stall_pct: Some(100.0 / 39.0),
+            jank_ratio: Some(10.4),
+            stream_jank_ratio: StreamJank {
+                p50: Some(10.0),
+                p95: None,
+            },
+            verdict: Verdict::Janky,
+            reading_bands: ReadingBands::default(),
+            detail: ReportDetail::default(),
+        }
+    }
+
+    fn check(gate: &str) -> GateOutcome {
+        let gates = parse_gates(&[gate]).unwrap();
+        evaluate(&gates, &report()).remove(0)
+    }
+
+    #[test]
+    fn parses_operators_units_and_commas() {
+        let gates = parse_gates(&["itl_p99<250ms, tps_p50>=10", "errors<1"]).unwrap();
+        assert_eq!(gates.len(), 3);
+        assert_eq!(gates[0].metric, Metric::ItlP99);
+        assert_eq!(gates[0].op, Op::Lt);
+        assert!((gates[0].threshold - 250.0).abs() < 1e-9);
+        assert_eq!(gates[1].metric, Metric::TpsP50);
+        assert_eq!(gates[1].op, Op::Ge);
+        assert_eq!(gates[1].text, "tps_p50>=10");
+        assert_eq!(gates[2].op, Op::Lt);
+        let g: Gate = "ttft_p95 <= 2s".parse().unwrap();
+        assert_eq!(
+            (g.metric, g.op, g.threshold),
+            (Metric::TtftP95, Op::Le, 2000.0)
+        );
+        let g: Gate = "stall_pct>0.5".parse().unwrap();
+        assert_eq!((g.op, g.threshold), (Op::Gt, 0.5));
+        for (name, metric) in METRICS {
+            assert_eq!(metric.name(), name);
+        }
+    }
+
+    #[test]
+    fn refuses_bad_gates() {
+        assert!(matches!(
+            parse_gates(&["itl_p99"]),
+            Err(GateError::NoOperator(_))
+        ));
+        assert!(matches!(
+            parse_gates(&["itl_p99=5ms"]),
+            Err(GateError::NoOperator(_))
+        ));
+        assert!(matches!(
+            parse_gates(&["itl_p98<5ms"]),
+            Err(GateError::UnknownMetric { .. })
+        ));
+        assert!(matches!(
+            parse_gates(&["itl_p99<250"]),
+            Err(GateError::BadDuration { .. })
+        ));
+        assert!(matches!(
+            parse_gates(&["tps_p50>10tok"]),
+            Err(GateError::BadNumber(_))
+        ));
+        assert!(matches!(
+            parse_gates(&["jank<5ms"]),
+            Err(GateError::BadNumber(_))
+        ));
+        assert!(matches!(
+            parse_gates(&["errors<"]),
+            Err(GateError::BadNumber(_))
+        ));
+        assert!(matches!(
+            parse_gates(&["<5"]),
+            Err(GateError::UnknownMetric { .. })
+        ));
+    }
+
+    #[test]
+    fn evaluates_and_reports_measured_values() {
+        let failed = check("itl_p99<250ms");
+        assert!(!failed.passed);
+        assert_eq!(failed.to_string(), "FAIL itl_p99<250ms: measured 312.4ms");
+        let passed = check("itl_p50<=30ms");
+        assert!(passed.passed);
+        assert_eq!(passed.to_string(), "PASS itl_p50<=30ms: measured 30.0ms");
+        assert!(check("tps_p50>10").passed);
+        assert!(!check("tps_p5>5").passed);
+        assert!(check("ttft_max<2s").passed);
+        assert!(!check("jank<5").passed);
+        assert!(check("errors<1").passed);
+        assert_eq!(check("errors<1").to_string(), "PASS errors<1: measured 0");
+        assert!(!check("stall_pct<1").passed);
+        assert_eq!(
+            check("stall_pct<1").to_string(),
+            "FAIL stall_pct<1: measured 2.56"
+        );
+        // No data never passes.
+        let none = check("stream_jank_p95<100");
+        assert!(!none.passed);
+        assert_eq!(
+            none.to_string(),
+            "FAIL stream_jank_p95<100: measured no data"
+        );
+    }
+}

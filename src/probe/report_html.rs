@@ -1,0 +1,541 @@
+//! The report as one self-contained HTML page: the summary table and verdict, the gap histogram on
+//! a log time axis with the stall threshold marked, and a cadence strip per stream (one tick per
+//! token event) so stalls and clumps show at a glance. Inline SVG and CSS only: no scripts, no
+//! external resources, so the file can be attached to a CI run and opened anywhere.
+//!
+//! The page is also well-formed XML (every element closed, attributes quoted), which lets a plain
+//! XML parser check it.
+
+use std::fmt::Write;
+use std::time::{Duration, Instant};
+
+use super::client::ProbeRun;
+use super::stats::{millis, Quantiles, Report, Verdict};
+use crate::units::format_duration;
+
+/// At most this many streams get a cadence strip (the first ones, in start order); the page says
+/// when streams were left out.
+pub const MAX_STRIPS: usize = 200;
+
+/// Histogram bins per decade of the log time axis.
+const BINS_PER_DECADE: u32 = 10;
+
+const CSS: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1000px}\
+h1 .v{padding:.1em .5em;border-radius:.3em;color:#fff}\
+.SMOOTH{background:#2a7d3f}.JANKY{background:#b3261e}\
+table{border-collapse:collapse}td,th{padding:.2em .8em;text-align:left;border-bottom:1px solid #ddd}\
+td.n{text-align:right;font-variant-numeric:tabular-nums}\
+p.note{color:#555;max-width:60em}\
+svg text{font:11px system-ui,sans-serif;fill:#444}\
+.bar{fill:#4a78b5}.bar.stall{fill:#b3261e}.bar.zero{fill:#e08a00}\
+.axis{stroke:#888;stroke-width:1}.threshold{stroke:#b3261e;stroke-width:1.5;stroke-dasharray:4 3}\
+.lane{stroke:#e6e6e6}.lane.failed{stroke:#f3c1bd}\
+.tick{stroke:#333;stroke-width:1}.clump{stroke:#e08a00;stroke-width:2}.gap{fill:#b3261e;opacity:.35}";
+
+/// Renders the page. `title` names what was probed (the URL).
+pub fn render_html(run: &ProbeRun, report: &Report, title: &str) -> String {
+    let verdict = match report.verdict {
+        Verdict::Smooth => "SMOOTH",
+        Verdict::Janky => "JANKY",
+    };
+    let mut out = String::with_capacity(64 * 1024);
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n\
+         <title>metronome probe: {verdict}</title>\n<style>{CSS}</style>\n</head>\n<body>\n\
+         <h1>metronome probe <span class=\"v {verdict}\">{verdict}</span></h1>\n\
+         <p class=\"note\">{}</p>\n",
+        escape(title)
+    );
+    summary_table(&mut out, report);
+    out.push_str("<h2>Gaps between token events</h2>\n");
+    let _ = writeln!(
+        out,
+        "<p class=\"note\">Every gap between consecutive token events, all streams pooled, on a \
+         log time axis. The orange bar on the left counts gaps of 0 (token events that arrived in \
+         one frame: clumps); red bars are stalls, gaps over the {} threshold (dashed line).</p>",
+        format_duration(report.detail.stall_threshold)
+    );
+    histogram(&mut out, run, report.detail.stall_threshold);
+    out.push_str("<h2>Cadence per stream</h2>\n");
+    let shown = run.streams.len().min(MAX_STRIPS);
+    let left_out = if run.streams.len() > shown {
+        format!(
+            " Only the first {shown} of {} streams are drawn.",
+            run.streams.len()
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "<p class=\"note\">One row per stream, from its intended start; one tick per token event. \
+         Red shading marks stalls, orange ticks token events that arrived in the same frame as \
+         the one before, a red lane a stream that failed.{left_out}</p>"
+    );
+    strips(&mut out, run, report.detail.stall_threshold);
+    out.push_str("</body>\n</html>\n");
+    out
+}
+
+fn summary_table(out: &mut String, r: &Report) {
+    let q = |q: &Quantiles| {
+        format!(
+            "p50 {} · p95 {} · p99 {} · max {}",
+            ms(q.p50),
+            ms(q.p95),
+            ms(q.p99),
+            ms(q.max)
+        )
+    };
+    let num = |v: Option<f64>, decimals: usize| {
+        v.map_or_else(|| "–".to_owned(), |v| format!("{v:.decimals$}"))
+    };
+    let pct = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{:.0}%", v * 100.0));
+    let b = &r.reading_bands;
+    let mut errors = r.errors.to_string();
+    for (kind, n) in &r.detail.errors_by_kind {
+        let _ = write!(errors, " · {kind} {n}");
+    }
+    let rows = [
+        (
+            "streams",
+            format!("{} in {}", r.requests, format_duration(r.detail.wall_time)),
+        ),
+        ("errors", errors),
+        ("TTFT", q(&r.ttft_ms)),
+        ("ITL (gap)", q(&r.itl_ms)),
+        (
+            "tokens/s per stream",
+            format!(
+                "p50 {} · p5 {}",
+                num(r.tokens_per_second.p50, 1),
+                num(r.tokens_per_second.p5, 1)
+            ),
+        ),
+        (
+            "stalls",
+            format!(
+                "{} ({} of {} gaps over {})",
+                r.stall_pct
+                    .map_or_else(|| "–".to_owned(), |v| format!("{v:.2}%")),
+                r.detail.stalls,
+                r.detail.gaps,
+                format_duration(r.detail.stall_threshold)
+            ),
+        ),
+        ("jank ratio", num(r.jank_ratio, 2)),
+        (
+            "jank ratio per stream",
+            format!(
+                "p50 {} · p95 {}",
+                num(r.stream_jank_ratio.p50, 2),
+                num(r.stream_jank_ratio.p95, 2)
+            ),
+        ),
+        (
+            "reading speed (share of streams)",
+            format!(
+                "&lt;5 {} · 5–7 {} · 7–15 {} · 15–50 {} · 50+ {}",
+                pct(b.below_5),
+                pct(b.from_5_to_7),
+                pct(b.from_7_to_15),
+                pct(b.from_15_to_50),
+                pct(b.above_50)
+            ),
+        ),
+    ];
+    out.push_str("<table>\n");
+    for (name, value) in rows {
+        let _ = writeln!(out, "<tr><th>{name}</th><td>{value}</td></tr>");
+    }
+    out.push_str("</table>\n");
+}
+
+/// The pooled gap histogram, log-binned, with a separate bar for gaps of 0.
+fn histogram(out: &mut String, run: &ProbeRun, threshold: Duration) {
+    let mut zero = 0u64;
+    let mut min = f64::INFINITY;
+    let mut max = 0f64;
+    let gaps: Vec<f64> = run
+        .streams
+        .iter()
+        .flat_map(|s| s.gaps())
+        .map(|g| g.as_secs_f64())
+        .collect();
+    for &g in &gaps {
+        if g <= 0.0 {
+            zero += 1;
+        } else {
+            min = min.min(g);
+            max = max.max(g);
+        }
+    }
+    let t = threshold.as_secs_f64().max(1e-6);
+    // Decades from below the smallest gap (at most 1 ms) to above the largest (at least 2x the
+    // threshold), so the threshold line is always on the axis.
+    let lo_decade = min.min(1e-3).log10().floor() as i32;
+    let hi_decade = (max.max(t * 2.0).log10().ceil() as i32).max(lo_decade + 1);
+    let bins = ((hi_decade - lo_decade) as u32 * BINS_PER_DECADE) as usize;
+    let mut counts = vec![0u64; bins];
+    for &g in gaps.iter().filter(|g| **g > 0.0) {
+        let pos = (g.log10() - f64::from(lo_decade)) * f64::from(BINS_PER_DECADE);
+        let bin = (pos.floor().max(0.0) as usize).min(bins - 1);
+        counts[bin] += 1;
+    }
+    let tallest = counts
+        .iter()
+        .copied()
+        .chain([zero])
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+
+    let (width, height) = (900.0, 260.0);
+    let (left, right, top, bottom) = (70.0, 20.0, 15.0, 40.0);
+    let zero_w = 24.0;
+    let plot_x = left + zero_w + 36.0;
+    let plot_w = width - plot_x - right;
+    let plot_h = height - top - bottom;
+    let base = top + plot_h;
+    let x_of = |seconds: f64| {
+        plot_x
+            + (seconds.log10() - f64::from(lo_decade)) / f64::from(hi_decade - lo_decade) * plot_w
+    };
+    let bar_h = |count: u64| {
+        if count == 0 {
+            0.0
+        } else {
+            (count as f64 / tallest * plot_h).max(2.0)
+        }
+    };
+    let _ = writeln!(
+        out,
+        "<svg width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" role=\"img\" \
+         aria-label=\"histogram of gaps between token events\">"
+    );
+    // The bar for gaps of 0.
+    let h = bar_h(zero);
+    let _ = writeln!(
+        out,
+        "<rect class=\"bar zero\" x=\"{left:.1}\" y=\"{:.1}\" width=\"{zero_w:.1}\" height=\"{h:.1}\">\
+         <title>gap 0 (same frame): {zero}</title></rect>",
+        base - h
+    );
+    if zero > 0 {
+        count_label(out, left + zero_w / 2.0, base - h, zero);
+    }
+    let _ = writeln!(
+        out,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">0</text>",
+        left + zero_w / 2.0,
+        base + 14.0
+    );
+    let bin_w = plot_w / bins as f64;
+    for (i, &count) in counts.iter().enumerate() {
+        if count == 0 {
+            continue;
+        }
+        let from = 10f64.powf(f64::from(lo_decade) + i as f64 / f64::from(BINS_PER_DECADE));
+        let to = 10f64.powf(f64::from(lo_decade) + (i + 1) as f64 / f64::from(BINS_PER_DECADE));
+        let class = if from >= t { "bar stall" } else { "bar" };
+        let h = bar_h(count);
+        let _ = writeln!(
+            out,
+            "<rect class=\"{class}\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\">\
+             <title>{} to {}: {count}</title></rect>",
+            plot_x + i as f64 * bin_w + 0.5,
+            base - h,
+            (bin_w - 1.0).max(0.5),
+            format_duration(Duration::from_secs_f64(from)),
+            format_duration(Duration::from_secs_f64(to)),
+        );
+        count_label(out, plot_x + (i as f64 + 0.5) * bin_w, base - h, count);
+    }
+    // Axes, decade ticks and labels.
+    let _ = writeln!(
+        out,
+        "<line class=\"axis\" x1=\"{left:.1}\" y1=\"{base:.1}\" x2=\"{:.1}\" y2=\"{base:.1}\"/>",
+        width - right
+    );
+    let _ = writeln!(
+        out,
+        "<line class=\"axis\" x1=\"{left:.1}\" y1=\"{top:.1}\" x2=\"{left:.1}\" y2=\"{base:.1}\"/>"
+    );
+    for decade in lo_decade..=hi_decade {
+        let x = x_of(10f64.powi(decade));
+        let label = round_label(10f64.powi(decade));
+        let _ = writeln!(
+            out,
+            "<line class=\"axis\" x1=\"{x:.1}\" y1=\"{base:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\"/>\
+             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>",
+            base + 4.0,
+            base + 16.0
+        );
+    }
+    let _ = writeln!(
+        out,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\
+         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">0</text>\
+         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">gap (log scale); bar height: number of gaps</text>",
+        left - 6.0,
+        top + 10.0,
+        tallest as u64,
+        left - 6.0,
+        base,
+        plot_x + plot_w / 2.0,
+        height - 6.0
+    );
+    let x = x_of(t);
+    let _ = writeln!(
+        out,
+        "<line class=\"threshold\" x1=\"{x:.1}\" y1=\"{top:.1}\" x2=\"{x:.1}\" y2=\"{base:.1}\"/>\
+         <text x=\"{:.1}\" y=\"{:.1}\">stall {}</text>",
+        x + 4.0,
+        top + 10.0,
+        format_duration(threshold)
+    );
+    out.push_str("</svg>\n");
+}
+
+/// One lane per stream with a tick per token event, on a shared time axis.
+fn strips(out: &mut String, run: &ProbeRun, threshold: Duration) {
+    let streams = &run.streams[..run.streams.len().min(MAX_STRIPS)];
+    let end_of = |s: &super::stream::StreamRecord| -> Instant {
+        s.finished
+            .into_iter()
+            .chain(s.token_times.last().copied())
+            .max()
+            .unwrap_or(s.scheduled)
+    };
+    let span = streams
+        .iter()
+        .map(|s| end_of(s).saturating_duration_since(s.scheduled))
+        .max()
+        .unwrap_or_default()
+        .as_secs_f64()
+        .max(1e-3);
+    let (width, left, right, top) = (900.0, 70.0, 20.0, 10.0);
+    let (lane_h, lane_gap) = (6.0, 3.0);
+    let plot_w = width - left - right;
+    let height = top + streams.len() as f64 * (lane_h + lane_gap) + 44.0;
+    let x_of = |s: &super::stream::StreamRecord, at: Instant| {
+        left + at.saturating_duration_since(s.scheduled).as_secs_f64() / span * plot_w
+    };
+    let _ = writeln!(
+        out,
+        "<svg width=\"{width}\" height=\"{height:.0}\" viewBox=\"0 0 {width} {height:.0}\" role=\"img\" \
+         aria-label=\"token events per stream over time\">"
+    );
+    for (row, s) in streams.iter().enumerate() {
+        let y = top + row as f64 * (lane_h + lane_gap);
+        let mid = y + lane_h / 2.0;
+        let lane = if s.error.is_some() {
+            "lane failed"
+        } else {
+            "lane"
+        };
+        let about = match &s.error {
+            Some(e) => format!("failed: {e}"),
+            None => format!(
+                "{} tokens, TTFT {}, {:.1} tokens/s",
+                s.output_tokens(),
+                ms(s.ttft().map(millis)),
+                s.tokens_per_second().unwrap_or(0.0)
+            ),
+        };
+        let _ = write!(
+            out,
+            "<g><title>stream {}: {}</title>\
+             <line class=\"{lane}\" x1=\"{left:.1}\" y1=\"{mid:.1}\" x2=\"{:.1}\" y2=\"{mid:.1}\" stroke-width=\"{lane_h}\"/>",
+            s.index,
+            escape(&about),
+            x_of(s, end_of(s)).max(left + 1.0)
+        );
+        let (mut ticks, mut clumps, mut stalls) = (String::new(), String::new(), String::new());
+        let mut previous: Option<Instant> = None;
+        for &at in &s.token_times {
+            let x = x_of(s, at);
+            match previous {
+                Some(p) if at == p => {
+                    let _ = write!(clumps, "M{x:.1} {y:.1}v{lane_h}");
+                }
+                Some(p) if at.saturating_duration_since(p) > threshold => {
+                    let x0 = x_of(s, p);
+                    let _ = write!(stalls, "M{x0:.1} {y:.1}H{x:.1}v{lane_h}H{x0:.1}Z");
+                    let _ = write!(ticks, "M{x:.1} {y:.1}v{lane_h}");
+                }
+                _ => {
+                    let _ = write!(ticks, "M{x:.1} {y:.1}v{lane_h}");
+                }
+            }
+            previous = Some(at);
+        }
+        for (class, d) in [("gap", &stalls), ("tick", &ticks), ("clump", &clumps)] {
+            if !d.is_empty() {
+                let _ = write!(out, "<path class=\"{class}\" d=\"{d}\"/>");
+            }
+        }
+        out.push_str("</g>\n");
+    }
+    let base = top + streams.len() as f64 * (lane_h + lane_gap) + 4.0;
+    let _ = writeln!(
+        out,
+        "<line class=\"axis\" x1=\"{left:.1}\" y1=\"{base:.1}\" x2=\"{:.1}\" y2=\"{base:.1}\"/>",
+        width - right
+    );
+    let step = tick_step(span);
+    let mut tick = 0.0;
+    while tick <= span * 1.0001 {
+        let x = left + tick / span * plot_w;
+        let _ = writeln!(
+            out,
+            "<line class=\"axis\" x1=\"{x:.1}\" y1=\"{base:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\"/>\
+             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            base + 4.0,
+            base + 16.0,
+            round_label(tick)
+        );
+        tick += step;
+    }
+    // Stream numbers down the left: every row when few, every tenth otherwise.
+    let every = if streams.len() <= 30 { 1 } else { 10 };
+    for (row, s) in streams.iter().enumerate().step_by(every) {
+        let y = top + row as f64 * (lane_h + lane_gap) + lane_h;
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{y:.1}\" text-anchor=\"end\" font-size=\"9\">{}</text>",
+            left - 6.0,
+            s.index
+        );
+    }
+    let _ = writeln!(
+        out,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">time since the stream's intended start</text>",
+        left + plot_w / 2.0,
+        base + 30.0
+    );
+    out.push_str("</svg>\n");
+}
+
+/// A count above its bar, so a single stall is as readable as a thousand steady gaps.
+fn count_label(out: &mut String, x: f64, top: f64, count: u64) {
+    let _ = writeln!(
+        out,
+        "<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"9\">{count}</text>",
+        top - 3.0
+    );
+}
+
+/// The axis step: 1, 2 or 5 times a power of ten, giving at most 8 steps over `span` seconds.
+fn tick_step(span: f64) -> f64 {
+    let rough = span / 8.0;
+    let power = 10f64.powf(rough.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * power)
+        .find(|step| *step >= rough)
+        .unwrap_or(10.0 * power)
+}
+
+/// A round number of seconds as an axis label: `0`, `100us`, `20ms`, `1.5s`.
+fn round_label(seconds: f64) -> String {
+    let trim = |v: f64| {
+        let text = format!("{v:.3}");
+        text.trim_end_matches('0').trim_end_matches('.').to_owned()
+    };
+    if seconds <= 0.0 {
+        "0".to_owned()
+    } else if seconds >= 1.0 {
+        format!("{}s", trim(seconds))
+    } else if seconds >= 1e-3 {
+        format!("{}ms", trim(seconds * 1e3))
+    } else {
+        format!("{}us", trim(seconds * 1e6))
+    }
+}
+
+fn ms(value: Option<f64>) -> String {
+    value.map_or_else(
+        || "–".to_owned(),
+        |v| format_duration(Duration::from_secs_f64(v.max(0.0) / 1e3)),
+    )
+}
+
+/// Escapes text for element content and attribute values.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::stats::summarize;
+    use crate::probe::stream::{StreamError, StreamRecord};
+
+    #[test]
+    fn page_is_self_contained_and_marks_stalls_and_clumps() {
+        let t0 = Instant::now();
+        let mut streams = Vec::new();
+        for i in 0..(MAX_STRIPS as u64 + 5) {
+            let mut s = StreamRecord::new(i, t0);
+            let mut at = t0 + Duration::from_millis(40);
+            for n in 0..20 {
+                at += match n {
+                    10 => Duration::from_millis(400),
+                    5 => Duration::ZERO,
+                    _ => Duration::from_millis(30),
+                };
+                s.token_times.push(at);
+            }
+            s.counted_tokens = 20;
+            s.finished = Some(at);
+            streams.push(s);
+        }
+        streams[3].error = Some(StreamError::Body("reset <by> peer".into()));
+        let run = ProbeRun {
+            started: t0,
+            finished: t0 + Duration::from_secs(1),
+            streams,
+        };
+        let report = summarize(&run, Duration::from_millis(200));
+        let html = render_html(&run, &report, "http://127.0.0.1:1/v1/chat/completions?a&b");
+        assert!(html.starts_with("<!DOCTYPE html>"));
+        assert!(html.ends_with("</html>\n"));
+        assert!(!html.contains("<script"));
+        assert!(!html.contains("src="));
+        assert!(!html.contains("href="));
+        assert!(!html.contains("@import"));
+        assert!(html.contains("?a&amp;b"));
+        assert!(html.contains("reset &lt;by&gt; peer"));
+        assert!(html.contains("class=\"threshold\""));
+        assert!(html.contains("class=\"gap\""));
+        assert!(html.contains("class=\"clump\""));
+        assert!(html.contains(&format!("Only the first {MAX_STRIPS} of 205 streams")));
+        assert_eq!(html.matches("<g><title>stream").count(), MAX_STRIPS);
+        assert_eq!(html.matches("<svg").count(), html.matches("</svg>").count());
+    }
+
+    #[test]
+    fn axis_labels_are_round() {
+        assert_eq!(round_label(0.0), "0");
+        assert_eq!(round_label(1e-3), "1ms");
+        assert_eq!(round_label(0.2), "200ms");
+        assert_eq!(round_label(1.5), "1.5s");
+        assert_eq!(round_label(1e-4), "100us");
+        assert_eq!(tick_step(1.57), 0.2);
+        assert_eq!(tick_step(8.0), 1.0);
+        assert!((tick_step(0.3) - 0.05).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,417 @@
+//! From stream records to the report: percentiles, stalls, jank, reading speed and the verdict.
+//!
+//! Conventions, so the numbers can be checked by hand:
+//! - **Percentiles are nearest-rank on the exact sorted samples**: the p-th percentile of n samples
+//!   is the sample of rank ⌈p·n/100⌉ (1-based), so it is always a value that was measured; p100 is
+//!   the maximum.
+//! - **No data is `null`** in JSON (`None` here) and `-` in text: a percentile of no samples, a
+//!   stall share of no gaps, a band share of no streams. Nothing is reported as 0 for lack of data.
+//! - **Timing uses every token event that arrived**, also from streams that later failed: a stream
+//!   that stalls and then times out still shows its gaps. The failure itself counts in `errors`.
+//! - **ITL** pools every gap of every stream (a gap inside one frame is 0 and is kept).
+//! - **tokens/s** is per stream: (output tokens − 1) / (last token event − first token event),
+//!   with output tokens from `usage` when the server reported them, else counted; streams where it
+//!   is undefined (under two tokens, or all token events in one frame) are left out.
+//! - **stall_pct** is the percentage (0–100) of pooled gaps strictly longer than the threshold.
+//! - **jank_ratio** is pooled p99 gap / max(pooled p50 gap, 1 ms); **stream_jank_ratio** is the
+//!   same ratio per stream, over streams with at least 8 gaps.
+//! - **verdict** is SMOOTH when jank_ratio < 4 and tokens_per_second.p50 > 7, else JANKY (also
+//!   when either is missing: smoothness is never claimed without data).
+//! - **reading_bands** are shares (0–1) of the streams with a defined tokens/s, by band:
+//!   `[0, 5)`, `[5, 7)`, `[7, 15)`, `[15, 50)`, `[50, ∞)`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::client::ProbeRun;
+
+/// Streams need at least this many gaps for a per-stream jank ratio (DESIGN.md section 3).
+pub const MIN_GAPS_FOR_STREAM_JANK: usize = 8;
+
+/// The jank ratio's floor for the median gap, so a stream of clumps does not divide by zero.
+pub const JANK_FLOOR: Duration = Duration::from_millis(1);
+
+/// Below this jank ratio (and above [`SMOOTH_MIN_TPS`]) a run is SMOOTH.
+pub const SMOOTH_MAX_JANK: f64 = 4.0;
+
+/// Above this median reading speed (and below [`SMOOTH_MAX_JANK`]) a run is SMOOTH.
+pub const SMOOTH_MIN_TPS: f64 = 7.0;
+
+/// The probe's findings. Serializes to exactly the keys of the JSON contract; [`ReportDetail`]
+/// carries what the text and HTML reports show beyond it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// Streams started.
+    pub requests: u64,
+    /// Streams that failed (connect, status, body, timeout, no token event, error event).
+    pub errors: u64,
+    /// Time to first token (from the intended start), in milliseconds.
+    pub ttft_ms: Quantiles,
+    /// Inter-token gaps, pooled over all streams, in milliseconds.
+    pub itl_ms: Quantiles,
+    /// Per-stream reading speed.
+    pub tokens_per_second: TokensPerSecond,
+    /// Percentage (0–100) of gaps longer than the stall threshold.
+    pub stall_pct: Option<f64>,
+    /// Pooled p99 gap / max(pooled p50 gap, 1 ms).
+    pub jank_ratio: Option<f64>,
+    /// Per-stream jank ratio, over streams with at least 8 gaps.
+    pub stream_jank_ratio: StreamJank,
+    /// SMOOTH or JANKY.
+    pub verdict: Verdict,
+    /// Share of streams in each reading-speed band.
+    pub reading_bands: ReadingBands,
+    /// Context for the human-readable reports; not part of the JSON contract.
+    #[serde(skip)]
+    pub detail: ReportDetail,
+}
+
+/// p50, p95, p99 and max of a set of durations, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Quantiles {
+    /// Median.
+    pub p50: Option<f64>,
+    /// 95th percentile.
+    pub p95: Option<f64>,
+    /// 99th percentile.
+    pub p99: Option<f64>,
+    /// Largest sample.
+    pub max: Option<f64>,
+}
+
+/// The median and the slow tail (p5) of per-stream tokens/s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TokensPerSecond {
+    /// Median stream.
+    pub p50: Option<f64>,
+    /// The stream slower than 95% of the others: what the unluckiest readers get.
+    pub p5: Option<f64>,
+}
+
+/// Percentiles of the per-stream jank ratio.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StreamJank {
+    /// Median stream.
+    pub p50: Option<f64>,
+    /// 95th percentile stream.
+    pub p95: Option<f64>,
+}
+
+/// The one-word answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Verdict {
+    /// Even cadence at a comfortable reading speed.
+    #[serde(rename = "SMOOTH")]
+    Smooth,
+    /// Uneven cadence or too slow (or no data to say otherwise).
+    #[serde(rename = "JANKY")]
+    Janky,
+}
+
+/// Share (0–1) of streams per tokens/s band: below reading speed, around it, comfortable, fast,
+/// faster than anyone reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ReadingBands {
+    /// Under 5 tokens/s.
+    pub below_5: Option<f64>,
+    /// 5 up to 7 tokens/s.
+    #[serde(rename = "5_to_7")]
+    pub from_5_to_7: Option<f64>,
+    /// 7 up to 15 tokens/s.
+    #[serde(rename = "7_to_15")]
+    pub from_7_to_15: Option<f64>,
+    /// 15 up to 50 tokens/s.
+    #[serde(rename = "15_to_50")]
+    pub from_15_to_50: Option<f64>,
+    /// 50 tokens/s and more.
+    pub above_50: Option<f64>,
+}
+
+/// What the human-readable reports show beyond the JSON contract.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReportDetail {
+    /// The stall threshold the report was computed with.
+    pub stall_threshold: Duration,
+    /// Gaps pooled into `itl_ms`.
+    pub gaps: u64,
+    /// Gaps longer than the threshold.
+    pub stalls: u64,
+    /// Gaps of 0 (token events that shared a frame).
+    pub clumped_gaps: u64,
+    /// Token events received.
+    pub token_events: u64,
+    /// Output tokens over all streams.
+    pub output_tokens: u64,
+    /// Streams with a defined tokens/s.
+    pub streams_with_tps: u64,
+    /// Streams with at least 8 gaps.
+    pub streams_with_jank: u64,
+    /// Errors by kind (`connect`, `status`, `timeout`, ...).
+    pub errors_by_kind: BTreeMap<&'static str, u64>,
+    /// From the first start to the last stream's end.
+    pub wall_time: Duration,
+}
+
+/// Computes the report of a run. Gaps above `stall_threshold` are stalls.
+pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
+    let mut ttfts = Vec::with_capacity(run.streams.len());
+    let mut gaps = Vec::new();
+    let mut tps = Vec::new();
+    let mut stream_janks = Vec::new();
+    let mut detail = ReportDetail {
+        stall_threshold,
+        wall_time: run.finished.saturating_duration_since(run.started),
+        ..ReportDetail::default()
+    };
+    let mut errors = 0;
+    let mut stream_gaps = Vec::new();
+    for stream in &run.streams {
+        if let Some(error) = &stream.error {
+            errors += 1;
+            *detail.errors_by_kind.entry(error.kind()).or_default() += 1;
+        }
+        ttfts.extend(stream.ttft());
+        stream_gaps.clear();
+        stream_gaps.extend(stream.gaps());
+        gaps.extend_from_slice(&stream_gaps);
+        if stream_gaps.len() >= MIN_GAPS_FOR_STREAM_JANK {
+            stream_gaps.sort_unstable();
+            stream_janks.extend(jank(&stream_gaps));
+        }
+        tps.extend(stream.tokens_per_second());
+        detail.token_events += stream.token_times.len() as u64;
+        detail.output_tokens += stream.output_tokens();
+    }
+    ttfts.sort_unstable();
+    gaps.sort_unstable();
+    tps.sort_unstable_by(f64::total_cmp);
+    stream_janks.sort_unstable_by(f64::total_cmp);
+
+    detail.gaps = gaps.len() as u64;
+    detail.stalls = gaps.iter().filter(|g| **g > stall_threshold).count() as u64;
+    detail.clumped_gaps = gaps.iter().take_while(|g| g.is_zero()).count() as u64;
+    detail.streams_with_tps = tps.len() as u64;
+    detail.streams_with_jank = stream_janks.len() as u64;
+
+    let tokens_per_second = TokensPerSecond {
+        p50: nearest_rank(&tps, 50),
+        p5: nearest_rank(&tps, 5),
+    };
+    let jank_ratio = jank(&gaps);
+    Report {
+        requests: run.streams.len() as u64,
+        errors,
+        ttft_ms: quantiles_ms(&ttfts),
+        itl_ms: quantiles_ms(&gaps),
+        tokens_per_second,
+        stall_pct: share(detail.stalls, detail.gaps).map(|s| s * 100.0),
+        jank_ratio,
+        stream_jank_ratio: StreamJank {
+            p50: nearest_rank(&stream_janks, 50),
+            p95: nearest_rank(&stream_janks, 95),
+        },
+        verdict: verdict(jank_ratio, tokens_per_second.p50),
+        reading_bands: reading_bands(&tps),
+        detail,
+    }
+}
+
+/// The nearest-rank percentile of `sorted` (ascending): the sample of rank ⌈percent·n/100⌉,
+/// the first sample for percent 0. `None` for no samples.
+pub fn nearest_rank<T: Copy>(sorted: &[T], percent: u32) -> Option<T> {
+    let n = sorted.len();
+    if n == 0 {
+        return None;
+    }
+    let percent = percent.min(100) as usize;
+    let rank = (percent * n).div_ceil(100).max(1);
+    sorted.get(rank - 1).copied()
+}
+
+/// p99 / max(p50, 1 ms) of sorted gaps; `None` for no gaps.
+pub fn jank(sorted_gaps: &[Duration]) -> Option<f64> {
+    let p50 = nearest_rank(sorted_gaps, 50)?;
+    let p99 = nearest_rank(sorted_gaps, 99)?;
+    Some(p99.as_secs_f64() / p50.max(JANK_FLOOR).as_secs_f64())
+}
+
+/// SMOOTH when the jank ratio is under 4 and the median stream reads faster than 7 tokens/s.
+pub fn verdict(jank_ratio: Option<f64>, tps_p50: Option<f64>) -> Verdict {
+    match (jank_ratio, tps_p50) {
+        (Some(jank), Some(tps)) if jank < SMOOTH_MAX_JANK && tps > SMOOTH_MIN_TPS => {
+            Verdict::Smooth
+        }
+        _ => Verdict::Janky,
+    }
+}
+
+/// Shares of the tokens/s values in each reading band; all `None` for no values.
+pub fn reading_bands(tps: &[f64]) -> ReadingBands {
+    let total = tps.len() as u64;
+    let count = |low: f64, high: f64| tps.iter().filter(|t| **t >= low && **t < high).count();
+    let band = |low, high| share(count(low, high) as u64, total);
+    ReadingBands {
+        below_5: band(f64::NEG_INFINITY, 5.0),
+        from_5_to_7: band(5.0, 7.0),
+        from_7_to_15: band(7.0, 15.0),
+        from_15_to_50: band(15.0, 50.0),
+        above_50: band(50.0, f64::INFINITY),
+    }
+}
+
+fn quantiles_ms(sorted: &[Duration]) -> Quantiles {
+    let ms = |percent| nearest_rank(sorted, percent).map(millis);
+    Quantiles {
+        p50: ms(50),
+        p95: ms(95),
+        p99: ms(99),
+        max: ms(100),
+    }
+}
+
+/// Milliseconds, rounded to the microsecond (finer is below what the clock and the OS resolve).
+pub fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn share(part: u64, total: u64) -> Option<f64> {
+    (total > 0).then(|| part as f64 / total as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::probe::stream::{StreamError, StreamRecord};
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A stream whose token events arrive after the given gaps (first token at `ttft`).
+    fn stream(index: u64, t0: Instant, ttft: Duration, gaps: &[Duration]) -> StreamRecord {
+        let mut record = StreamRecord::new(index, t0);
+        let mut at = t0 + ttft;
+        record.token_times.push(at);
+        for gap in gaps {
+            at += *gap;
+            record.token_times.push(at);
+        }
+        record.counted_tokens = record.token_times.len() as u64;
+        record.finished = Some(at);
+        record
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<u32> = (1..=100).collect();
+        assert_eq!(nearest_rank(&v, 50), Some(50));
+        assert_eq!(nearest_rank(&v, 95), Some(95));
+        assert_eq!(nearest_rank(&v, 99), Some(99));
+        assert_eq!(nearest_rank(&v, 100), Some(100));
+        assert_eq!(nearest_rank(&v, 0), Some(1));
+        let v = [10, 20, 30, 40];
+        // ⌈0.5·4⌉ = 2, ⌈0.95·4⌉ = 4, ⌈0.05·4⌉ = 1.
+        assert_eq!(nearest_rank(&v, 50), Some(20));
+        assert_eq!(nearest_rank(&v, 95), Some(40));
+        assert_eq!(nearest_rank(&v, 5), Some(10));
+        assert_eq!(nearest_rank(&[7], 99), Some(7));
+        assert_eq!(nearest_rank::<u32>(&[], 50), None);
+    }
+
+    #[test]
+    fn jank_ratio_floors_the_median_at_one_millisecond() {
+        let mut gaps = vec![ms(30); 99];
+        gaps.push(ms(300));
+        gaps.sort();
+        // p99 of 100 gaps is rank 99: still 30 ms.
+        assert_eq!(jank(&gaps), Some(1.0));
+        gaps.extend([ms(300); 2]);
+        gaps.sort();
+        assert!((jank(&gaps).unwrap() - 10.0).abs() < 1e-12);
+        // All clumps: p50 is 0, the floor makes it 1 ms.
+        let clumps = [Duration::ZERO, Duration::ZERO, ms(5)];
+        assert!((jank(&clumps).unwrap() - 5.0).abs() < 1e-12);
+        assert_eq!(jank(&[]), None);
+    }
+
+    #[test]
+    fn bands_split_at_their_lower_edges() {
+        let bands = reading_bands(&[1.0, 5.0, 6.9, 7.0, 14.0, 15.0, 49.9, 50.0, 500.0, 4.99]);
+        assert_eq!(bands.below_5, Some(0.2));
+        assert_eq!(bands.from_5_to_7, Some(0.2));
+        assert_eq!(bands.from_7_to_15, Some(0.2));
+        assert_eq!(bands.from_15_to_50, Some(0.2));
+        assert_eq!(bands.above_50, Some(0.2));
+        assert_eq!(reading_bands(&[]), ReadingBands::default());
+    }
+
+    #[test]
+    fn verdict_needs_even_cadence_and_reading_speed() {
+        assert_eq!(verdict(Some(1.2), Some(30.0)), Verdict::Smooth);
+        assert_eq!(verdict(Some(3.99), Some(7.01)), Verdict::Smooth);
+        assert_eq!(verdict(Some(4.0), Some(30.0)), Verdict::Janky);
+        assert_eq!(verdict(Some(1.0), Some(7.0)), Verdict::Janky);
+        assert_eq!(verdict(None, Some(30.0)), Verdict::Janky);
+        assert_eq!(verdict(Some(1.0), None), Verdict::Janky);
+    }
+
+    #[test]
+    fn summary_of_steady_streams_with_one_stall_each() {
+        let t0 = Instant::now();
+        let mut gaps = vec![ms(30); 39];
+        gaps[19] = ms(330);
+        let mut streams: Vec<_> = (0..3).map(|i| stream(i, t0, ms(50), &gaps)).collect();
+        let mut failed = StreamRecord::new(3, t0);
+        failed.error = Some(StreamError::Status(503));
+        streams.push(failed);
+        let run = ProbeRun {
+            started: t0,
+            finished: t0 + ms(2000),
+            streams,
+        };
+        let report = summarize(&run, ms(200));
+        assert_eq!(report.requests, 4);
+        assert_eq!(report.errors, 1);
+        assert_eq!(report.detail.errors_by_kind.get("status"), Some(&1));
+        assert_eq!(report.detail.gaps, 117);
+        assert_eq!(report.detail.stalls, 3);
+        assert!((report.stall_pct.unwrap() - 100.0 / 39.0).abs() < 1e-9);
+        assert_eq!(report.ttft_ms.p50, Some(50.0));
+        assert_eq!(report.itl_ms.p50, Some(30.0));
+        // 3 stalls of 117 gaps: p99 (rank 116) is a stall.
+        assert_eq!(report.itl_ms.p99, Some(330.0));
+        assert_eq!(report.itl_ms.max, Some(330.0));
+        assert!((report.jank_ratio.unwrap() - 11.0).abs() < 1e-9);
+        // Per stream, 39 gaps: p99 is rank 39, the stall.
+        assert!((report.stream_jank_ratio.p50.unwrap() - 11.0).abs() < 1e-9);
+        // 39 tokens over 39·30 + 300 ms.
+        let tps = 39.0 / 1.47;
+        assert!((report.tokens_per_second.p50.unwrap() - tps).abs() < 1e-9);
+        assert_eq!(report.reading_bands.from_15_to_50, Some(1.0));
+        assert_eq!(report.verdict, Verdict::Janky);
+    }
+
+    #[test]
+    fn no_data_is_none() {
+        let t0 = Instant::now();
+        let run = ProbeRun {
+            started: t0,
+            finished: t0,
+            streams: vec![],
+        };
+        let report = summarize(&run, ms(200));
+        assert_eq!(report.requests, 0);
+        assert_eq!(report.ttft_ms, Quantiles::default());
+        assert_eq!(report.itl_ms, Quantiles::default());
+        assert_eq!(report.stall_pct, None);
+        assert_eq!(report.jank_ratio, None);
+        assert_eq!(report.verdict, Verdict::Janky);
+        let json = serde_json::to_value(&report).unwrap();
+        assert!(json["itl_ms"]["p50"].is_null());
+        assert!(json["reading_bands"]["5_to_7"].is_null());
+    }
+}

@@ -1,0 +1,299 @@
+//! One stream as the client saw it: when it was meant to start, when each token event arrived,
+//! how many tokens it carried and how it ended.
+//!
+//! Arrivals are stamped per body frame (`Instant::now()` once, as the frame is read) and every event
+//! the frame completes shares that stamp, so two token events in one frame have a gap of 0: the
+//! clump the reader sees. Events are found by the same scanner and token accounting the proxy
+//! uses, so the client figures line up with the proxy's ingress and egress figures.
+
+use std::time::{Duration, Instant};
+
+use crate::format::Accounting;
+use crate::scan::{Event, EventSink, Framing, Scanner, DEFAULT_MAX_EVENT_BYTES};
+use crate::units::format_duration;
+
+/// Everything recorded about one stream; the raw material of every figure in the report.
+#[derive(Debug, Clone)]
+pub struct StreamRecord {
+    /// The stream's number in start order (0-based).
+    pub index: u64,
+    /// The intended start: the scheduled time in open loop, the moment of sending in closed loop.
+    /// TTFT counts from here, so a start held back by the client still shows as latency.
+    pub scheduled: Instant,
+    /// When the request was handed to the client (`None` if it never was).
+    pub sent: Option<Instant>,
+    /// The response status, once headers arrived.
+    pub status: Option<u16>,
+    /// The proxy's stream ID header, when the response carried one (to join with its timeline).
+    pub stream_id: Option<String>,
+    /// When the first body frame arrived.
+    pub first_byte: Option<Instant>,
+    /// Body frames received.
+    pub frames: u64,
+    /// The arrival of each token event, in order (events of one frame share their frame's time).
+    pub token_times: Vec<Instant>,
+    /// Output tokens counted from the token events (exact per-event counts where the format
+    /// gives them, otherwise one per token event).
+    pub counted_tokens: u64,
+    /// The output-token total the server reported (`usage`), if it reported one.
+    pub usage_tokens: Option<u64>,
+    /// Events the accounting could not parse (the stream still counts).
+    pub unparsed_events: u64,
+    /// When the stream ended, successfully or not.
+    pub finished: Option<Instant>,
+    /// Why the stream counts as an error, if it does.
+    pub error: Option<StreamError>,
+}
+
+/// Why a stream counts in `errors`. Errors never abort the run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    /// No connection to the server could be made.
+    #[error("could not connect: {0}")]
+    Connect(String),
+    /// The request failed before a response arrived (after connecting).
+    #[error("the request failed: {0}")]
+    Request(String),
+    /// The server answered with a non-2xx status.
+    #[error("the server answered with status {0}")]
+    Status(u16),
+    /// The response body broke off.
+    #[error("the response body failed: {0}")]
+    Body(String),
+    /// The stream did not end within the per-request timeout.
+    #[error("the stream did not end within {}", format_duration(*.0))]
+    Timeout(Duration),
+    /// The stream ended without a single token event.
+    #[error("the stream ended without any token event")]
+    NoToken,
+    /// The server reported an error inside the stream.
+    #[error("the server sent an error event in the stream")]
+    ErrorEvent,
+}
+
+// === impl StreamError ===
+
+impl StreamError {
+    /// A short, stable name for counting errors by kind in reports.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StreamError::Connect(_) => "connect",
+            StreamError::Request(_) => "request",
+            StreamError::Status(_) => "status",
+            StreamError::Body(_) => "body",
+            StreamError::Timeout(_) => "timeout",
+            StreamError::NoToken => "no_token",
+            StreamError::ErrorEvent => "error_event",
+        }
+    }
+}
+
+// === impl StreamRecord ===
+
+impl StreamRecord {
+    /// An empty record for stream `index`, meant to start at `scheduled`.
+    pub fn new(index: u64, scheduled: Instant) -> Self {
+        StreamRecord {
+            index,
+            scheduled,
+            sent: None,
+            status: None,
+            stream_id: None,
+            first_byte: None,
+            frames: 0,
+            token_times: Vec::new(),
+            counted_tokens: 0,
+            usage_tokens: None,
+            unparsed_events: 0,
+            finished: None,
+            error: None,
+        }
+    }
+
+    /// Time to first token, from the intended start.
+    pub fn ttft(&self) -> Option<Duration> {
+        self.token_times
+            .first()
+            .map(|t| t.saturating_duration_since(self.scheduled))
+    }
+
+    /// Output tokens: the server's usage total if it reported one, else the counted tokens.
+    pub fn output_tokens(&self) -> u64 {
+        self.usage_tokens.unwrap_or(self.counted_tokens)
+    }
+
+    /// The gaps between consecutive token events (0 within a frame).
+    pub fn gaps(&self) -> impl Iterator<Item = Duration> + '_ {
+        self.token_times
+            .windows(2)
+            .map(|w| w[1].saturating_duration_since(w[0]))
+    }
+
+    /// The stream's reading speed: (output tokens − 1) / (last token event − first token event).
+    /// The first token's wait is TTFT, not reading speed, hence the − 1. `None` when it is
+    /// undefined: fewer than two tokens, or every token event arrived at the same instant.
+    pub fn tokens_per_second(&self) -> Option<f64> {
+        let (first, last) = (self.token_times.first()?, self.token_times.last()?);
+        let span = last.saturating_duration_since(*first).as_secs_f64();
+        let tokens = self.output_tokens();
+        if tokens < 2 || span <= 0.0 {
+            return None;
+        }
+        Some((tokens - 1) as f64 / span)
+    }
+}
+
+/// Finds the token events in a body, frame by frame, and writes them into a [`StreamRecord`].
+#[derive(Debug)]
+pub struct Recorder {
+    /// The same incremental scanner as the proxy's ingress reader.
+    scanner: Scanner,
+    /// The same token accounting as the proxy's ledger.
+    accounting: Accounting,
+    /// Error events seen (an `error` chunk, or llama.cpp's legacy `error:` line).
+    error_events: u64,
+}
+
+// === impl Recorder ===
+
+impl Recorder {
+    /// A recorder for a body of the given framing (OpenAI-compatible accounting).
+    pub fn new(framing: Framing) -> Self {
+        Recorder {
+            scanner: Scanner::new(framing, DEFAULT_MAX_EVENT_BYTES),
+            accounting: Accounting::openai(),
+            error_events: 0,
+        }
+    }
+
+    /// Scans one body frame that arrived at `at`.
+    pub fn frame(&mut self, frame: &[u8], at: Instant, record: &mut StreamRecord) {
+        record.frames += 1;
+        record.first_byte.get_or_insert(at);
+        let mut sink = FrameSink {
+            accounting: &mut self.accounting,
+            error_events: &mut self.error_events,
+            record,
+            at,
+        };
+        self.scanner.feed(frame, &mut sink);
+    }
+
+    /// The body ended at `at`: flushes the scanner and decides whether the stream is an error.
+    pub fn finish(&mut self, at: Instant, record: &mut StreamRecord) {
+        let mut sink = FrameSink {
+            accounting: &mut self.accounting,
+            error_events: &mut self.error_events,
+            record,
+            at,
+        };
+        self.scanner.finish(&mut sink);
+        if self.error_events > 0 {
+            record.error = Some(StreamError::ErrorEvent);
+        } else if record.token_times.is_empty() {
+            record.error = Some(StreamError::NoToken);
+        }
+    }
+}
+
+/// The scanner's sink for one frame: every event it completes arrived at `at`.
+struct FrameSink<'r> {
+    accounting: &'r mut Accounting,
+    error_events: &'r mut u64,
+    record: &'r mut StreamRecord,
+    at: Instant,
+}
+
+impl EventSink for FrameSink<'_> {
+    fn on_event(&mut self, event: Event<'_>) {
+        let classified = self.accounting.classify(&event);
+        if classified.token_event {
+            self.record.token_times.push(self.at);
+            self.record.counted_tokens += u64::from(classified.tokens.unwrap_or(1));
+        }
+        if let Some(total) = classified.usage_total {
+            self.record.usage_tokens = Some(total);
+        }
+        if classified.error {
+            *self.error_events += 1;
+        }
+        if classified.unparsed {
+            self.record.unparsed_events += 1;
+        }
+    }
+
+    fn on_unknown_field(&mut self, name: &[u8], _value: &[u8]) {
+        if name == b"error" {
+            *self.error_events += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(text: &str) -> String {
+        format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n")
+    }
+
+    #[test]
+    fn events_of_one_frame_share_its_arrival() {
+        let t0 = Instant::now();
+        let mut record = StreamRecord::new(0, t0);
+        let mut recorder = Recorder::new(Framing::Sse);
+        let role = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+        recorder.frame(role.as_bytes(), t0 + Duration::from_millis(5), &mut record);
+        let two = format!("{}{}", chunk("a"), chunk("b"));
+        recorder.frame(two.as_bytes(), t0 + Duration::from_millis(10), &mut record);
+        // An event split across frames arrives with the frame that completes it.
+        let third = chunk("c");
+        let (head, tail) = third.split_at(12);
+        recorder.frame(head.as_bytes(), t0 + Duration::from_millis(20), &mut record);
+        recorder.frame(tail.as_bytes(), t0 + Duration::from_millis(40), &mut record);
+        let usage =
+            "data: {\"choices\":[],\"usage\":{\"completion_tokens\":7}}\n\ndata: [DONE]\n\n";
+        recorder.frame(
+            usage.as_bytes(),
+            t0 + Duration::from_millis(41),
+            &mut record,
+        );
+        recorder.finish(t0 + Duration::from_millis(41), &mut record);
+
+        assert_eq!(record.error, None);
+        assert_eq!(record.frames, 5);
+        assert_eq!(record.ttft(), Some(Duration::from_millis(10)));
+        let gaps: Vec<_> = record.gaps().collect();
+        assert_eq!(gaps, [Duration::ZERO, Duration::from_millis(30)]);
+        assert_eq!(record.counted_tokens, 3);
+        assert_eq!(record.output_tokens(), 7);
+        // (7 − 1) tokens over 30 ms.
+        assert!((record.tokens_per_second().unwrap() - 200.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn streams_without_tokens_or_with_errors_are_errors() {
+        let t0 = Instant::now();
+        let mut record = StreamRecord::new(0, t0);
+        let mut recorder = Recorder::new(Framing::Sse);
+        recorder.frame(b"data: [DONE]\n\n", t0, &mut record);
+        recorder.finish(t0, &mut record);
+        assert_eq!(record.error, Some(StreamError::NoToken));
+        assert_eq!(record.tokens_per_second(), None);
+
+        let mut record = StreamRecord::new(1, t0);
+        let mut recorder = Recorder::new(Framing::Sse);
+        recorder.frame(chunk("a").as_bytes(), t0, &mut record);
+        recorder.frame(
+            b"data: {\"error\":{\"message\":\"overloaded\"}}\n\n",
+            t0,
+            &mut record,
+        );
+        recorder.finish(t0, &mut record);
+        assert_eq!(record.error, Some(StreamError::ErrorEvent));
+        assert_eq!(
+            record.error.as_ref().map(StreamError::kind),
+            Some("error_event")
+        );
+    }
+}

@@ -1,0 +1,342 @@
+//! `metronome probe` as CI runs it: the built binary against a scripted upstream, checking the
+//! exit codes (0 pass, 1 gate failed, 2 usage error), the gate lines and the report files.
+
+#[path = "probe/upstream.rs"]
+mod upstream;
+
+use std::collections::BTreeSet;
+use std::process::{Command, Output};
+
+use upstream::{ms, Running, Upstream};
+
+fn probe(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_metronome"))
+        .arg("probe")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A steady 20 ms upstream with one 300 ms stall per stream (19 gaps per stream).
+fn upstream() -> Running {
+    Upstream::sse()
+        .tokens(20)
+        .every(ms(20))
+        .stall_at(10, ms(300))
+        .start_in_background()
+}
+
+/// Every gate, with a bound the scripted upstream passes.
+const PASSING: &str = "tps_p50>5,tps_p5>2,itl_p50<150ms,itl_p95<5s,itl_p99<5s,itl_max<5s,\
+ttft_p50<3s,ttft_p95<3s,ttft_p99<3s,ttft_max<3s,jank<1000,stream_jank_p50<1000,\
+stream_jank_p95<1000,stall_pct>1,stall_pct<50,errors<1";
+
+/// Every gate, with a bound the scripted upstream fails.
+const FAILING: [&str; 15] = [
+    "tps_p50>10000",
+    "tps_p5>10000",
+    "itl_p50<1us",
+    "itl_p95<1us",
+    "itl_p99<250ms",
+    "itl_max<250ms",
+    "ttft_p50<1us",
+    "ttft_p95<1us",
+    "ttft_p99<1us",
+    "ttft_max<1us",
+    "jank<1",
+    "stream_jank_p50<1",
+    "stream_jank_p95<1",
+    "stall_pct<1",
+    "errors>=1",
+];
+
+#[test]
+fn every_gate_passes_and_fails_with_the_right_exit_code() {
+    let server = upstream();
+    let url = server.url();
+
+    let pass = probe(&["--url", &url, "-n", "2", "-c", "2", "--assert", PASSING]);
+    let text = stdout(&pass);
+    assert_eq!(pass.status.code(), Some(0), "{text}{}", stderr(&pass));
+    assert_eq!(text.matches("\nPASS ").count(), 16, "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
+    assert!(text.contains("verdict        JANKY"), "{text}");
+
+    let mut args = vec!["--url", url.as_str(), "-n", "2", "-c", "2"];
+    for gate in FAILING {
+        args.extend(["--assert", gate]);
+    }
+    let fail = probe(&args);
+    let text = stdout(&fail);
+    assert_eq!(fail.status.code(), Some(1), "{text}{}", stderr(&fail));
+    for gate in FAILING {
+        assert!(
+            text.contains(&format!("FAIL {gate}: measured ")),
+            "{gate}: {text}"
+        );
+    }
+    // The stall makes the longest gap about 320 ms.
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("FAIL itl_max<250ms"))
+        .unwrap();
+    assert!(line.contains("ms"), "{line}");
+    assert!(text.contains("FAIL stall_pct<1: measured 5.26"), "{text}");
+    assert!(text.contains("FAIL errors>=1: measured 0"), "{text}");
+
+    // One failing gate among passing ones is enough.
+    let mixed = probe(&[
+        "--url",
+        &url,
+        "-n",
+        "1",
+        "--assert",
+        "errors<1",
+        "--assert",
+        "itl_max<250ms",
+    ]);
+    let text = stdout(&mixed);
+    assert_eq!(mixed.status.code(), Some(1), "{text}");
+    assert!(text.contains("PASS errors<1: measured 0"), "{text}");
+    assert!(text.contains("FAIL itl_max<250ms: measured "), "{text}");
+}
+
+#[test]
+fn failed_streams_do_not_fail_the_run_unless_gated() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "http://{}/v1/chat/completions",
+        closed.local_addr().unwrap()
+    );
+    drop(closed);
+
+    let plain = probe(&["--url", &url, "-n", "3"]);
+    assert_eq!(plain.status.code(), Some(0), "{}", stderr(&plain));
+    assert!(
+        stdout(&plain).contains("3 failed (connect 3)"),
+        "{}",
+        stdout(&plain)
+    );
+
+    let gated = probe(&["--url", &url, "-n", "3", "--assert", "errors<1"]);
+    assert_eq!(gated.status.code(), Some(1));
+    assert!(
+        stdout(&gated).contains("FAIL errors<1: measured 3"),
+        "{}",
+        stdout(&gated)
+    );
+    // A latency gate without data fails rather than passing vacuously.
+    let no_data = probe(&["--url", &url, "-n", "1", "--assert", "itl_p99<250ms"]);
+    assert_eq!(no_data.status.code(), Some(1));
+    assert!(stdout(&no_data).contains("FAIL itl_p99<250ms: measured no data"));
+}
+
+#[test]
+fn usage_errors_exit_2_before_any_request() {
+    // Nothing listens here; a usage error must be reported before connecting.
+    let url = "http://127.0.0.1:9/v1/chat/completions";
+    let cases: [(&[&str], &str); 8] = [
+        (&["--assert", "itl_p99"], "has no comparison"),
+        (&["--assert", "itl_p98<250ms"], "not a metric"),
+        (&["--assert", "itl_p99<250"], "needs a duration with a unit"),
+        (&["--assert", "tps_p50>fast"], "needs a plain number"),
+        (
+            &["--body", "/nonexistent/metronome-body.json"],
+            "cannot read the request body",
+        ),
+        (&["--header", "no-colon"], "is not a header"),
+        (&["--concurrency", "0"], "must be at least 1"),
+        (&["--no-such-flag"], "unexpected argument"),
+    ];
+    for (extra, message) in cases {
+        let mut args = vec!["--url", url];
+        args.extend_from_slice(extra);
+        let output = probe(&args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{extra:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(message),
+            "{extra:?}: {}",
+            stderr(&output)
+        );
+        assert!(stdout(&output).is_empty(), "{extra:?}: {}", stdout(&output));
+    }
+    let https = probe(&["--url", "https://127.0.0.1:9/"]);
+    assert_eq!(https.status.code(), Some(2));
+    assert!(stderr(&https).contains("http:// only"));
+    let both = probe(&["--url", url, "--requests", "5", "--duration", "1s"]);
+    assert_eq!(both.status.code(), Some(2));
+    let unitless = probe(&["--url", url, "--timeout", "5"]);
+    assert_eq!(unitless.status.code(), Some(2));
+}
+
+#[test]
+fn json_report_has_exactly_the_contract_keys() {
+    let server = upstream();
+    let dir = tempfile::tempdir().unwrap();
+    let json_path = dir.path().join("report.json");
+    let html_path = dir.path().join("report.html");
+    let output = probe(&[
+        "--url",
+        &server.url(),
+        "-n",
+        "2",
+        "--json",
+        json_path.to_str().unwrap(),
+        "--html",
+        html_path.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let keys = |v: &serde_json::Value| -> BTreeSet<String> {
+        v.as_object().unwrap().keys().cloned().collect()
+    };
+    let expected =
+        |names: &[&str]| -> BTreeSet<String> { names.iter().map(|s| s.to_string()).collect() };
+    assert_eq!(
+        keys(&report),
+        expected(&[
+            "requests",
+            "errors",
+            "ttft_ms",
+            "itl_ms",
+            "tokens_per_second",
+            "stall_pct",
+            "jank_ratio",
+            "stream_jank_ratio",
+            "verdict",
+            "reading_bands",
+        ])
+    );
+    let quantiles = expected(&["p50", "p95", "p99", "max"]);
+    assert_eq!(keys(&report["ttft_ms"]), quantiles);
+    assert_eq!(keys(&report["itl_ms"]), quantiles);
+    assert_eq!(keys(&report["tokens_per_second"]), expected(&["p50", "p5"]));
+    assert_eq!(
+        keys(&report["stream_jank_ratio"]),
+        expected(&["p50", "p95"])
+    );
+    assert_eq!(
+        keys(&report["reading_bands"]),
+        expected(&["below_5", "5_to_7", "7_to_15", "15_to_50", "above_50"])
+    );
+    assert_eq!(report["requests"], 2);
+    assert_eq!(report["errors"], 0);
+    assert_eq!(report["verdict"], "JANKY");
+    // 1 stall among 19 gaps per stream.
+    let stall_pct = report["stall_pct"].as_f64().unwrap();
+    assert!((stall_pct - 100.0 / 19.0).abs() < 1e-9, "{stall_pct}");
+    let bands: f64 = report["reading_bands"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
+    assert!((bands - 1.0).abs() < 1e-9);
+
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert!(html.contains("JANKY"));
+    assert_eq!(html.matches("<g><title>stream").count(), 2);
+    assert!(!html.contains("<script"));
+}
+
+#[test]
+fn no_data_is_null_in_json() {
+    let server = Upstream::sse().status(500).start_in_background();
+    let dir = tempfile::tempdir().unwrap();
+    let json_path = dir.path().join("report.json");
+    let output = probe(&[
+        "--url",
+        &server.url(),
+        "-n",
+        "2",
+        "--json",
+        json_path.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    assert_eq!(report["errors"], 2);
+    assert!(report["itl_ms"]["p50"].is_null());
+    assert!(report["ttft_ms"]["max"].is_null());
+    assert!(report["tokens_per_second"]["p5"].is_null());
+    assert!(report["stall_pct"].is_null());
+    assert!(report["jank_ratio"].is_null());
+    assert!(report["reading_bands"]["above_50"].is_null());
+    assert_eq!(report["verdict"], "JANKY");
+}
+
+/// Starts `metronome sim` on a runtime of its own thread; returns its base URL.
+fn sim_in_background(config: metronome::sim::SimConfig) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let sim = metronome::sim::spawn(listener, config).unwrap();
+            tx.send(sim.url()).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv().unwrap()
+}
+
+#[test]
+fn the_ci_gate_against_the_sim() {
+    use metronome::sim::SimConfig;
+    let steady = sim_in_background(SimConfig {
+        gap: ms(20),
+        ttft: ms(20),
+        ..SimConfig::default()
+    });
+    let stalling = sim_in_background(SimConfig {
+        gap: ms(20),
+        ttft: ms(20),
+        stall_at: vec![20],
+        stall: ms(300),
+        ..SimConfig::default()
+    });
+    let gate = "itl_p99<250ms,tps_p50>10,errors<1";
+    let common = ["-n", "3", "-c", "3", "--max-tokens", "40", "--assert", gate];
+
+    let pass = probe(&[&["--url", steady.as_str()][..], &common].concat());
+    let text = stdout(&pass);
+    assert_eq!(pass.status.code(), Some(0), "{text}{}", stderr(&pass));
+    assert!(text.contains("PASS itl_p99<250ms: measured "), "{text}");
+    assert!(text.contains("(117 gaps, 0 inside one frame)"), "{text}");
+
+    let fail = probe(&[&["--url", stalling.as_str()][..], &common].concat());
+    let text = stdout(&fail);
+    assert_eq!(fail.status.code(), Some(1), "{text}{}", stderr(&fail));
+    // 3 stalls among 117 gaps: p99 (rank 116) is a stall of 20 + 300 ms.
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("FAIL itl_p99<250ms"))
+        .unwrap();
+    assert!(line.contains("measured 3"), "{line}");
+    assert!(
+        text.contains("stalls         2.56%   (3 of 117 gaps over 200.0ms)"),
+        "{text}"
+    );
+    assert!(text.contains("PASS errors<1: measured 0"), "{text}");
+}
