@@ -3,7 +3,9 @@
 /// `n` chunks exactly as vLLM's OpenAI server writes them (role chunk, content chunks, finish
 /// chunk, usage chunk, `[DONE]`), one SSE event each.
 pub fn vllm_chat_events(n: usize) -> Vec<Vec<u8>> {
-    let words = [" the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", ",", "\\n"];
+    let words = [
+        " the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", ",", "\\n",
+    ];
     let head = r#"data: {"id":"chatcmpl-b1c2d3e4f5a6","object":"chat.completion.chunk","created":1732800000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":"#;
     let mut events = vec![format!(
         r#"{head}{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}"#
@@ -14,7 +16,9 @@ pub fn vllm_chat_events(n: usize) -> Vec<Vec<u8>> {
             words[i % words.len()]
         ));
     }
-    events.push(format!(r#"{head}{{}},"logprobs":null,"finish_reason":"stop"}}]}}"#));
+    events.push(format!(
+        r#"{head}{{}},"logprobs":null,"finish_reason":"stop"}}]}}"#
+    ));
     events.push(format!(
         r#"data: {{"id":"chatcmpl-b1c2d3e4f5a6","object":"chat.completion.chunk","created":1732800000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[],"usage":{{"prompt_tokens":42,"completion_tokens":{n},"total_tokens":{}}}}}"#,
         n + 42

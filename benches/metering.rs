@@ -17,8 +17,12 @@ mod common;
 
 fn bench(c: &mut Criterion) {
     let metrics = Arc::new(
-        Metrics::new(&Buckets::default(), ModelLabels::new(&[], 32), Duration::from_millis(200))
-            .unwrap(),
+        Metrics::new(
+            &Buckets::default(),
+            ModelLabels::new(&[], 32),
+            Duration::from_millis(200),
+        )
+        .unwrap(),
     );
     let frames = common::vllm_chat_events(1_000);
     let mut group = c.benchmark_group("metering");
@@ -33,7 +37,14 @@ fn bench(c: &mut Criterion) {
             for (seq, frame) in frames.iter().enumerate() {
                 let at = Instant::now();
                 let counts = meter.frame(black_box(frame), at, &metrics);
-                egress.frame(at, seq as u64, at, counts.events, counts.token_events, &metrics);
+                egress.frame(
+                    at,
+                    seq as u64,
+                    at,
+                    counts.events,
+                    counts.token_events,
+                    &metrics,
+                );
             }
             black_box(meter.ledger().counted_tokens)
         })

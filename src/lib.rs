@@ -30,6 +30,5 @@ pub mod proxy;
 pub mod scan;
 pub mod sim;
 pub mod sketch;
-pub mod stats;
 pub mod telemetry;
 pub mod units;

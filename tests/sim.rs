@@ -70,7 +70,7 @@ impl Received {
     fn gaps(&self) -> Vec<Duration> {
         let mut arrivals = Vec::new();
         for (at, n) in self.token_events_per_frame() {
-            arrivals.extend(std::iter::repeat(at).take(n));
+            arrivals.extend(std::iter::repeat_n(at, n));
         }
         arrivals.windows(2).map(|w| w[1] - w[0]).collect()
     }

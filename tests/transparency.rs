@@ -83,7 +83,11 @@ fn one_shot(body: &[u8]) -> (u64, u64) {
         .iter()
         .filter(|(kind, data, truncated)| {
             accounting
-                .classify(&Event { kind, data, truncated: *truncated })
+                .classify(&Event {
+                    kind,
+                    data,
+                    truncated: *truncated,
+                })
                 .token_event
         })
         .count();

@@ -174,6 +174,33 @@ impl HistogramFamily {
         self.merge(label_values, &local);
     }
 
+    /// Bucket counts (non-cumulative, `+Inf` last) summed over the series whose label values
+    /// match `filter` (`(label index, value)` pairs), with their total sum.
+    pub fn totals(&self, filter: &[(usize, &str)]) -> (Vec<u64>, f64) {
+        let mut counts = vec![0u64; self.inner.bounds.len() + 1];
+        let mut sum = 0.0;
+        let map = self.inner.series.read().unwrap_or_else(|e| e.into_inner());
+        for series in map.values().flatten() {
+            if filter
+                .iter()
+                .all(|(i, v)| series.label_values.get(*i).map(String::as_str) == Some(*v))
+            {
+                for (total, c) in counts.iter_mut().zip(series.counts.iter()) {
+                    *total += c.load(Ordering::Relaxed);
+                }
+                sum += f64::from_bits(series.sum_bits.load(Ordering::Relaxed));
+            }
+        }
+        (counts, sum)
+    }
+
+    /// The `q` quantile estimated from the buckets the way PromQL's `histogram_quantile` does
+    /// (linear within the bucket), over the series matching `filter`; `None` without samples.
+    pub fn quantile(&self, q: f64, filter: &[(usize, &str)]) -> Option<f64> {
+        let (counts, _) = self.totals(filter);
+        bucket_quantile(q, &self.inner.bounds, &counts)
+    }
+
     fn series(&self, label_values: &[&str]) -> Arc<Series> {
         let hash = hash_labels(label_values);
         let matches = |s: &&Arc<Series>| {
@@ -204,6 +231,30 @@ impl HistogramFamily {
         bucket.push(series.clone());
         series
     }
+}
+
+/// `histogram_quantile` over non-cumulative `counts` (`+Inf` last) with upper `bounds`.
+pub fn bucket_quantile(q: f64, bounds: &[f64], counts: &[u64]) -> Option<f64> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = q.clamp(0.0, 1.0) * total as f64;
+    let mut seen = 0u64;
+    for (i, count) in counts.iter().enumerate() {
+        let before = seen;
+        seen += count;
+        if (seen as f64) >= rank && *count > 0 {
+            let Some(upper) = bounds.get(i) else {
+                // In +Inf: like Prometheus, answer the highest finite bound.
+                return bounds.last().copied();
+            };
+            let lower = if i == 0 { 0.0 } else { bounds[i - 1] };
+            let within = (rank - before as f64) / *count as f64;
+            return Some(lower + (upper - lower) * within);
+        }
+    }
+    bounds.last().copied()
 }
 
 fn hash_labels(label_values: &[&str]) -> u64 {
@@ -277,6 +328,17 @@ impl Collector for HistogramFamily {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bucket_quantile_interpolates_like_promql() {
+        let bounds = [0.1, 0.2, 0.5];
+        // 10 samples in (0, 0.1], 10 in (0.1, 0.2].
+        assert_eq!(bucket_quantile(0.5, &bounds, &[10, 10, 0, 0]), Some(0.1));
+        let p75 = bucket_quantile(0.75, &bounds, &[10, 10, 0, 0]).unwrap();
+        assert!((p75 - 0.15).abs() < 1e-9);
+        assert_eq!(bucket_quantile(0.99, &bounds, &[0, 0, 0, 5]), Some(0.5));
+        assert_eq!(bucket_quantile(0.5, &bounds, &[0, 0, 0, 0]), None);
+    }
 
     #[test]
     fn local_samples_land_in_le_buckets_and_merge_once() {

@@ -207,8 +207,7 @@ impl IngressReader {
             let _ = self.tx.send(last).await;
         }
         let ledger = self.meter.finish(Instant::now(), self.ledger.metrics());
-        self.ledger
-            .ingress_finished(ledger, end);
+        self.ledger.ingress_finished(ledger, end);
     }
 
     /// Meters one frame; the bytes pass through untouched.
