@@ -15,6 +15,8 @@
 //! - [`ledger`]: fixed-size per-stream state, recorded exactly once at the end of a stream.
 //! - [`metrics`]: the Prometheus metric contract of DESIGN.md section 4.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`).
+//! - [`timeline_json`]: the JSON of a stream's timeline (`/streams/{id}`) as `probe --join` and
+//!   `sim --replay` read it.
 //! - [`sim`], [`probe`], [`demo`]: a streaming server with a cadence you set, a client that measures
 //!   what arrives, and both wired around the proxy in one command.
 
@@ -31,4 +33,5 @@ pub mod scan;
 pub mod sim;
 pub mod sketch;
 pub mod telemetry;
+pub mod timeline_json;
 pub mod units;

@@ -115,6 +115,12 @@ pub struct OutputArgs {
     /// gate makes the exit code 1.
     #[arg(long = "assert")]
     pub gates: Vec<String>,
+
+    /// After the run, fetch each stream's timeline from metronome's admin listener at this URL
+    /// (e.g. http://127.0.0.1:9464) and split the client's gaps into generation, metronome and
+    /// after metronome (the `attribution` section).
+    #[arg(long, value_name = "ADMIN_URL")]
+    pub join: Option<String>,
 }
 
 /// The definitions behind the numbers, shown by `metronome probe --help`.
@@ -135,6 +141,15 @@ Failed streams (connect, non-2xx, body error, timeout, no token event, error eve
 Gates (--assert): tps_p50 tps_p5 itl_p50 itl_p95 itl_p99 itl_max ttft_p50 ttft_p95 ttft_p99
 ttft_max jank stream_jank_p50 stream_jank_p95 stall_pct errors, with < <= > >=; latencies take
 a unit (250ms, 2s), the others plain numbers. A gate without data fails.
+
+Attribution (--join ADMIN_URL): each stream's timeline is fetched from metronome's admin
+listener by its x-metronome-stream-id and matched event by event (the k-th token event at the
+client is the k-th in the timeline). Clocks are not shared: per stream, the smallest client-minus-
+egress time is the base delay. Each client gap G at p50/p95/p99 is split into generation (the
+ingress gap of the same two events), metronome (the change in egress - ingress) and after
+metronome (the rest, G - generation - metronome): a buffering edge shows as a negative part in
+clumps and a large positive part in the gap that releases them. Clumping compares events per
+client read with events per upstream frame. Streams that cannot be joined are counted, never fatal.
 
 Exit codes: 0 all gates pass, 1 a gate failed, 2 usage error or a report file cannot be written.";
 

@@ -333,6 +333,7 @@ mod tests {
             },
             verdict: Verdict::Janky,
             reading_bands: ReadingBands::default(),
+            attribution: None,
             detail: ReportDetail::default(),
         }
     }

@@ -13,6 +13,8 @@
 //! - [`stats`]: percentiles, stalls, jank, reading bands, verdict ([`summarize`] → [`Report`]).
 //! - [`gates`]: `--assert` parsing and evaluation.
 //! - [`report_text`], [`report_html`]: the report for a terminal and as a self-contained page.
+//! - [`join`] and [`attribution`]: `--join`, fetching each stream's timeline from metronome's
+//!   admin listener and splitting the client's gaps into generation, metronome and after metronome.
 //! - [`limits`]: raising the open-file limit for thousands of concurrent streams.
 //!
 //! Exit codes of the command: 0 when every gate passes (or there are none), 1 when a gate fails,
@@ -20,8 +22,10 @@
 //! written. Failed streams never change the exit code by themselves: gate on `errors<1` for that.
 
 pub mod args;
+pub mod attribution;
 pub mod client;
 pub mod gates;
+pub mod join;
 pub mod limits;
 pub mod report_html;
 pub mod report_text;
@@ -37,12 +41,14 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 pub use args::{
     ConfigError, Load, LoadArgs, OutputArgs, ProbeArgs, ProbeConfig, RequestArgs, Stop,
 };
+pub use attribution::{Attribution, AttributionBuilder, Unjoined};
 pub use client::{measure, measure_with, ProbeError, ProbeRun};
 pub use gates::{evaluate, parse_gates, Gate, GateError, GateOutcome, Metric, Op};
+pub use join::{attribute_run, AdminUrl, AdminUrlError};
 pub use report_html::render_html;
 pub use report_text::render_text;
 pub use stats::{summarize, Report, Verdict};
-pub use stream::{StreamError, StreamRecord};
+pub use stream::{Read, StreamError, StreamRecord};
 
 /// Exit code when a gate fails.
 const GATE_FAILED: u8 = 1;
@@ -59,6 +65,10 @@ pub async fn run(args: ProbeArgs) -> ExitCode {
         Ok(gates) => gates,
         Err(e) => return usage(&e),
     };
+    let join = match args.output.join.as_deref().map(AdminUrl::parse).transpose() {
+        Ok(join) => join,
+        Err(e) => return usage(&e),
+    };
     if let Some(limit) = limits::raise_open_file_limit() {
         tracing::debug!(limit, "open-file limit");
     }
@@ -70,7 +80,10 @@ pub async fn run(args: ProbeArgs) -> ExitCode {
     };
     progress.finish_and_clear();
 
-    let report = summarize(&run, config.stall_threshold);
+    let mut report = summarize(&run, config.stall_threshold);
+    if let Some(admin) = &join {
+        report.attribution = Some(attribute_run(admin, &run).await);
+    }
     println!("metronome probe: {}", describe(&config));
     print!("{}", render_text(&report));
     if let Some(path) = &args.output.json {

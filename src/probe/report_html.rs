@@ -9,6 +9,7 @@
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 
+use super::attribution::Attribution;
 use super::client::ProbeRun;
 use super::stats::{millis, Quantiles, Report, Verdict};
 use crate::units::format_duration;
@@ -48,6 +49,9 @@ pub fn render_html(run: &ProbeRun, report: &Report, title: &str) -> String {
         escape(title)
     );
     summary_table(&mut out, report);
+    if let Some(attribution) = &report.attribution {
+        attribution_section(&mut out, attribution);
+    }
     out.push_str("<h2>Gaps between token events</h2>\n");
     let _ = writeln!(
         out,
@@ -153,6 +157,100 @@ fn summary_table(out: &mut String, r: &Report) {
     for (kind, example) in &r.detail.error_examples {
         let _ = writeln!(out, "<p class=\"note\">{kind}: {}</p>", escape(example));
     }
+}
+
+/// The `--join` section: each percentile split into generation, metronome and after metronome.
+fn attribution_section(out: &mut String, a: &Attribution) {
+    let n = &a.streams_not_joined;
+    let not_joined = n.no_stream_id + n.not_found + n.fetch_error + n.no_token_events;
+    let _ = writeln!(
+        out,
+        "<h2>Where the gaps come from</h2>\n<p class=\"note\">{} of {} streams joined with the \
+         timelines of {} ({} gaps). Each row is the client's gap at that percentile (one pair of \
+         token events), split into the ingress gap of the same pair (generation), the change in \
+         metronome's delay, and the rest, after metronome: a buffering edge shows as a negative \
+         part where it clumps events and a large positive one where it releases them.</p>",
+        a.streams_joined,
+        a.streams_joined + not_joined,
+        escape(&a.admin_url),
+        a.gaps
+    );
+    out.push_str(
+        "<table>\n<tr><th></th><th>client</th><th>generation</th><th>metronome</th>\
+         <th>after metronome</th><th>network</th></tr>\n",
+    );
+    let gaps = [
+        ("ITL p50", a.gap_ms.p50),
+        ("ITL p95", a.gap_ms.p95),
+        ("ITL p99", a.gap_ms.p99),
+    ];
+    for (name, split) in gaps {
+        let Some(g) = split else { continue };
+        let _ = writeln!(
+            out,
+            "<tr><th>{name}</th><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td></td></tr>",
+            signed_ms(g.client),
+            signed_ms(g.generation),
+            signed_ms(g.metronome),
+            signed_ms(g.after_metronome)
+        );
+    }
+    let ttfts = [
+        ("TTFT p50", a.ttft_ms.p50),
+        ("TTFT p95", a.ttft_ms.p95),
+        ("TTFT p99", a.ttft_ms.p99),
+    ];
+    for (name, split) in ttfts {
+        let Some(t) = split else { continue };
+        let _ = writeln!(
+            out,
+            "<tr><th>{name}</th><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            signed_ms(t.client),
+            signed_ms(t.generation),
+            signed_ms(t.metronome),
+            signed_ms(t.after_metronome),
+            signed_ms(t.network)
+        );
+    }
+    out.push_str("</table>\n");
+    let share = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{:.1}%", v * 100.0));
+    let num = |v: Option<f64>, decimals: usize| {
+        v.map_or_else(|| "–".to_owned(), |v| format!("{v:.decimals$}"))
+    };
+    let c = &a.clumping;
+    let _ = writeln!(
+        out,
+        "<p class=\"note\">Of the client's waiting between token events, {} was added by \
+         metronome and {} after metronome. Clumping: {} events per client read (p95 {}) against \
+         {} per upstream frame (p95 {}). Base delay p50 {}, max {}.</p>",
+        share(a.wait_share.metronome),
+        share(a.wait_share.after_metronome),
+        num(c.events_per_read.mean, 2),
+        num(c.events_per_read.p95, 0),
+        num(c.events_per_frame.mean, 2),
+        num(c.events_per_frame.p95, 0),
+        ms(a.base_delay_ms.p50),
+        ms(a.base_delay_ms.max)
+    );
+    if not_joined > 0 {
+        let _ = writeln!(
+            out,
+            "<p class=\"note\">Not joined: {not_joined} (no stream ID {}, not found {}, fetch \
+             error {}, no token event {}).</p>",
+            n.no_stream_id, n.not_found, n.fetch_error, n.no_token_events
+        );
+        for (kind, example) in &a.detail.examples {
+            let _ = writeln!(out, "<p class=\"note\">{kind}: {}</p>", escape(example));
+        }
+    }
+}
+
+/// A duration in milliseconds that may be negative (a part of a sum).
+fn signed_ms(value: f64) -> String {
+    let sign = if value < 0.0 { "−" } else { "" };
+    format!("{sign}{}", ms(Some(value.abs())))
 }
 
 /// The pooled gap histogram, log-binned, with a separate bar for gaps of 0.
@@ -528,6 +626,40 @@ mod tests {
         assert!(html.contains(&format!("Only the first {MAX_STRIPS} of 205 streams")));
         assert_eq!(html.matches("<g><title>stream").count(), MAX_STRIPS);
         assert_eq!(html.matches("<svg").count(), html.matches("</svg>").count());
+        assert!(!html.contains("Where the gaps come from"));
+    }
+
+    #[test]
+    fn attribution_section_when_joined() {
+        use crate::probe::attribution::{GapSplit, Percentiles};
+        let t0 = Instant::now();
+        let run = ProbeRun {
+            started: t0,
+            finished: t0,
+            streams: vec![],
+        };
+        let mut report = summarize(&run, Duration::from_millis(200));
+        let mut a = Attribution {
+            admin_url: "http://127.0.0.1:9464".into(),
+            streams_joined: 2,
+            ..Attribution::default()
+        };
+        a.gap_ms = Percentiles {
+            p99: Some(GapSplit {
+                client: 480.0,
+                generation: 30.0,
+                metronome: 0.0,
+                after_metronome: 450.0,
+            }),
+            ..Percentiles::default()
+        };
+        a.streams_not_joined.fetch_error = 1;
+        a.detail.examples.insert("fetch_error", "a <b>".into());
+        report.attribution = Some(a);
+        let html = render_html(&run, &report, "t");
+        assert!(html.contains("<h2>Where the gaps come from</h2>"));
+        assert!(html.contains("<tr><th>ITL p99</th><td class=\"n\">480.0ms</td>"));
+        assert!(html.contains("fetch_error: a &lt;b&gt;"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
+use super::attribution::Attribution;
 use super::stats::{Quantiles, Report, Verdict};
 use crate::units::format_duration;
 
@@ -86,7 +87,105 @@ pub fn render_text(report: &Report) -> String {
         Verdict::Janky => "JANKY",
     };
     let _ = writeln!(out, "verdict        {word}   ({why})");
+    if let Some(attribution) = &report.attribution {
+        out.push_str(&render_attribution(attribution));
+    }
     out
+}
+
+/// The `--join` section: each percentile gap split into its parts, clumping, and the streams that
+/// could not be joined.
+pub fn render_attribution(a: &Attribution) -> String {
+    let mut out = String::new();
+    let n = &a.streams_not_joined;
+    let not_joined = n.no_stream_id + n.not_found + n.fetch_error + n.no_token_events;
+    let _ = writeln!(
+        out,
+        "attribution    {} of {} streams joined with {} ({} gaps)",
+        a.streams_joined,
+        a.streams_joined + not_joined,
+        a.admin_url,
+        a.gaps
+    );
+    for (name, split) in [
+        ("p50", a.gap_ms.p50),
+        ("p95", a.gap_ms.p95),
+        ("p99", a.gap_ms.p99),
+    ] {
+        let Some(g) = split else { continue };
+        let _ = writeln!(
+            out,
+            "  ITL {name}      {} at the client = {} generation {} metronome {} after metronome",
+            ms(Some(g.client)),
+            ms(Some(g.generation)),
+            signed(g.metronome),
+            signed(g.after_metronome)
+        );
+    }
+    for (name, split) in [
+        ("p50", a.ttft_ms.p50),
+        ("p95", a.ttft_ms.p95),
+        ("p99", a.ttft_ms.p99),
+    ] {
+        let Some(t) = split else { continue };
+        let _ = writeln!(
+            out,
+            "  TTFT {name}     {} at the client = {} generation {} metronome {} held after metronome {} network",
+            ms(Some(t.client)),
+            ms(Some(t.generation)),
+            signed(t.metronome),
+            signed(t.after_metronome),
+            signed(t.network)
+        );
+    }
+    if let (Some(metronome), Some(after)) = (a.wait_share.metronome, a.wait_share.after_metronome) {
+        let _ = writeln!(
+            out,
+            "  waiting      of {} between token events, {:.1}% added by metronome, {:.1}% after metronome",
+            ms(Some(a.detail.client_wait_ms)),
+            metronome * 100.0,
+            after * 100.0
+        );
+    }
+    let c = &a.clumping;
+    let _ = writeln!(
+        out,
+        "  clumping     {} events per client read (p95 {}) against {} per upstream frame (p95 {})",
+        number(c.events_per_read.mean, 2),
+        number(c.events_per_read.p95, 0),
+        number(c.events_per_frame.mean, 2),
+        number(c.events_per_frame.p95, 0)
+    );
+    let _ = writeln!(
+        out,
+        "  base delay   p50 {}  max {}   (per stream: the request's trip plus the least return trip)",
+        ms(a.base_delay_ms.p50),
+        ms(a.base_delay_ms.max)
+    );
+    if a.token_count_mismatches > 0 {
+        let _ = writeln!(
+            out,
+            "  mismatches   {} joined streams counted different token events at the client and in the timeline (matched up to the shorter)",
+            a.token_count_mismatches
+        );
+    }
+    if not_joined > 0 {
+        let _ = writeln!(
+            out,
+            "  not joined   {not_joined}: no stream ID {}, not found {}, fetch error {}, no token event {}",
+            n.no_stream_id, n.not_found, n.fetch_error, n.no_token_events
+        );
+        for (kind, example) in &a.detail.examples {
+            let _ = writeln!(out, "    {kind}: {example}");
+        }
+    }
+    out
+}
+
+/// `+ 1.2ms` or `- 30.0ms`: a part of a sum whose sign matters.
+fn signed(value_ms: f64) -> String {
+    let sign = if value_ms < 0.0 { '-' } else { '+' };
+    format!("{sign} {}", ms(Some(value_ms.abs())))
 }
 
 fn quantiles(q: &Quantiles) -> String {
@@ -125,6 +224,39 @@ mod tests {
     use super::*;
     use crate::probe::client::ProbeRun;
     use crate::probe::stats::summarize;
+
+    #[test]
+    fn attribution_reads_as_sums() {
+        use crate::probe::attribution::{GapSplit, Percentiles};
+        let mut a = Attribution {
+            admin_url: "http://127.0.0.1:9464".into(),
+            streams_joined: 3,
+            gaps: 57,
+            ..Attribution::default()
+        };
+        a.streams_not_joined.not_found = 1;
+        a.detail
+            .examples
+            .insert("not_found", "GET x: 404".to_owned());
+        a.gap_ms = Percentiles {
+            p50: Some(GapSplit {
+                client: 0.0,
+                generation: 30.0,
+                metronome: 0.012,
+                after_metronome: -30.012,
+            }),
+            ..Percentiles::default()
+        };
+        let text = render_attribution(&a);
+        assert!(text.starts_with(
+            "attribution    3 of 4 streams joined with http://127.0.0.1:9464 (57 gaps)\n"
+        ));
+        assert!(text.contains(
+            "  ITL p50      0us at the client = 30.0ms generation + 12us metronome - 30.0ms after metronome\n"
+        ), "{text}");
+        assert!(text.contains("  not joined   1: no stream ID 0, not found 1"));
+        assert!(text.contains("    not_found: GET x: 404\n"));
+    }
 
     #[test]
     fn empty_run_shows_dashes_and_janky() {

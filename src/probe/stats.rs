@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::attribution::Attribution;
 use super::client::ProbeRun;
 
 /// Streams need at least this many gaps for a per-stream jank ratio (DESIGN.md section 3).
@@ -63,6 +64,10 @@ pub struct Report {
     pub verdict: Verdict,
     /// Share of streams in each reading-speed band.
     pub reading_bands: ReadingBands,
+    /// Where the client's gaps come from (`--join` only; absent otherwise, so the other keys
+    /// stay as they are).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attribution: Option<Attribution>,
     /// Context for the human-readable reports; not part of the JSON contract.
     #[serde(skip)]
     pub detail: ReportDetail,
@@ -220,6 +225,7 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         },
         verdict: verdict(jank_ratio, tokens_per_second.p50),
         reading_bands: reading_bands(&tps),
+        attribution: None,
         detail,
     }
 }

@@ -12,6 +12,23 @@ use crate::format::Accounting;
 use crate::scan::{Event, EventSink, Framing, Scanner, DEFAULT_MAX_EVENT_BYTES};
 use crate::units::format_duration;
 
+/// At most this many body reads are kept per stream (see [`StreamRecord::reads`]); later ones are
+/// counted in [`StreamRecord::reads_dropped`]. Well above the proxy's default of 1024 frames per
+/// timeline, so a join never runs short on the client's side first.
+pub const MAX_READS: usize = 8192;
+
+/// One body read at the client: when it arrived and what it completed. The clumping figure of a
+/// join compares these with the upstream's frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Read {
+    /// When the read returned.
+    pub at: Instant,
+    /// Events the read completed (an event split across reads belongs to the one that ends it).
+    pub events: u32,
+    /// Of those, the ones that carry output.
+    pub token_events: u32,
+}
+
 /// Everything recorded about one stream; the raw material of every figure in the report.
 #[derive(Debug, Clone)]
 pub struct StreamRecord {
@@ -30,6 +47,11 @@ pub struct StreamRecord {
     pub first_byte: Option<Instant>,
     /// Body frames received.
     pub frames: u64,
+    /// Every body read in order, up to [`MAX_READS`]: the arrival and the event counts a join
+    /// lines up with the proxy's frames.
+    pub reads: Vec<Read>,
+    /// Reads past [`MAX_READS`], counted but not kept (memory stays bounded).
+    pub reads_dropped: u64,
     /// The arrival of each token event, in order (events of one frame share their frame's time).
     pub token_times: Vec<Instant>,
     /// Output tokens counted from the token events (exact per-event counts where the format
@@ -101,6 +123,8 @@ impl StreamRecord {
             stream_id: None,
             first_byte: None,
             frames: 0,
+            reads: Vec::new(),
+            reads_dropped: 0,
             token_times: Vec::new(),
             counted_tokens: 0,
             usage_tokens: None,
@@ -175,8 +199,20 @@ impl Recorder {
             error_events: &mut self.error_events,
             record,
             at,
+            events: 0,
+            token_events: 0,
         };
         self.scanner.feed(frame, &mut sink);
+        let (events, token_events) = (sink.events, sink.token_events);
+        if record.reads.len() < MAX_READS {
+            record.reads.push(Read {
+                at,
+                events,
+                token_events,
+            });
+        } else {
+            record.reads_dropped += 1;
+        }
     }
 
     /// The body ended at `at`: flushes the scanner and decides whether the stream is an error.
@@ -186,6 +222,8 @@ impl Recorder {
             error_events: &mut self.error_events,
             record,
             at,
+            events: 0,
+            token_events: 0,
         };
         self.scanner.finish(&mut sink);
         if self.error_events > 0 {
@@ -206,6 +244,10 @@ struct FrameSink<'r> {
     record: &'r mut StreamRecord,
     /// The frame's arrival, shared by every event it completes.
     at: Instant,
+    /// Events this frame completed.
+    events: u32,
+    /// Token events this frame completed.
+    token_events: u32,
 }
 
 // === impl FrameSink ===
@@ -213,7 +255,9 @@ struct FrameSink<'r> {
 impl EventSink for FrameSink<'_> {
     fn on_event(&mut self, event: Event<'_>) {
         let classified = self.accounting.classify(&event);
+        self.events = self.events.saturating_add(1);
         if classified.token_event {
+            self.token_events = self.token_events.saturating_add(1);
             self.record.token_times.push(self.at);
             self.record.counted_tokens += u64::from(classified.tokens.unwrap_or(1));
         }
@@ -268,6 +312,13 @@ mod tests {
 
         assert_eq!(record.error, None);
         assert_eq!(record.frames, 5);
+        let counts: Vec<_> = record
+            .reads
+            .iter()
+            .map(|r| (r.events, r.token_events))
+            .collect();
+        assert_eq!(counts, [(1, 0), (2, 2), (0, 0), (1, 1), (2, 0)]);
+        assert_eq!(record.reads[3].at, t0 + Duration::from_millis(40));
         assert_eq!(record.ttft(), Some(Duration::from_millis(10)));
         let gaps: Vec<_> = record.gaps().collect();
         assert_eq!(gaps, [Duration::ZERO, Duration::from_millis(30)]);
@@ -275,6 +326,19 @@ mod tests {
         assert_eq!(record.output_tokens(), 7);
         // (7 − 1) tokens over 30 ms.
         assert!((record.tokens_per_second().unwrap() - 200.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reads_are_bounded() {
+        let t0 = Instant::now();
+        let mut record = StreamRecord::new(0, t0);
+        let mut recorder = Recorder::new(Framing::Sse);
+        for _ in 0..MAX_READS + 5 {
+            recorder.frame(b": keep-alive\n", t0, &mut record);
+        }
+        assert_eq!(record.frames, MAX_READS as u64 + 5);
+        assert_eq!(record.reads.len(), MAX_READS);
+        assert_eq!(record.reads_dropped, 5);
     }
 
     #[test]

@@ -1,0 +1,677 @@
+//! Where the client's gaps come from: the arithmetic of `probe --join`, on one stream's client
+//! record and the proxy's timeline of the same stream.
+//!
+//! The client and metronome do not share a clock, so everything is relative:
+//! - client times `c_k` count from the moment the probe sent the request; ingress `i_k` and egress
+//!   `e_k` stamps count from the moment metronome received it (docs/timelines.md);
+//! - events are matched by order: the k-th token event at the client is the k-th token event of
+//!   the timeline (frames carry `token_events` counts; events of one frame share its stamps);
+//!   matching stops at the shorter side and at the first token event that never left metronome;
+//! - the **base delay** `d = min_k (c_k − e_k)` is the least time any matched event took from
+//!   metronome's socket to the client, plus the request's trip to metronome; `c_k − d` is then the
+//!   client arrival on metronome's clock, and `c_k − d − e_k ≥ 0` how long event k was held after
+//!   metronome beyond that base.
+//!
+//! For each gap between token events k−1 and k:
+//! - `client` `G = c_k − c_{k−1}`;
+//! - `generation` `g = i_k − i_{k−1}`, the gap as the upstream produced it;
+//! - `metronome` `m = (e_k − i_k) − (e_{k−1} − i_{k−1})`, the change in metronome's own delay;
+//! - `after_metronome` `r = G − g − m`, the change in delay after metronome (network, a buffering
+//!   edge, the client's reading). A clump has `r ≈ −g`; the gap that releases it a large `r`.
+//!
+//! `G = g + m + r` holds exactly for every gap. The first token event gets the same split from
+//! the client's TTFT (from the intended start): `generation` is the ingress TTFT, `metronome` is
+//! `e_0 − i_0`, `after_metronome` is `c_0 − d − e_0`, and `network` is the rest (the base delay
+//! and any wait before the request was sent).
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::stream::StreamRecord;
+use crate::timeline_json::StreamTimeline;
+
+/// One gap split into its parts, in microseconds. `client = generation + metronome + after`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GapParts {
+    /// The gap at the client.
+    pub client: i64,
+    /// The ingress gap of the same two token events.
+    pub generation: i64,
+    /// The change in metronome's delay (egress − ingress) between them.
+    pub metronome: i64,
+    /// The rest: what happened after metronome.
+    pub after_metronome: i64,
+}
+
+/// The first token event's wait split into its parts, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TtftParts {
+    /// TTFT at the client, from the stream's intended start.
+    pub client: i64,
+    /// TTFT at ingress, from metronome's receipt of the request.
+    pub generation: i64,
+    /// Metronome's delay of the first token event (egress − ingress).
+    pub metronome: i64,
+    /// How long the first token event was held after metronome beyond the base delay.
+    pub after_metronome: i64,
+    /// The rest: the base delay and any wait before the request was sent.
+    pub network: i64,
+}
+
+/// One stream joined with its timeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinedStream {
+    /// Every matched gap, in order.
+    pub gaps: Vec<GapParts>,
+    /// The first token event's split.
+    pub ttft: TtftParts,
+    /// The base delay `min(c_k − e_k)`, microseconds.
+    pub base_delay: i64,
+    /// Token events matched (one more than `gaps.len()`).
+    pub matched: usize,
+    /// The client and the timeline counted different numbers of token events (the timeline's
+    /// dropped frames aside): the match covers the shorter side.
+    pub count_mismatch: bool,
+}
+
+/// Joins one client stream with its timeline; `None` when no token event can be matched.
+pub fn join_stream(record: &StreamRecord, timeline: &StreamTimeline) -> Option<JoinedStream> {
+    let origin = record.sent.unwrap_or(record.scheduled);
+    let client: Vec<i64> = record
+        .token_times
+        .iter()
+        .map(|t| micros_since(origin, *t))
+        .collect();
+    let stamps: Vec<(i64, i64)> = timeline
+        .token_stamps()
+        .map_while(|(ingress, egress)| Some((to_i64(ingress), to_i64(egress?))))
+        .take(client.len())
+        .collect();
+    let matched = stamps.len();
+    if matched == 0 {
+        return None;
+    }
+    let base_delay = client.iter().zip(&stamps).map(|(c, (_, e))| c - e).min()?;
+    let gaps = (1..matched)
+        .map(|k| {
+            let client = client[k] - client[k - 1];
+            let (i0, e0) = stamps[k - 1];
+            let (i1, e1) = stamps[k];
+            let generation = i1 - i0;
+            let metronome = (e1 - i1) - (e0 - i0);
+            GapParts {
+                client,
+                generation,
+                metronome,
+                after_metronome: client - generation - metronome,
+            }
+        })
+        .collect();
+    let (i0, e0) = stamps[0];
+    let client_ttft = micros_since(record.scheduled, record.token_times[0]);
+    let after_metronome = client[0] - base_delay - e0;
+    let ttft = TtftParts {
+        client: client_ttft,
+        generation: i0,
+        metronome: e0 - i0,
+        after_metronome,
+        network: client_ttft - e0 - after_metronome,
+    };
+    let timeline_complete = timeline.frames_dropped == 0;
+    let count_mismatch = timeline_complete
+        && u64::try_from(record.token_times.len()).ok() != Some(timeline.token_events());
+    Some(JoinedStream {
+        gaps,
+        ttft,
+        base_delay,
+        matched,
+        count_mismatch,
+    })
+}
+
+/// Microseconds from `origin` to `t` (0 if `t` is earlier).
+fn micros_since(origin: Instant, t: Instant) -> i64 {
+    to_i64_u128(t.saturating_duration_since(origin).as_micros())
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn to_i64_u128(v: u128) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The attribution of a whole run: what `probe --join` adds to the report (the JSON
+/// `attribution` object).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Attribution {
+    /// The admin listener the timelines were fetched from.
+    pub admin_url: String,
+    /// Streams whose timeline was fetched and matched.
+    pub streams_joined: u64,
+    /// Streams that could not be joined, by reason.
+    pub streams_not_joined: NotJoined,
+    /// Joined streams whose token-event counts differ between client and timeline.
+    pub token_count_mismatches: u64,
+    /// Matched gaps, pooled over joined streams.
+    pub gaps: u64,
+    /// The client's gap percentiles (nearest rank over the matched gaps), each split into its parts.
+    pub gap_ms: Percentiles<GapSplit>,
+    /// The client's TTFT percentiles over joined streams, each split into its parts.
+    pub ttft_ms: Percentiles<TtftSplit>,
+    /// Of all the time the client waited between token events, the share metronome added and
+    /// the share added after metronome (sums of the positive parts over the sum of client gaps).
+    pub wait_share: WaitShare,
+    /// The per-stream base delay (request trip plus the least return trip), in milliseconds.
+    pub base_delay_ms: Spread,
+    /// Events per client read against events per upstream frame.
+    pub clumping: Clumping,
+    /// Context for the human-readable reports.
+    #[serde(skip)]
+    pub detail: AttributionDetail,
+}
+
+/// p50, p95 and p99 of some split, `None` without data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Percentiles<T> {
+    /// Median.
+    pub p50: Option<T>,
+    /// 95th percentile.
+    pub p95: Option<T>,
+    /// 99th percentile.
+    pub p99: Option<T>,
+}
+
+/// [`GapParts`] in milliseconds, for the report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct GapSplit {
+    /// The gap at the client.
+    pub client: f64,
+    /// The ingress gap of the same token events.
+    pub generation: f64,
+    /// What metronome added (or took away).
+    pub metronome: f64,
+    /// What happened after metronome.
+    pub after_metronome: f64,
+}
+
+/// [`TtftParts`] in milliseconds, for the report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TtftSplit {
+    /// TTFT at the client.
+    pub client: f64,
+    /// TTFT at ingress.
+    pub generation: f64,
+    /// Metronome's delay of the first token event.
+    pub metronome: f64,
+    /// Held after metronome beyond the base delay.
+    pub after_metronome: f64,
+    /// The base delay and any wait before sending.
+    pub network: f64,
+}
+
+/// Shares (0–1) of the client's total waiting between token events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct WaitShare {
+    /// Added by metronome.
+    pub metronome: Option<f64>,
+    /// Added after metronome.
+    pub after_metronome: Option<f64>,
+}
+
+/// Streams that could not be joined, by reason. None of them fails the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct NotJoined {
+    /// The response carried no stream ID header (not metered, or the header is turned off).
+    pub no_stream_id: u64,
+    /// The admin listener does not know the ID (it left the ring, or another proxy served it).
+    pub not_found: u64,
+    /// The timeline could not be fetched or read.
+    pub fetch_error: u64,
+    /// No token event could be matched (none on one side, or none reached the client socket).
+    pub no_token_events: u64,
+}
+
+/// Summary figures of a distribution; only the ones a field uses are present in JSON
+/// (clumping: mean and p95; base delay: p50 and max).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Spread {
+    /// Mean.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean: Option<f64>,
+    /// Median.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50: Option<f64>,
+    /// 95th percentile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p95: Option<f64>,
+    /// Largest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+}
+
+/// Clumping: how many events arrive together at the client against how many the upstream sent
+/// together. Reads and frames that complete no event are left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Clumping {
+    /// Events per client read (mean and p95), joined streams.
+    pub events_per_read: Spread,
+    /// Events per upstream frame (mean and p95), from the same streams' timelines.
+    pub events_per_frame: Spread,
+}
+
+/// What the text and HTML reports show beyond the JSON.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AttributionDetail {
+    /// The first message of each reason a stream was not joined.
+    pub examples: std::collections::BTreeMap<&'static str, String>,
+    /// Sum of the client's gaps, milliseconds.
+    pub client_wait_ms: f64,
+}
+
+/// Why one stream could not be joined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unjoined {
+    /// No stream ID header.
+    NoStreamId,
+    /// 404 from the admin listener.
+    NotFound(String),
+    /// Anything else that went wrong fetching or reading the timeline.
+    FetchError(String),
+}
+
+/// Builds the run's attribution from each stream's join (or why it was not joined) and the
+/// timelines' frames (for clumping).
+#[derive(Debug, Default)]
+pub struct AttributionBuilder {
+    attribution: Attribution,
+    gaps: Vec<GapParts>,
+    ttfts: Vec<TtftParts>,
+    base_delays: Vec<i64>,
+    read_events: Vec<u32>,
+    frame_events: Vec<u32>,
+}
+
+// === impl AttributionBuilder ===
+
+impl AttributionBuilder {
+    /// A builder for timelines fetched from `admin_url`.
+    pub fn new(admin_url: &str) -> Self {
+        AttributionBuilder {
+            attribution: Attribution {
+                admin_url: admin_url.to_owned(),
+                ..Attribution::default()
+            },
+            ..AttributionBuilder::default()
+        }
+    }
+
+    /// Adds a stream whose timeline was fetched.
+    pub fn joined(&mut self, record: &StreamRecord, timeline: &StreamTimeline) {
+        let Some(joined) = join_stream(record, timeline) else {
+            self.attribution.streams_not_joined.no_token_events += 1;
+            return;
+        };
+        self.attribution.streams_joined += 1;
+        self.attribution.token_count_mismatches += u64::from(joined.count_mismatch);
+        self.gaps.extend_from_slice(&joined.gaps);
+        self.ttfts.push(joined.ttft);
+        self.base_delays.push(joined.base_delay);
+        self.read_events.extend(
+            record
+                .reads
+                .iter()
+                .map(|r| r.events)
+                .filter(|events| *events > 0),
+        );
+        self.frame_events.extend(
+            timeline
+                .frames
+                .iter()
+                .map(|f| f.events)
+                .filter(|events| *events > 0),
+        );
+    }
+
+    /// Adds a stream that could not be joined.
+    pub fn not_joined(&mut self, why: Unjoined) {
+        let n = &mut self.attribution.streams_not_joined;
+        let (kind, message) = match why {
+            Unjoined::NoStreamId => {
+                n.no_stream_id += 1;
+                ("no_stream_id", None)
+            }
+            Unjoined::NotFound(m) => {
+                n.not_found += 1;
+                ("not_found", Some(m))
+            }
+            Unjoined::FetchError(m) => {
+                n.fetch_error += 1;
+                ("fetch_error", Some(m))
+            }
+        };
+        if let Some(message) = message {
+            self.attribution
+                .detail
+                .examples
+                .entry(kind)
+                .or_insert(message);
+        }
+    }
+
+    /// The attribution of everything added.
+    pub fn finish(mut self) -> Attribution {
+        let a = &mut self.attribution;
+        a.gaps = self.gaps.len() as u64;
+        // Stable: ties keep stream and event order, so the chosen pair is reproducible.
+        self.gaps.sort_by_key(|g| g.client);
+        let gap = |p| nearest(&self.gaps, p).map(gap_split);
+        a.gap_ms = Percentiles {
+            p50: gap(50),
+            p95: gap(95),
+            p99: gap(99),
+        };
+        self.ttfts.sort_by_key(|t| t.client);
+        let ttft = |p| nearest(&self.ttfts, p).map(ttft_split);
+        a.ttft_ms = Percentiles {
+            p50: ttft(50),
+            p95: ttft(95),
+            p99: ttft(99),
+        };
+        let total: i64 = self.gaps.iter().map(|g| g.client).sum();
+        let positive =
+            |part: fn(&GapParts) -> i64| -> i64 { self.gaps.iter().map(|g| part(g).max(0)).sum() };
+        let share = |sum: i64| (total > 0).then(|| sum as f64 / total as f64);
+        a.wait_share = WaitShare {
+            metronome: share(positive(|g| g.metronome)),
+            after_metronome: share(positive(|g| g.after_metronome)),
+        };
+        a.detail.client_wait_ms = ms(total);
+        self.base_delays.sort_unstable();
+        a.base_delay_ms = Spread {
+            p50: nearest(&self.base_delays, 50).map(ms),
+            max: self.base_delays.last().copied().map(ms),
+            ..Spread::default()
+        };
+        a.clumping = Clumping {
+            events_per_read: mean_and_p95(&mut self.read_events),
+            events_per_frame: mean_and_p95(&mut self.frame_events),
+        };
+        self.attribution
+    }
+}
+
+fn nearest<T: Copy>(sorted: &[T], percent: u32) -> Option<T> {
+    super::stats::nearest_rank(sorted, percent)
+}
+
+fn mean_and_p95(values: &mut [u32]) -> Spread {
+    values.sort_unstable();
+    let sum: u64 = values.iter().map(|v| u64::from(*v)).sum();
+    Spread {
+        mean: (!values.is_empty()).then(|| sum as f64 / values.len() as f64),
+        p95: nearest(values, 95).map(f64::from),
+        ..Spread::default()
+    }
+}
+
+/// Microseconds to milliseconds (exact to the microsecond).
+fn ms(us: i64) -> f64 {
+    us as f64 / 1e3
+}
+
+fn gap_split(g: GapParts) -> GapSplit {
+    GapSplit {
+        client: ms(g.client),
+        generation: ms(g.generation),
+        metronome: ms(g.metronome),
+        after_metronome: ms(g.after_metronome),
+    }
+}
+
+fn ttft_split(t: TtftParts) -> TtftSplit {
+    TtftSplit {
+        client: ms(t.client),
+        generation: ms(t.generation),
+        metronome: ms(t.metronome),
+        after_metronome: ms(t.after_metronome),
+        network: ms(t.network),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::probe::stream::Read;
+    use crate::timeline_json::TimelineFrame;
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    fn frame(ingress_us: u64, egress_us: u64, events: u32, token_events: u32) -> TimelineFrame {
+        TimelineFrame {
+            ingress_us,
+            egress_us: Some(egress_us),
+            bytes: 200,
+            events,
+            token_events,
+        }
+    }
+
+    fn timeline(frames: Vec<TimelineFrame>) -> StreamTimeline {
+        StreamTimeline {
+            id: "s".into(),
+            route: None,
+            model: None,
+            outcome: None,
+            content_type: None,
+            frames,
+            frames_dropped: 0,
+        }
+    }
+
+    /// A client record sent at `t0 + 1ms` whose token events arrive at these offsets from the send.
+    fn client(t0: Instant, arrivals_us: &[u64]) -> StreamRecord {
+        let mut r = StreamRecord::new(0, t0);
+        let sent = t0 + us(1_000);
+        r.sent = Some(sent);
+        r.token_times = arrivals_us.iter().map(|a| sent + us(*a)).collect();
+        r
+    }
+
+    #[test]
+    fn a_buffering_edge_shows_after_metronome() {
+        let t0 = Instant::now();
+        // Upstream: role frame, then 4 token frames every 30 ms; metronome adds 0.1 ms each.
+        let tl = timeline(vec![
+            frame(10_000, 10_100, 1, 0),
+            frame(40_000, 40_100, 1, 1),
+            frame(70_000, 70_100, 1, 1),
+            frame(100_000, 100_100, 1, 1),
+            frame(130_000, 130_100, 1, 1),
+        ]);
+        // The client (base delay 500 us) gets the first two at once, 30 ms late, then the next
+        // two on time.
+        let rec = client(t0, &[70_600, 70_600, 100_600, 130_600]);
+        let j = join_stream(&rec, &tl).unwrap();
+        assert_eq!(j.matched, 4);
+        assert!(!j.count_mismatch);
+        assert_eq!(j.base_delay, 500);
+        assert_eq!(
+            j.gaps,
+            [
+                GapParts {
+                    client: 0,
+                    generation: 30_000,
+                    metronome: 0,
+                    after_metronome: -30_000
+                },
+                GapParts {
+                    client: 30_000,
+                    generation: 30_000,
+                    metronome: 0,
+                    after_metronome: 0
+                },
+                GapParts {
+                    client: 30_000,
+                    generation: 30_000,
+                    metronome: 0,
+                    after_metronome: 0
+                },
+            ]
+        );
+        // TTFT: 1 ms before sending, then 40 ms to ingress, 0.1 ms in metronome, held 30 ms,
+        // 0.5 ms base delay.
+        assert_eq!(
+            j.ttft,
+            TtftParts {
+                client: 71_600,
+                generation: 40_000,
+                metronome: 100,
+                after_metronome: 30_000,
+                network: 1_500,
+            }
+        );
+    }
+
+    #[test]
+    fn metronome_delay_is_its_own_part() {
+        let t0 = Instant::now();
+        let tl = timeline(vec![frame(1_000, 1_050, 1, 1), frame(2_000, 12_000, 2, 2)]);
+        let rec = client(t0, &[1_250, 12_200, 12_200]);
+        let j = join_stream(&rec, &tl).unwrap();
+        assert_eq!(j.base_delay, 200);
+        assert_eq!(
+            j.gaps[0],
+            GapParts {
+                client: 10_950,
+                generation: 1_000,
+                metronome: 9_950,
+                after_metronome: 0
+            }
+        );
+        assert_eq!(j.gaps[1].client, 0);
+        assert_eq!(j.gaps[1].generation, 0);
+    }
+
+    #[test]
+    fn matching_stops_at_the_shorter_side_and_at_events_never_sent() {
+        let t0 = Instant::now();
+        let mut tl = timeline(vec![frame(1_000, 1_100, 1, 1), frame(2_000, 2_100, 1, 1)]);
+        tl.frames.push(TimelineFrame {
+            egress_us: None,
+            ..frame(3_000, 0, 1, 1)
+        });
+        let rec = client(t0, &[1_300, 2_300, 3_300, 4_300]);
+        let j = join_stream(&rec, &tl).unwrap();
+        assert_eq!(j.matched, 2);
+        assert!(j.count_mismatch);
+        let none = client(t0, &[]);
+        assert_eq!(join_stream(&none, &tl), None);
+    }
+
+    #[test]
+    fn the_run_pools_gaps_and_picks_percentile_pairs() {
+        let t0 = Instant::now();
+        let mut b = AttributionBuilder::new("http://a");
+        // 10 streams: a role frame, then 11 token frames 30 ms apart. An edge holds token events
+        // 5, 6 and 7 until 8 arrives and releases the four as one read: a 120 ms gap, then three
+        // gaps of 0. The base delay is 300 us (metronome adds 10 us to every frame).
+        for _ in 0..10 {
+            let mut frames = vec![frame(0, 10, 1, 0)];
+            let mut arrivals = Vec::new();
+            for k in 0..11u64 {
+                frames.push(frame(30_000 * (k + 1), 30_000 * (k + 1) + 10, 1, 1));
+                let released = if (5..=8).contains(&k) { 9 } else { k + 1 };
+                arrivals.push(30_000 * released + 310);
+            }
+            let mut rec = client(t0, &arrivals);
+            rec.reads = arrivals
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| !(6..=8).contains(k))
+                .map(|(k, a)| {
+                    let n = if k == 5 { 4 } else { 1 };
+                    Read {
+                        at: t0 + us(*a),
+                        events: n,
+                        token_events: n,
+                    }
+                })
+                .collect();
+            b.joined(&rec, &timeline(frames));
+        }
+        b.not_joined(Unjoined::NoStreamId);
+        b.not_joined(Unjoined::NotFound("404 for abc".into()));
+        let a = b.finish();
+        assert_eq!(a.streams_joined, 10);
+        assert_eq!(a.token_count_mismatches, 0);
+        assert_eq!(a.streams_not_joined.no_stream_id, 1);
+        assert_eq!(a.streams_not_joined.not_found, 1);
+        assert_eq!(a.detail.examples["not_found"], "404 for abc");
+        assert_eq!(a.gaps, 100);
+        // Sorted: 30 clumps (0), 60 gaps of 30 ms, 10 of 120 ms.
+        let p50 = a.gap_ms.p50.unwrap();
+        assert_eq!(
+            (
+                p50.client,
+                p50.generation,
+                p50.metronome,
+                p50.after_metronome
+            ),
+            (30.0, 30.0, 0.0, 0.0)
+        );
+        for p99 in [a.gap_ms.p95.unwrap(), a.gap_ms.p99.unwrap()] {
+            assert_eq!(
+                (
+                    p99.client,
+                    p99.generation,
+                    p99.metronome,
+                    p99.after_metronome
+                ),
+                (120.0, 30.0, 0.0, 90.0)
+            );
+        }
+        // Client waiting: 300 ms of gaps per stream, 90 ms of it added after metronome.
+        assert_eq!(a.detail.client_wait_ms, 3000.0);
+        assert_eq!(a.wait_share.metronome, Some(0.0));
+        assert!((a.wait_share.after_metronome.unwrap() - 0.3).abs() < 1e-12);
+        assert_eq!(a.base_delay_ms.p50, Some(0.3));
+        assert_eq!(a.base_delay_ms.max, Some(0.3));
+        // TTFT: 1 ms before sending, 30 ms to ingress, 10 us in metronome, nothing held.
+        let ttft = a.ttft_ms.p50.unwrap();
+        assert_eq!(
+            (
+                ttft.client,
+                ttft.generation,
+                ttft.metronome,
+                ttft.after_metronome,
+                ttft.network
+            ),
+            (31.31, 30.0, 0.01, 0.0, 1.3)
+        );
+        // 8 reads per stream, one of them four events; 12 frames of one event.
+        assert_eq!(a.clumping.events_per_read.mean, Some(11.0 / 8.0));
+        assert_eq!(a.clumping.events_per_read.p95, Some(4.0));
+        assert_eq!(a.clumping.events_per_frame.mean, Some(1.0));
+        assert_eq!(a.clumping.events_per_frame.p95, Some(1.0));
+        let json = serde_json::to_value(&a).unwrap();
+        assert_eq!(json["gap_ms"]["p99"]["after_metronome"], 90.0);
+        assert_eq!(json["streams_not_joined"]["not_found"], 1);
+        assert!(json["clumping"]["events_per_read"].get("max").is_none());
+    }
+
+    #[test]
+    fn nothing_joined_is_null() {
+        let a = AttributionBuilder::new("http://a").finish();
+        let json = serde_json::to_value(&a).unwrap();
+        assert!(json["gap_ms"]["p50"].is_null());
+        assert!(json["wait_share"]["after_metronome"].is_null());
+        assert_eq!(json["streams_joined"], 0);
+    }
+}
