@@ -1,5 +1,6 @@
 //! The admin listener, apart from the proxy's: `/metrics` for Prometheus, `/healthz` (the process
-//! is alive; never depends on the upstream), `/readyz` (ready to proxy: not draining).
+//! is alive; never depends on the upstream), `/readyz` (ready to proxy: not draining), and
+//! `/streams`, `/streams/{id}` (recent stream timelines; docs/timelines.md).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -68,6 +69,17 @@ async fn answer(
             );
             response
         }
+        "/streams" => json(StatusCode::OK, state.registry.list_json()),
+        path if path.starts_with("/streams/") => {
+            let id = &path["/streams/".len()..];
+            match state.registry.detail_json(id) {
+                Some(body) => json(StatusCode::OK, body),
+                None => json(
+                    StatusCode::NOT_FOUND,
+                    serde_json::json!({"error": {"type": "not_found", "message": format!("no recent stream has the ID `{id}`")}}).to_string(),
+                ),
+            }
+        }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" => {
             if state.draining.load(Ordering::SeqCst) {
@@ -78,9 +90,18 @@ async fn answer(
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics, /healthz or /readyz\n",
+            "not found: try /metrics, /healthz, /readyz or /streams\n",
         ),
     })
+}
+
+fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = text(status, body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {

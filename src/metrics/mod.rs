@@ -158,6 +158,9 @@ pub struct Metrics {
     /// `metronome_unparsed_events_total{route,reason}`: events the accountant could not inspect
     /// (they still went through untouched). Not in DESIGN.md's table; see ARCHITECTURE.md.
     pub unparsed_events: IntCounterVec,
+    /// `metronome_beacons_total{result}`: browser beacons by how they were answered. Not in
+    /// DESIGN.md's table; issue 5 asks for the counter.
+    pub beacons: IntCounterVec,
     /// The bounded `model` label.
     pub models: ModelLabels,
     /// A gap longer than this is a stall.
@@ -286,6 +289,11 @@ impl Metrics {
                 "metronome_unparsed_events_total",
                 "Events forwarded untouched that the token accountant could not inspect, by reason (invalid, oversize).",
                 &["route", "reason"],
+            )?,
+            beacons: counter(
+                "metronome_beacons_total",
+                "Browser beacons by result: accepted, unknown_stream, duplicate, malformed, too_large.",
+                &["result"],
             )?,
             models,
             stall_threshold,

@@ -31,6 +31,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Config, ServeArgs};
 use crate::metrics::{status_class, Metrics, ModelLabels};
+use crate::timeline::StreamRegistry;
 use body::ProxyBody;
 use router::Router;
 
@@ -77,6 +78,8 @@ pub struct ProxyState {
     pub stream_ids: StreamIds,
     /// Set on SIGTERM: `/readyz` answers 503 so load balancers stop sending.
     pub draining: AtomicBool,
+    /// Recent streams and their timelines; who may send a beacon.
+    pub registry: Arc<StreamRegistry>,
 }
 
 // === impl ProxyState ===
@@ -96,6 +99,10 @@ impl ProxyState {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(90))
             .build(connector);
+        let registry = Arc::new(StreamRegistry::new(
+            config.timeline.max_streams,
+            config.timeline.max_frames,
+        ));
         Ok(ProxyState {
             router: Router::new(&config),
             config: Arc::new(config),
@@ -103,6 +110,7 @@ impl ProxyState {
             metrics: Arc::new(metrics),
             stream_ids: StreamIds::new(),
             draining: AtomicBool::new(false),
+            registry,
         })
     }
 
