@@ -7,6 +7,8 @@
 #[path = "probe/upstream.rs"]
 mod upstream;
 
+mod support;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -314,6 +316,55 @@ async fn real_streams_clumped_by_an_edge_are_attributed_after_metronome() {
         "events per read {per_read}"
     );
     assert_eq!(a.clumping.events_per_frame.mean, Some(15.0 / 14.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_real_proxy_every_stream_joins_and_the_gaps_are_generation() {
+    // sim (steady 20 ms) -> metronome -> probe, then the timelines from metronome's own admin
+    // listener: the contract between the lead's server side and this client, for real.
+    let sim_config = metronome::sim::SimConfig {
+        gap: ms(20),
+        ttft: ms(20),
+        tokens: 16,
+        ..metronome::sim::SimConfig::default()
+    };
+    let sim =
+        metronome::sim::spawn(TcpListener::bind("127.0.0.1:0").await.unwrap(), sim_config).unwrap();
+    let proxy = support::proxy_to(sim.addr()).await;
+    let url = format!("http://{}/v1/chat/completions", proxy.proxy_addr);
+    let mut config = ProbeConfig::new(&url, "sim-model").unwrap();
+    config.body = metronome::probe::args::chat_body("sim-model", "hi", 16);
+    config.stop = Stop::Requests(4);
+    config.load = Load::Closed { concurrency: 2 };
+    config.timeout = Duration::from_secs(10);
+    let run = measure(&config).await.unwrap();
+    assert!(run.streams.iter().all(|s| s.stream_id.is_some()));
+    let admin_url = AdminUrl::parse(&format!("http://{}", proxy.admin_addr)).unwrap();
+    let a = attribute_run(&admin_url, &run).await;
+    eprintln!("{a:#?}");
+
+    assert_eq!(a.streams_joined, 4, "{:?}", a.detail.examples);
+    assert_eq!(a.streams_not_joined, Default::default());
+    assert_eq!(a.token_count_mismatches, 0);
+    assert_eq!(a.gaps, 4 * 15);
+    for split in [a.gap_ms.p50, a.gap_ms.p95, a.gap_ms.p99] {
+        let g = split.unwrap();
+        // Nothing between metronome and the probe: the gap is generation, give or take a few ms.
+        assert!(
+            (15.0..30.0).contains(&g.generation),
+            "generation {}",
+            g.generation
+        );
+        assert!(
+            g.metronome.abs() < 5.0 && g.after_metronome.abs() < 5.0,
+            "{g:?}"
+        );
+    }
+    let after = a.wait_share.after_metronome.unwrap();
+    assert!(after < 0.1, "after-metronome share {after}");
+    // One event per read and per frame: nobody clumps.
+    assert_eq!(a.clumping.events_per_frame.p95, Some(1.0));
+    assert_eq!(a.clumping.events_per_read.p95, Some(1.0));
 }
 
 #[test]
