@@ -2,9 +2,11 @@
 //! so clap rejects a bad one naming its flag; ranges are checked by [`SimConfig::validate`].
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::{ConfigError, SimConfig, UsageMode};
+use super::replay::Replay;
 use crate::units::parse_duration;
 
 /// Command-line arguments of `metronome sim`.
@@ -41,6 +43,12 @@ pub struct SimArgs {
     /// How long shutdown waits for streams in flight.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub drain: Duration,
+
+    /// Replay a captured stream timeline (the JSON of metronome's /streams/{id}) for every
+    /// streamed request: each frame at its ingress offset, with its events, token events and size,
+    /// as an OpenAI chat stream. The cadence flags are then ignored for streams.
+    #[arg(long, value_name = "TIMELINE.json")]
+    pub replay: Option<PathBuf>,
 
     /// The cadence model (boxed: it is most of the flags, and the subcommand enum stays small).
     #[command(flatten)]
@@ -112,6 +120,12 @@ impl TryFrom<&SimArgs> for SimConfig {
 
     fn try_from(args: &SimArgs) -> Result<Self, Self::Error> {
         let cadence = &args.cadence;
+        let replay = match &args.replay {
+            Some(path) => Some(Arc::new(
+                Replay::load(path, &args.model).map_err(|e| ConfigError::new("--replay", e.0))?,
+            )),
+            None => None,
+        };
         let config = SimConfig {
             model: args.model.clone(),
             seed: args.seed,
@@ -133,6 +147,7 @@ impl TryFrom<&SimArgs> for SimConfig {
             ttft_per_prompt_token: cadence.ttft_per_prompt_token,
             timeline: args.timeline.clone(),
             drain: args.drain,
+            replay,
         };
         config.validate()?;
         Ok(config)

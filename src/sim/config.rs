@@ -2,7 +2,10 @@
 //! ([`super::SimArgs`]) or in code by the demo and by tests.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use super::replay::Replay;
 
 /// When the OpenAI shapes send the final `usage` chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -61,6 +64,9 @@ pub struct SimConfig {
     pub timeline: Option<PathBuf>,
     /// How long a shutdown waits for streams in flight before it closes them.
     pub drain: Duration,
+    /// A captured timeline to play back for every streamed request instead of generating
+    /// (`--replay`); the cadence fields above are then unused for streams.
+    pub replay: Option<Arc<Replay>>,
 }
 
 // === impl SimConfig ===
@@ -88,6 +94,7 @@ impl Default for SimConfig {
             ttft_per_prompt_token: Duration::ZERO,
             timeline: None,
             drain: Duration::from_secs(10),
+            replay: None,
         }
     }
 }

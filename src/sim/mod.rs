@@ -10,11 +10,13 @@
 //! - `stream`: the response body that writes steps into frames on that schedule, coalescing and
 //!   buffering as configured.
 //! - `shapes`: the wire formats (vLLM's OpenAI chunks, TGI, Anthropic).
+//! - [`replay`]: `--replay`, a captured `/streams/{id}` timeline played back frame for frame.
 //! - [`stats`] and `timeline`: what was served, live (counters) and exactly (frame send times).
 
 pub mod args;
 mod cadence;
 pub mod config;
+pub mod replay;
 mod request;
 mod routes;
 mod server;
@@ -137,6 +139,9 @@ pub async fn run(args: SimArgs) -> ExitCode {
     };
     tracing::info!(%addr, "metronome sim listening");
     println!("metronome sim listening on http://{addr}");
+    if let Some(replay) = &config.replay {
+        println!("{}", replay.describe());
+    }
     match serve(listener, config, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -12,6 +12,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::cadence::StreamCadence;
+use super::replay::ReplayBody;
 use super::request::{self, GenRequest};
 use super::server::Shared;
 use super::shapes::{Api, Finish, Wire};
@@ -109,6 +110,25 @@ async fn generate(
         });
     }
     let guard = StreamGuard::start(shared.stats.clone());
+    if let (Some(replay), true) = (&config.replay, request.stream) {
+        let body = ReplayBody::new(
+            shared.clone(),
+            replay.clone(),
+            guard,
+            start,
+            received_unix_us,
+            seq,
+        );
+        let mut response = Response::new(SimBody::Replay(Box::new(body)));
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        headers.insert(STREAM_HEADER, HeaderValue::from(seq));
+        return response;
+    }
     let wanted = request.max_tokens.unwrap_or(config.tokens).max(1);
     let tokens = wanted.min(config.max_tokens_cap);
     let finish = if request.max_tokens.is_some() || wanted > tokens {

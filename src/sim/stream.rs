@@ -19,6 +19,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use super::cadence::{Step, StreamCadence};
+use super::replay::ReplayBody;
 use super::server::Shared;
 use super::shapes::Wire;
 use super::stats::StreamGuard;
@@ -35,6 +36,8 @@ pub(crate) enum SimBody {
     Full(Option<Bytes>),
     /// A generated stream.
     Stream(Box<SimStream>),
+    /// A replayed capture.
+    Replay(Box<ReplayBody>),
 }
 
 /// What one frame holds, for the timeline.
@@ -114,6 +117,9 @@ impl Body for SimBody {
             SimBody::Stream(stream) => stream
                 .poll_next_frame(cx)
                 .map(|b| b.map(|b| Ok(Frame::data(b)))),
+            SimBody::Replay(replay) => replay
+                .poll_next_frame(cx)
+                .map(|b| b.map(|b| Ok(Frame::data(b)))),
         }
     }
 
@@ -121,6 +127,7 @@ impl Body for SimBody {
         match self {
             SimBody::Full(bytes) => bytes.is_none(),
             SimBody::Stream(stream) => stream.phase == Phase::Done,
+            SimBody::Replay(replay) => replay.is_end_stream(),
         }
     }
 
@@ -128,7 +135,7 @@ impl Body for SimBody {
         match self {
             SimBody::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             SimBody::Full(None) => SizeHint::with_exact(0),
-            SimBody::Stream(_) => SizeHint::default(),
+            SimBody::Stream(_) | SimBody::Replay(_) => SizeHint::default(),
         }
     }
 }
