@@ -25,14 +25,27 @@ pub const MAX_GAPS: usize = 2048;
 const MAX_MS: f64 = 3_600_000.0;
 
 /// A beacon as the page sends it (docs/timelines.md).
-#[derive(Debug, Deserialize)]
-struct Beacon {
-    v: u32,
-    id: String,
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Beacon {
+    /// Format version; 1.
+    pub v: u32,
+    /// The stream ID from the response header.
+    pub id: String,
+    /// From the fetch call to the first token event, in ms.
     #[serde(default)]
-    ttft_ms: Option<f64>,
+    pub ttft_ms: Option<f64>,
+    /// Gaps between consecutive token events, in ms, in order.
     #[serde(default)]
-    gaps_ms: Vec<f64>,
+    pub gaps_ms: Vec<f64>,
+}
+
+/// Parses and checks a beacon body: JSON of version 1, at most [`MAX_GAPS`] gaps, every time
+/// finite and between 0 and an hour. Public so that the fuzzer reaches it.
+pub fn parse(body: &[u8]) -> Result<Beacon, String> {
+    let beacon: Beacon =
+        serde_json::from_slice(body).map_err(|e| format!("not a beacon: {e}"))?;
+    validate(&beacon)?;
+    Ok(beacon)
 }
 
 /// Why a beacon was not recorded: the `result` label and the answer.
@@ -117,9 +130,7 @@ async fn accept(request: Request<Incoming>, state: &ProxyState) -> Result<(), (R
         }
         Err(e) => return Err((Refusal::Malformed, format!("could not read the body: {e}"))),
     };
-    let beacon: Beacon = serde_json::from_slice(&body)
-        .map_err(|e| (Refusal::Malformed, format!("not a beacon: {e}")))?;
-    validate(&beacon).map_err(|m| (Refusal::Malformed, m))?;
+    let beacon = parse(&body).map_err(|m| (Refusal::Malformed, m))?;
     let slot = state
         .registry
         .claim_beacon(&beacon.id)

@@ -168,7 +168,16 @@ pub async fn handle(
     let framing = content_type_essence(&parts.headers)
         .filter(|essence| config.stream_content_types.iter().any(|c| c == essence))
         .map(|essence| {
-            if essence.contains("ndjson") || essence.contains("jsonl") {
+            let encoded = parts
+                .headers
+                .get(header::CONTENT_ENCODING)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| !v.trim().eq_ignore_ascii_case("identity"));
+            if encoded {
+                // A compressed stream is forwarded untouched and timed, but has no readable
+                // events: it is counted as an opaque stream (outcome `no_token`).
+                Framing::Opaque
+            } else if essence.contains("ndjson") || essence.contains("jsonl") {
                 Framing::Ndjson
             } else {
                 Framing::Sse
