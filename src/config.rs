@@ -34,6 +34,12 @@ pub struct ServeArgs {
     /// Stall threshold, e.g. `200ms` (overrides `metering.stall_threshold`).
     #[arg(long, env = "METRONOME_STALL_THRESHOLD")]
     pub stall_threshold: Option<String>,
+    /// PEM certificate chain: the proxy listener speaks TLS (overrides `tls.cert`).
+    #[arg(long, env = "METRONOME_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<String>,
+    /// PEM private key of --tls-cert (overrides `tls.key`).
+    #[arg(long, env = "METRONOME_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<String>,
 }
 
 /// One problem in a configuration: the key it belongs to and what is wrong.
@@ -75,7 +81,68 @@ struct RawConfig {
     models: ModelsConfig,
     buckets: Buckets,
     timeline: TimelineConfig,
+    tls: RawTls,
+    upstream_tls: RawUpstreamTls,
+    limits: LimitsConfig,
     routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawTls {
+    cert: String,
+    key: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawUpstreamTls {
+    ca: String,
+    client_cert: String,
+    client_key: String,
+}
+
+/// Limits that keep an overloaded proxy answering (503, 431, 413) instead of growing memory.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Client connections open at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// Requests in flight at once (streams included); more are answered 503.
+    pub max_requests: usize,
+    /// Largest request head (request line and headers), in bytes; larger ones get 431.
+    pub max_header_bytes: usize,
+    /// Largest request body, in bytes; larger ones get 413.
+    pub max_request_body_bytes: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_connections: 16_384,
+            max_requests: 16_384,
+            max_header_bytes: 64 * 1024,
+            max_request_body_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+/// TLS on the proxy listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerTls {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+}
+
+/// TLS towards https upstreams.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpstreamTls {
+    /// PEM CA bundle; `None` uses the system's roots.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key for mTLS.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 /// Stream timelines (`/streams`) and the browser beacon.
@@ -129,6 +196,7 @@ struct RawTimeouts {
     connect: String,
     first_byte: String,
     idle: String,
+    tls_handshake: String,
 }
 
 impl Default for RawTimeouts {
@@ -137,6 +205,7 @@ impl Default for RawTimeouts {
             connect: "5s".into(),
             first_byte: "300s".into(),
             idle: "120s".into(),
+            tls_handshake: "10s".into(),
         }
     }
 }
@@ -251,11 +320,6 @@ impl Upstream {
             .authority()
             .cloned()
             .ok_or_else(|| format!("`{text}` has no host"))?;
-        if scheme == http::uri::Scheme::HTTPS {
-            return Err(format!(
-                "`{text}`: https upstreams are not supported yet (TLS is its own issue); use http://"
-            ));
-        }
         if uri.query().is_some() {
             return Err(format!("`{text}`: an upstream URL cannot have a query"));
         }
@@ -309,6 +373,14 @@ pub struct Config {
     pub buckets: Buckets,
     /// Stream timelines and the browser beacon.
     pub timeline: TimelineConfig,
+    /// TLS on the proxy listener, when configured.
+    pub tls: Option<ListenerTls>,
+    /// TLS towards https upstreams.
+    pub upstream_tls: UpstreamTls,
+    /// Overload limits.
+    pub limits: LimitsConfig,
+    /// How long a client may take to finish the TLS handshake.
+    pub tls_handshake_timeout: Duration,
     /// Routes, in the order they are tried.
     pub routes: Vec<RouteConfig>,
 }
@@ -362,6 +434,12 @@ impl Config {
         }
         if let Some(v) = &args.stall_threshold {
             raw.metering.stall_threshold = v.clone();
+        }
+        if let Some(v) = &args.tls_cert {
+            raw.tls.cert = v.clone();
+        }
+        if let Some(v) = &args.tls_key {
+            raw.tls.key = v.clone();
         }
         validate(raw)
     }
@@ -417,6 +495,11 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         &mut problem,
     );
     let idle_timeout = duration("timeouts.idle", &raw.timeouts.idle, &mut problem);
+    let tls_handshake_timeout = duration(
+        "timeouts.tls_handshake",
+        &raw.timeouts.tls_handshake,
+        &mut problem,
+    );
     let stall_threshold = duration(
         "metering.stall_threshold",
         &raw.metering.stall_threshold,
@@ -491,6 +574,60 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 raw.models.max
             ),
         );
+    }
+
+    let tls = match (raw.tls.cert.as_str(), raw.tls.key.as_str()) {
+        ("", "") => None,
+        ("", _) => {
+            problem("tls.cert", "is needed with tls.key".into());
+            None
+        }
+        (_, "") => {
+            problem("tls.key", "is needed with tls.cert".into());
+            None
+        }
+        (cert, key) => match crate::tls::certified_key(Path::new(cert), Path::new(key)) {
+            Ok(_) => Some(ListenerTls {
+                cert: cert.into(),
+                key: key.into(),
+            }),
+            Err(e) => {
+                problem("tls.cert", format!("cannot be used with tls.key: {e}"));
+                None
+            }
+        },
+    };
+    let ut = &raw.upstream_tls;
+    let mut upstream_tls = UpstreamTls::default();
+    if !ut.ca.is_empty() {
+        match crate::tls::load_certs(Path::new(&ut.ca)) {
+            Ok(_) => upstream_tls.ca = Some(ut.ca.clone().into()),
+            Err(e) => problem("upstream_tls.ca", e.to_string()),
+        }
+    }
+    match (ut.client_cert.as_str(), ut.client_key.as_str()) {
+        ("", "") => {}
+        ("", _) | (_, "") => problem(
+            "upstream_tls.client_cert",
+            "client_cert and client_key go together".into(),
+        ),
+        (cert, key) => {
+            match crate::tls::client_config(None, Some((Path::new(cert), Path::new(key)))) {
+                Ok(_) => upstream_tls.client_cert = Some((cert.into(), key.into())),
+                Err(e) => problem("upstream_tls.client_cert", e.to_string()),
+            }
+        }
+    }
+    let l = &raw.limits;
+    for (key, value, min) in [
+        ("limits.max_connections", l.max_connections as u64, 1),
+        ("limits.max_requests", l.max_requests as u64, 1),
+        ("limits.max_header_bytes", l.max_header_bytes as u64, 8192),
+        ("limits.max_request_body_bytes", l.max_request_body_bytes, 1),
+    ] {
+        if value < min {
+            problem(key, format!("{value} is too small (at least {min})"));
+        }
     }
 
     let t = &raw.timeline;
@@ -618,6 +755,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         first_byte_timeout,
         idle_timeout,
         stall_threshold,
+        tls_handshake_timeout,
     ) {
         (
             Some(listen),
@@ -628,6 +766,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             Some(first_byte_timeout),
             Some(idle_timeout),
             Some(stall_threshold),
+            Some(tls_handshake_timeout),
         ) if problems.is_empty() => Ok(Config {
             listen,
             admin,
@@ -649,6 +788,10 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             models: raw.models,
             buckets: raw.buckets,
             timeline: raw.timeline,
+            tls,
+            upstream_tls,
+            limits: raw.limits,
+            tls_handshake_timeout,
             routes,
         }),
         _ => Err(ConfigError(problems)),

@@ -35,4 +35,5 @@ pub mod sim;
 pub mod sketch;
 pub mod telemetry;
 pub mod timeline;
+pub mod tls;
 pub mod units;

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http::{header, HeaderValue, Response, StatusCode};
-use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -32,8 +32,21 @@ use tokio::task::JoinHandle;
 use crate::config::{Config, ServeArgs};
 use crate::metrics::{status_class, Metrics, ModelLabels};
 use crate::timeline::StreamRegistry;
+use crate::tls;
 use body::ProxyBody;
+use body::RequestBody;
 use router::Router;
+
+/// Why the proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The metrics could not be registered.
+    #[error("cannot register the metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// The TLS material could not be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+}
 
 /// The error type of response bodies: anything that aborts a response.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -70,8 +83,9 @@ pub struct ProxyState {
     pub config: Arc<Config>,
     /// The routing table.
     pub router: Router,
-    /// The pooled upstream client; request bodies are streamed through it, never buffered.
-    pub client: Client<HttpConnector, Incoming>,
+    /// The pooled upstream client (http and https); request bodies are streamed through it,
+    /// never buffered.
+    pub client: Client<HttpsConnector<HttpConnector>, RequestBody>,
     /// The metric contract.
     pub metrics: Arc<Metrics>,
     /// Stream IDs for the response header.
@@ -80,13 +94,17 @@ pub struct ProxyState {
     pub draining: AtomicBool,
     /// Recent streams and their timelines; who may send a beacon.
     pub registry: Arc<StreamRegistry>,
+    /// The listener's certificate, reloadable; `None` for plain HTTP.
+    pub tls: Option<Arc<tls::ReloadableCert>>,
+    /// Requests in flight (`limits.max_requests`).
+    pub requests_in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 // === impl ProxyState ===
 
 impl ProxyState {
-    /// Builds the shared state: metrics, router and the pooled client.
-    pub fn new(config: Config) -> Result<Self, prometheus::Error> {
+    /// Builds the shared state: metrics, router, TLS and the pooled client.
+    pub fn new(config: Config) -> Result<Self, StartError> {
         let metrics = Metrics::new(
             &config.buckets,
             ModelLabels::new(&config.models.allow, config.models.max),
@@ -95,7 +113,24 @@ impl ProxyState {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.enforce_http(true);
+        connector.enforce_http(false);
+        let tls_client = tls::client_config(
+            config.upstream_tls.ca.as_deref(),
+            config
+                .upstream_tls
+                .client_cert
+                .as_ref()
+                .map(|(c, k)| (c.as_path(), k.as_path())),
+        )?;
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_client)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
+        let listener_tls = match &config.tls {
+            Some(t) => Some(Arc::new(tls::ReloadableCert::load(&t.cert, &t.key)?)),
+            None => None,
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(90))
             .build(connector);
@@ -103,7 +138,10 @@ impl ProxyState {
             config.timeline.max_streams,
             config.timeline.max_frames,
         ));
+        let requests_in_flight = Arc::new(tokio::sync::Semaphore::new(config.limits.max_requests));
         Ok(ProxyState {
+            tls: listener_tls,
+            requests_in_flight,
             router: Router::new(&config),
             config: Arc::new(config),
             client,
@@ -168,6 +206,14 @@ impl ProxyHandle {
         let admin_listener = TcpListener::bind(config.admin).await?;
         let state = Arc::new(ProxyState::new(config).map_err(std::io::Error::other)?);
         Ok(Self::serve(proxy_listener, admin_listener, state))
+    }
+
+    /// Reloads the listener's certificate (SIGHUP): kept as it is when the new pair fails.
+    pub fn reload_tls(&self) -> Result<bool, tls::TlsError> {
+        match &self.state.tls {
+            Some(cert) => cert.reload().map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// Serves on listeners that are already bound.
@@ -243,7 +289,10 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         upstream = %handle.state.config.upstream,
         "metronome serving"
     );
-    wait_for_termination().await;
+    tokio::select! {
+        _ = wait_for_termination() => {}
+        _ = reload_on_sighup(&handle) => {}
+    }
     tracing::info!(
         grace = ?handle.state.config.drain_grace,
         "draining in-flight streams"
@@ -251,6 +300,27 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     handle.shutdown().await;
     tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// Reloads what can be reloaded on each SIGHUP; never returns (except where there is no SIGHUP).
+async fn reload_on_sighup(handle: &ProxyHandle) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return std::future::pending().await;
+        };
+        while hup.recv().await.is_some() {
+            match handle.reload_tls() {
+                Ok(true) => tracing::info!("SIGHUP: reloaded the listener's certificate"),
+                Ok(false) => tracing::info!("SIGHUP: no TLS certificate to reload"),
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGHUP: the new certificate failed to load; keeping the old one")
+                }
+            }
+        }
+    }
+    std::future::pending::<()>().await
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
