@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::format::Format;
 use crate::metrics::{LocalHistogram, Metrics, Outcome, Point};
 use crate::sketch::GapSketch;
 
@@ -166,6 +167,8 @@ pub struct IngressLedger {
     pub unparsed_events: u64,
     /// Events too long to inspect.
     pub oversize_events: u64,
+    /// The stream's API as detected (set when the ingress reader stops).
+    pub format: Option<Format>,
 }
 
 // === impl IngressLedger ===
@@ -371,10 +374,24 @@ impl Drop for StreamLedger {
             .streams
             .with_label_values(&[route, model, outcome.as_str()])
             .inc();
+        let format = ingress
+            .as_ref()
+            .and_then(|(l, _)| l.format)
+            .unwrap_or(Format::Unknown);
+        metrics
+            .stream_format
+            .with_label_values(&[route, format.name()])
+            .inc();
         metrics
             .request_duration
             .observe(&[route], self.received.elapsed().as_secs_f64());
         metrics.streams_active.with_label_values(&[route]).dec();
-        tracing::debug!(route, model, outcome = outcome.as_str(), "stream recorded");
+        tracing::debug!(
+            route,
+            model,
+            format = format.name(),
+            outcome = outcome.as_str(),
+            "stream recorded"
+        );
     }
 }

@@ -158,6 +158,11 @@ pub struct Metrics {
     /// `metronome_unparsed_events_total{route,reason}`: events the accountant could not inspect
     /// (they still went through untouched). Not in DESIGN.md's table; see ARCHITECTURE.md.
     pub unparsed_events: IntCounterVec,
+    /// `metronome_stream_format_total{route,format}`: metered streams by the API detected (or
+    /// configured) for them, `unknown` included, so an operator can see streams whose events are
+    /// only approximately accounted. Not in DESIGN.md's table; a counter rather than a label on
+    /// the latency histograms, which would multiply their series.
+    pub stream_format: IntCounterVec,
     /// The bounded `model` label.
     pub models: ModelLabels,
     /// A gap longer than this is a stall.
@@ -286,6 +291,11 @@ impl Metrics {
                 "metronome_unparsed_events_total",
                 "Events forwarded untouched that the token accountant could not inspect, by reason (invalid, oversize).",
                 &["route", "reason"],
+            )?,
+            stream_format: counter(
+                "metronome_stream_format_total",
+                "Metered streams by the streaming API detected or configured for them (format=unknown: not recognised, every event counted as a token event).",
+                &["route", "format"],
             )?,
             models,
             stall_threshold,

@@ -16,7 +16,7 @@ use super::egress_clock::EgressClock;
 use super::headers::{append_forwarded, content_type_essence, remove_hop_by_hop};
 use super::metered::{meter, MeterSettings};
 use super::ProxyState;
-use crate::format::Accounting;
+use crate::format::{Accounting, Format};
 use crate::ledger::StreamLedger;
 use crate::metrics::status_class;
 use crate::scan::Framing;
@@ -96,10 +96,10 @@ pub async fn handle(
     connection: Connection,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let received = Instant::now();
-    let route = state
-        .router
-        .route(request.method(), request.uri().path())
-        .clone();
+    let path = request.uri().path();
+    let route = state.router.route(request.method(), path).clone();
+    // Known before the request moves on; with the response's framing it hints at the API.
+    let path_format = Format::from_path(path);
     let upstream_request = match upstream_request(request, &route.upstream, &connection) {
         Ok(r) => r,
         Err(message) => {
@@ -188,7 +188,7 @@ pub async fn handle(
     let body = meter(
         body,
         &settings,
-        Accounting::openai(),
+        Accounting::select(route.format, framing, path_format),
         ledger,
         connection.clock.clone(),
     );
