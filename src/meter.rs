@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use crate::format::{Accounting, Format};
+use crate::format::Accounting;
 use crate::ledger::IngressLedger;
 use crate::metrics::Metrics;
 use crate::scan::{Event, EventSink, Scanner};
@@ -81,11 +81,6 @@ impl IngressMeter {
     /// The ledger so far.
     pub fn ledger(&self) -> &IngressLedger {
         &self.ledger
-    }
-
-    /// The stream's format as detected so far.
-    pub fn format(&self) -> Format {
-        self.accounting.format()
     }
 }
 

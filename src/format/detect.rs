@@ -15,7 +15,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::json::present;
+use super::json::{is_literal, present};
 use super::{Classified, Format};
 use crate::scan::{Event, Framing};
 
@@ -84,7 +84,7 @@ impl AutoAccounting {
             }
             return Ok(format);
         }
-        if present(shape.error) {
+        if shape.is_error(event.kind) {
             return Err(Classified {
                 error: true,
                 ..Classified::default()
@@ -145,6 +145,12 @@ struct Shape<'a> {
 }
 
 impl Shape<'_> {
+    /// An error report (`{"error": ...}`, `{"type": "error"}`, `event: error`), which every API
+    /// can send before its first output and which therefore tells nothing about the API.
+    fn is_error(&self, event_kind: &[u8]) -> bool {
+        present(self.error) || is_literal(self.kind, r#""error""#) || event_kind == b"error"
+    }
+
     /// The API whose events look like this, when only one does.
     fn format(&self) -> Option<Format> {
         let kind = self.kind.map(RawValue::get).unwrap_or("");
@@ -294,13 +300,19 @@ mod tests {
         let auto = AutoAccounting::new(Some(Format::OpenAi));
         assert_eq!(auto.decide(&event("", "[DONE]")), Err(Classified::end()));
         assert_eq!(auto.decide(&event("", "  ")), Err(Classified::default()));
-        let error = auto
-            .decide(&event(
-                "",
-                r#"{"error":{"message":"overloaded","code":503}}"#,
-            ))
-            .unwrap_err();
-        assert!(error.error);
+        for (kind, data) in [
+            ("", r#"{"error":{"message":"overloaded","code":503}}"#),
+            (
+                "error",
+                r#"{"type":"error","code":"ERR_SOMETHING","message":"Something went wrong","param":null,"sequence_number":1}"#,
+            ),
+            (
+                "error",
+                r#"{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}"#,
+            ),
+        ] {
+            assert!(auto.decide(&event(kind, data)).unwrap_err().error, "{data}");
+        }
         let truncated = Event {
             truncated: true,
             ..event("", "{\"choi")

@@ -8,8 +8,8 @@
 //! usage summary) count too, so such figures are approximate; the stream is counted under
 //! `metronome_stream_format_total{format="unknown"}`, so an operator can see it and set the
 //! route's `format`. What is recognisable anyway is still used: `[DONE]` and empty events are not
-//! token events, a JSON object with a non-null `error` is an upstream error, and a top-level
-//! `model` names the model. Each token event counts 1 token, as `counted`.
+//! token events, a JSON object with a non-null `error` (or sent as `event: error`) is an upstream
+//! error, and a top-level `model` names the model. Each token event counts 1 token, as `counted`.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -43,7 +43,7 @@ impl UnknownAccounting {
             .then(|| serde_json::from_slice::<Object<'a>>(data).ok())
             .flatten();
         match object {
-            Some(object) if present(object.error) => Classified {
+            Some(object) if present(object.error) || event.kind == b"error" => Classified {
                 error: true,
                 ..Classified::default()
             },
@@ -95,6 +95,12 @@ mod tests {
         assert!(!classify("  ").token_event);
         let error = classify(r#"{"error":"boom"}"#);
         assert!(error.error && !error.token_event);
+        let typed = UnknownAccounting.classify(&Event {
+            kind: b"error",
+            data: br#"{"message":"boom"}"#,
+            truncated: false,
+        });
+        assert!(typed.error && !typed.token_event);
         assert!(classify(r#"{"error":null,"chunk":"x"}"#).token_event);
     }
 }
