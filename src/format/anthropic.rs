@@ -74,6 +74,8 @@ struct Delta<'a> {
     partial_json: Option<&'a RawValue>,
 }
 
+// === impl Delta ===
+
 impl Delta<'_> {
     fn shows_output(&self) -> bool {
         match self.kind.map_or("", RawValue::get) {

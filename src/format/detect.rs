@@ -144,6 +144,8 @@ struct Shape<'a> {
     error: Option<&'a RawValue>,
 }
 
+// === impl Shape ===
+
 impl Shape<'_> {
     /// An error report (`{"error": ...}`, `{"type": "error"}`, `event: error`), which every API
     /// can send before its first output and which therefore tells nothing about the API.

@@ -31,6 +31,7 @@ pub struct SgLangAccounting {
     incremental: bool,
 }
 
+/// What is remembered of one sequence: the raw length of its text so far, and its token count.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Sequence {
     text_len: usize,
@@ -52,18 +53,21 @@ impl SgLangAccounting {
         let Ok(chunk) = serde_json::from_slice::<Chunk<'a>>(data) else {
             return Classified::unparsed();
         };
-        let incremental = &mut self.incremental;
         let sequence = self.sequences.slot(chunk.index.unwrap_or(0));
-        let len = raw_string_len(chunk.text);
-        if len < sequence.text_len && len > 0 {
-            *incremental = true;
+        let mut token_event = false;
+        // An event without text (an error report) leaves the sequence's length alone.
+        if chunk.text.is_some() {
+            let len = raw_string_len(chunk.text);
+            if len > 0 && len < sequence.text_len {
+                self.incremental = true;
+            }
+            token_event = if self.incremental {
+                len > 0
+            } else {
+                len > sequence.text_len
+            };
+            sequence.text_len = len;
         }
-        let token_event = if *incremental {
-            len > 0
-        } else {
-            len > sequence.text_len
-        };
-        sequence.text_len = len;
         let mut tokens = None;
         if let Some(now) = chunk.meta_info.and_then(|m| m.completion_tokens) {
             self.reported = true;
@@ -174,12 +178,17 @@ mod tests {
     #[test]
     fn errors_and_garbage() {
         let mut acc = SgLangAccounting::default();
+        classify(&mut acc, r#"{"text":"Hello","index":0}"#);
         assert!(
             classify(
                 &mut acc,
                 r#"{"error":{"message":"The input is too long."}}"#
             )
             .error
+        );
+        assert!(
+            !classify(&mut acc, r#"{"text":"Hello","index":0}"#).token_event,
+            "an error report does not reset the text length"
         );
         assert!(classify(&mut acc, "{").unparsed);
     }
