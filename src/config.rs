@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::format::Format;
 use crate::metrics::{Buckets, MAX_BOUNDS};
 use crate::units::parse_duration;
 
@@ -264,6 +265,8 @@ struct RawRoute {
     method: Option<String>,
     #[serde(default)]
     upstream: Option<String>,
+    #[serde(default)]
+    format: Option<String>,
 }
 
 /// How a route's path is compared with the request's.
@@ -288,6 +291,9 @@ pub struct RouteConfig {
     pub method: Option<http::Method>,
     /// Where matching requests go.
     pub upstream: Upstream,
+    /// The streaming API of this route's responses when configured; `None` (`auto`) detects it
+    /// per stream from the content type, the request path and the first events.
+    pub format: Option<Format>,
 }
 
 /// A validated upstream base URL (`http://host:port`, optionally with a path prefix).
@@ -733,8 +739,21 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 .map_err(|e| problem(&key("upstream"), e))
                 .ok(),
         };
-        if let (Some(match_kind), Some(method), Some(upstream)) =
-            (match_kind, method, route_upstream)
+        let format = match r.format.as_deref() {
+            None | Some("auto") => Some(None),
+            Some(name) => match Format::from_name(name) {
+                Some(format) => Some(Some(format)),
+                None => {
+                    problem(
+                        &key("format"),
+                        format!("`{name}` must be one of {}", format_names()),
+                    );
+                    None
+                }
+            },
+        };
+        if let (Some(match_kind), Some(method), Some(upstream), Some(format)) =
+            (match_kind, method, route_upstream, format)
         {
             routes.push(RouteConfig {
                 name: r.name.clone(),
@@ -742,6 +761,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 match_kind,
                 method,
                 upstream,
+                format,
             });
         }
     }
@@ -798,6 +818,18 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     }
 }
 
+/// The values a route's `format` key accepts, for problem messages.
+fn format_names() -> String {
+    let mut names = vec!["auto"];
+    names.extend(
+        Format::ALL
+            .into_iter()
+            .filter(|f| *f != Format::Unknown)
+            .map(Format::name),
+    );
+    names.join(", ")
+}
+
 fn check_bounds(bounds: &[f64]) -> Result<(), String> {
     if bounds.is_empty() {
         return Err("must list at least one bucket bound".into());
@@ -845,12 +877,13 @@ pub fn check_config_command(file: &Path) -> ExitCode {
             println!("  default upstream {}", config.upstream);
             for route in &config.routes {
                 println!(
-                    "  route {:<16} {} {:?} {} -> {}",
+                    "  route {:<16} {} {:?} {} -> {} (format {})",
                     route.name,
                     route.method.as_ref().map(|m| m.as_str()).unwrap_or("*"),
                     route.match_kind,
                     route.path,
-                    route.upstream
+                    route.upstream,
+                    route.format.map_or("auto", Format::name)
                 );
             }
             println!("  requests that match no route go to route `other`");
@@ -912,6 +945,7 @@ match = "glob"
 name = "chat"
 path = "/x"
 method = "G T"
+format = "vllm"
 "#;
         let ConfigError(problems) = Config::from_toml(text).unwrap_err();
         let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
@@ -925,9 +959,41 @@ method = "G T"
             "routes[0].match",
             "routes[1].name",
             "routes[1].method",
+            "routes[1].format",
         ] {
             assert!(keys.contains(&key), "missing {key} in {keys:?}");
         }
+    }
+
+    #[test]
+    fn a_route_format_is_auto_by_default_or_one_of_the_apis() {
+        let text = r#"
+[[routes]]
+name = "tgi"
+path = "/generate_stream"
+format = "tgi"
+[[routes]]
+name = "any"
+path = "/"
+format = "auto"
+[[routes]]
+name = "default"
+path = "/d"
+"#;
+        let config = Config::from_toml(text).unwrap();
+        let formats: Vec<_> = config.routes.iter().map(|r| r.format).collect();
+        assert_eq!(formats, vec![Some(Format::Tgi), None, None]);
+        let ConfigError(problems) =
+            Config::from_toml("[[routes]]\nname = \"x\"\npath = \"/\"\nformat = \"unknown\"\n")
+                .unwrap_err();
+        assert_eq!(problems[0].key, "routes[0].format");
+        assert!(
+            problems[0].reason.contains(
+                "auto, openai, tgi, llamacpp, sglang, ollama, responses, anthropic, gemini"
+            ),
+            "{}",
+            problems[0].reason
+        );
     }
 
     #[test]

@@ -89,6 +89,7 @@ async fn demo(args: &DemoArgs) -> Result<(), DemoError> {
         match_kind: PathMatch::Exact,
         method: None,
         upstream: config.upstream.clone(),
+        format: None,
     }];
     let proxy = ProxyHandle::start(config).await?;
     let proxy_url = format!("http://{}", proxy.proxy_addr);

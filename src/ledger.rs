@@ -11,6 +11,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::format::Format;
 use crate::metrics::{LocalHistogram, Metrics, Outcome, Point};
 use crate::sketch::GapSketch;
 use crate::timeline::{
@@ -191,6 +192,8 @@ pub struct IngressLedger {
     pub frames_total: u64,
     /// The first `max_frames` frames, for the stream's timeline.
     pub timeline: Vec<IngressFrame>,
+    /// The stream's API as detected (set when the ingress reader stops).
+    pub format: Option<Format>,
 }
 
 // === impl IngressLedger ===
@@ -532,6 +535,14 @@ impl Drop for StreamLedger {
             .streams
             .with_label_values(&[route, model, outcome.as_str()])
             .inc();
+        let format = ingress
+            .as_ref()
+            .and_then(|(l, _)| l.format)
+            .unwrap_or(Format::Unknown);
+        metrics
+            .stream_format
+            .with_label_values(&[route, format.name()])
+            .inc();
         metrics
             .request_duration
             .observe(&[route], self.received.elapsed().as_secs_f64());
@@ -546,6 +557,7 @@ impl Drop for StreamLedger {
             id = &*finished.id,
             route = &*finished.route,
             model = &*finished.model,
+            format = format.name(),
             outcome = outcome.as_str(),
             traceparent = finished.traceparent.as_deref(),
             request_id = finished.request_id.as_deref(),

@@ -161,6 +161,11 @@ pub struct Metrics {
     /// `metronome_beacons_total{result}`: browser beacons by how they were answered. Not in
     /// DESIGN.md's table; issue 5 asks for the counter.
     pub beacons: IntCounterVec,
+    /// `metronome_stream_format_total{route,format}`: metered streams by the API detected (or
+    /// configured) for them, `unknown` included, so an operator can see streams whose events are
+    /// only approximately accounted. Not in DESIGN.md's table; a counter rather than a label on
+    /// the latency histograms, which would multiply their series.
+    pub stream_format: IntCounterVec,
     /// The bounded `model` label.
     pub models: ModelLabels,
     /// A gap longer than this is a stall.
@@ -294,6 +299,11 @@ impl Metrics {
                 "metronome_beacons_total",
                 "Browser beacons by result: accepted, unknown_stream, duplicate, malformed, too_large.",
                 &["result"],
+            )?,
+            stream_format: counter(
+                "metronome_stream_format_total",
+                "Metered streams by the streaming API detected or configured for them (format=unknown: not recognised, every event counted as a token event).",
+                &["route", "format"],
             )?,
             models,
             stall_threshold,

@@ -16,7 +16,7 @@ use super::egress_clock::EgressClock;
 use super::headers::{append_forwarded, content_type_essence, remove_hop_by_hop};
 use super::metered::{meter, MeterSettings};
 use super::ProxyState;
-use crate::format::Accounting;
+use crate::format::{Accounting, Format};
 use crate::ledger::{StreamInfo, StreamLedger};
 use crate::metrics::status_class;
 use crate::scan::Framing;
@@ -116,6 +116,8 @@ pub async fn handle(
     let started_unix_ms = unix_ms();
     let traceparent = bounded_header(request.headers(), "traceparent");
     let request_id = bounded_header(request.headers(), "x-request-id");
+    // Known before the request moves on; with the response's framing it hints at the API.
+    let path_format = Format::from_path(request.uri().path());
     let route = state
         .router
         .route(request.method(), request.uri().path())
@@ -264,7 +266,7 @@ pub async fn handle(
     let body = meter(
         body,
         &settings,
-        Accounting::openai(),
+        Accounting::select(route.format, framing, path_format),
         ledger,
         connection.clock.clone(),
     );

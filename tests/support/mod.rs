@@ -2,6 +2,8 @@
 //! that records every frame, and a reader for the Prometheus text format.
 #![allow(dead_code)]
 
+pub mod fixtures;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
