@@ -214,6 +214,7 @@ impl Default for RawTimeouts {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct RawMetering {
+    enabled: bool,
     content_types: Vec<String>,
     stall_threshold: String,
     max_event_bytes: usize,
@@ -225,6 +226,7 @@ struct RawMetering {
 impl Default for RawMetering {
     fn default() -> Self {
         RawMetering {
+            enabled: true,
             content_types: vec!["text/event-stream".into(), "application/x-ndjson".into()],
             stall_threshold: "200ms".into(),
             max_event_bytes: crate::scan::DEFAULT_MAX_EVENT_BYTES,
@@ -361,6 +363,8 @@ pub struct Config {
     pub first_byte_timeout: Duration,
     /// Longest silence between two upstream frames of a stream.
     pub idle_timeout: Duration,
+    /// When false, every response is passed through unmetered (to measure what metering costs).
+    pub metering_enabled: bool,
     /// Response content types that are metered (compared without parameters, case-insensitive).
     pub stream_content_types: Vec<String>,
     /// A gap longer than this is a stall.
@@ -795,6 +799,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             connect_timeout,
             first_byte_timeout,
             idle_timeout,
+            metering_enabled: m.enabled,
             stream_content_types: m
                 .content_types
                 .iter()

@@ -204,6 +204,7 @@ pub async fn handle(
         .inc();
 
     let framing = content_type_essence(&parts.headers)
+        .filter(|_| config.metering_enabled)
         .filter(|essence| config.stream_content_types.iter().any(|c| c == essence))
         .map(|essence| {
             let encoded = parts
