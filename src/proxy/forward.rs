@@ -97,7 +97,7 @@ pub async fn handle(
 ) -> Result<Response<ProxyBody>, Infallible> {
     let received = Instant::now();
     let route = state
-        .router
+        .router()
         .route(request.method(), request.uri().path())
         .clone();
     let upstream_request = match upstream_request(request, &route.upstream, &connection) {

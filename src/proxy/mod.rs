@@ -13,12 +13,13 @@ pub mod forward;
 pub mod headers;
 pub mod listener;
 pub mod metered;
+pub mod reload;
 pub mod router;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use http::{header, HeaderValue, Response, StatusCode};
 use hyper::body::Incoming;
@@ -65,10 +66,12 @@ impl StreamIds {
 /// Everything request handling shares, built once at start.
 #[derive(Debug)]
 pub struct ProxyState {
-    /// The validated configuration.
+    /// The configuration metronome started with. What a reload cannot change (listeners,
+    /// timeouts, buffer bounds, buckets) is read from here.
     pub config: Arc<Config>,
-    /// The routing table.
-    pub router: Router,
+    /// What a SIGHUP reload swaps (see [`reload`]): a lock held only to clone two `Arc`s, so a
+    /// request takes one consistent snapshot and streams in flight keep theirs.
+    live: RwLock<Live>,
     /// The pooled upstream client; request bodies are streamed through it, never buffered.
     pub client: Client<HttpConnector, Incoming>,
     /// The metric contract.
@@ -96,14 +99,38 @@ impl ProxyState {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(90))
             .build(connector);
+        let config = Arc::new(config);
         Ok(ProxyState {
-            router: Router::new(&config),
-            config: Arc::new(config),
+            live: RwLock::new(Live {
+                router: Arc::new(Router::new(&config)),
+                config: config.clone(),
+            }),
+            config,
             client,
             metrics: Arc::new(metrics),
             stream_ids: StreamIds::new(),
             draining: AtomicBool::new(false),
         })
+    }
+
+    /// The routing table in force now; take it once per request.
+    pub fn router(&self) -> Arc<Router> {
+        self.live().router
+    }
+
+    /// The configuration in force now: the start configuration with what reloads changed.
+    pub fn live_config(&self) -> Arc<Config> {
+        self.live().config
+    }
+
+    fn live(&self) -> Live {
+        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts a reloaded configuration and its routing table in force.
+    fn set_live(&self, config: Arc<Config>) {
+        let router = Arc::new(Router::new(&config));
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Live { config, router };
     }
 
     /// A JSON error answered by metronome itself: `{"error":{"type":…,"message":…}}`.
@@ -135,6 +162,13 @@ impl ProxyState {
             .with_label_values(&[route, kind])
             .inc();
     }
+}
+
+/// The reloadable part of [`ProxyState`].
+#[derive(Debug, Clone)]
+struct Live {
+    config: Arc<Config>,
+    router: Arc<Router>,
 }
 
 /// A running proxy: its bound addresses and the means to stop it. Tests and the demo start one
@@ -235,7 +269,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         upstream = %handle.state.config.upstream,
         "metronome serving"
     );
-    wait_for_termination().await;
+    reload::reload_on_sighup(&handle.state, &args, wait_for_termination()).await;
     tracing::info!(
         grace = ?handle.state.config.drain_grace,
         "draining in-flight streams"
