@@ -780,6 +780,16 @@ mod tests {
     }
 
     #[test]
+    fn the_kubernetes_sidecar_config_is_valid() {
+        let text = include_str!("../deploy/kubernetes/base/metronome.toml");
+        let config = Config::from_toml(text).unwrap();
+        assert_eq!(config.upstream.to_string(), "http://127.0.0.1:8000");
+        assert_eq!(config.readiness.path.unwrap().as_str(), "/health");
+        // terminationGracePeriodSeconds (330) covers the preStop sleep (10 s) and the drain.
+        assert!(config.drain_grace + Duration::from_secs(10) < Duration::from_secs(330));
+    }
+
+    #[test]
     fn unknown_keys_are_rejected_with_their_name() {
         let err = Config::from_toml("[server]\nlisten = \"0.0.0.0:1\"\nlisen = 1\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `lisen`"), "{err}");
