@@ -147,6 +147,9 @@ V=scripts/deploy-validate-k8s.py
 check "each manifest file (strict schemas, CRD schemas)" \
     python3 $V -k 1.29.0 -k 1.37.0 deploy/kubernetes/base/deployment.yaml deploy/kubernetes/base/service.yaml \
     deploy/kubernetes/base/podmonitor.yaml
+check "the PrometheusRule is what scripts/deploy-gen-prometheusrule.py writes from the rules" \
+    bash -c "python3 scripts/deploy-gen-prometheusrule.py '$TMP/pr.yaml' && diff -u deploy/kubernetes/base/prometheusrule.yaml '$TMP/pr.yaml'"
+check "the PrometheusRule against its CRD schema" python3 $V deploy/kubernetes/base/prometheusrule.yaml
 check "the ServiceMonitor alternative with the Service" \
     python3 $V deploy/kubernetes/base/service.yaml deploy/kubernetes/base/servicemonitor.yaml
 if command -v kubectl >/dev/null; then
@@ -160,6 +163,7 @@ if command -v kubectl >/dev/null; then
     must_fail "a wrong type" python3 $V <(sed 's/replicas: 1/replicas: one/' "$TMP/base.yaml")
     must_fail "a misspelt kind" python3 $V <(sed 's/^kind: Deployment/kind: Deploymnet/' "$TMP/base.yaml")
     must_fail "a PodMonitor field the CRD does not have" python3 $V <(sed 's/podMetricsEndpoints:/podMetricEndpoints:/' "$TMP/base.yaml")
+    must_fail "a PrometheusRule with a misspelt rule field" python3 $V <(sed 's/record: route:metronome_requests:rate5m/recrd: route:metronome_requests:rate5m/' "$TMP/base.yaml")
     must_fail "a scrape interval the Operator cannot read" python3 $V <(sed 's/interval: 15s/interval: 15 seconds/' "$TMP/base.yaml")
     must_fail "a grace period shorter than preStop + drain_grace" python3 $V <(sed 's/terminationGracePeriodSeconds: 330/terminationGracePeriodSeconds: 200/' "$TMP/base.yaml")
     must_fail "a probe on a port no container declares" python3 $V <(sed 's/port: admin$/port: metrics/' "$TMP/base.yaml")

@@ -6,7 +6,7 @@
 Every YAML document in the files is checked:
   - core kinds against the Kubernetes OpenAPI schemas that the kubernetes-validate package ships
     (strict: an unknown or misspelt field is an error), for each -k version (default 1.37.0);
-  - PodMonitor and ServiceMonitor (Prometheus Operator CRDs, not in those schemas) against the JSON
+  - PodMonitor, ServiceMonitor and PrometheusRule (Prometheus Operator CRDs, not in those schemas) against the JSON
     schemas in deploy/kubernetes/schemas/;
   - any other kind is an error, rather than the warning kubernetes-validate gives.
 Then the documents given together are checked against each other, the way they have to fit in a
@@ -30,6 +30,7 @@ SCHEMAS = pathlib.Path(__file__).resolve().parent.parent / "deploy" / "kubernete
 CRDS = {
     ("monitoring.coreos.com/v1", "PodMonitor"): SCHEMAS / "podmonitor.schema.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS / "servicemonitor.schema.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): SCHEMAS / "prometheusrule.schema.json",
 }
 
 problems = []
