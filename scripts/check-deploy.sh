@@ -53,7 +53,7 @@ must_fail() {
 step "tools"
 if ! command -v promtool >/dev/null; then
     echo "installing Debian prometheus (promtool)"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
         || echo "could not install prometheus"
     # The package starts a server on :9090 where systemd runs; it is not needed here.
     systemctl stop prometheus >/dev/null 2>&1 || true

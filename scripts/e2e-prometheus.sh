@@ -48,7 +48,7 @@ die() {
 # --- tools -----------------------------------------------------------------------------------
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     say "installing Debian prometheus"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     systemctl stop prometheus >/dev/null 2>&1 || true
 fi
 python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml
