@@ -29,9 +29,12 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements(frames.len() as u64));
     group.bench_function("per_frame/scan+stamp+ledgers", |b| {
         b.iter(|| {
+            let started = Instant::now();
             let mut meter = IngressMeter::new(
                 Scanner::new(Framing::Sse, DEFAULT_MAX_EVENT_BYTES),
                 Accounting::openai(),
+                started,
+                1024,
             );
             let mut egress = EgressLedger::default();
             for (seq, frame) in frames.iter().enumerate() {
@@ -43,6 +46,7 @@ fn bench(c: &mut Criterion) {
                     at,
                     counts.events,
                     counts.token_events,
+                    counts.seq.map(|s| (s, started)),
                     &metrics,
                 );
             }

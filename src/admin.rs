@@ -1,6 +1,7 @@
 //! The admin listener, apart from the proxy's: `/metrics` for Prometheus, `/healthz` (the process
 //! is alive; never depends on the upstream), `/readyz` (ready to proxy: not draining, and the
-//! default upstream answered its last check).
+//! default upstream answered its last check), and `/streams`, `/streams/{id}` (recent stream
+//! timelines; docs/timelines.md).
 //!
 //! The upstream check runs in the background every `readiness.interval`, so a probe never waits
 //! on the upstream and a burst of probes never becomes a burst of upstream connections; `/readyz`
@@ -80,11 +81,22 @@ async fn answer(
             );
             response
         }
+        "/streams" => json(StatusCode::OK, state.registry.list_json()),
+        path if path.starts_with("/streams/") => {
+            let id = &path["/streams/".len()..];
+            match state.registry.detail_json(id) {
+                Some(body) => json(StatusCode::OK, body),
+                None => json(
+                    StatusCode::NOT_FOUND,
+                    serde_json::json!({"error": {"type": "not_found", "message": format!("no recent stream has the ID `{id}`")}}).to_string(),
+                ),
+            }
+        }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" => readiness(&state, upstream).await,
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics, /healthz or /readyz\n",
+            "not found: try /metrics, /healthz, /readyz or /streams\n",
         ),
     })
 }
@@ -207,6 +219,15 @@ async fn probe_upstream(upstream: &Upstream, readiness: &ReadinessConfig) -> Res
                 readiness.timeout
             ))
         })
+}
+
+fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = text(status, body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {

@@ -74,8 +74,34 @@ struct RawConfig {
     metering: RawMetering,
     models: ModelsConfig,
     buckets: Buckets,
+    timeline: TimelineConfig,
     routes: Vec<RawRoute>,
     readiness: RawReadiness,
+}
+
+/// Stream timelines (`/streams`) and the browser beacon.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimelineConfig {
+    /// Finished streams kept for `/streams` (0 keeps none).
+    pub max_streams: usize,
+    /// Frames kept per stream (0 keeps none).
+    pub max_frames: usize,
+    /// Path on the proxy listener that takes browser beacons; empty turns beacons off.
+    pub beacon_path: String,
+    /// Largest beacon body accepted, in bytes.
+    pub beacon_max_bytes: usize,
+}
+
+impl Default for TimelineConfig {
+    fn default() -> Self {
+        TimelineConfig {
+            max_streams: 256,
+            max_frames: 1024,
+            beacon_path: "/.well-known/metronome/beacon".into(),
+            beacon_max_bytes: 16 * 1024,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -315,6 +341,8 @@ pub struct Config {
     pub models: ModelsConfig,
     /// Histogram buckets.
     pub buckets: Buckets,
+    /// Stream timelines and the browser beacon.
+    pub timeline: TimelineConfig,
     /// Routes, in the order they are tried.
     pub routes: Vec<RouteConfig>,
     /// The upstream check behind `/readyz`.
@@ -534,6 +562,35 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         );
     }
 
+    let t = &raw.timeline;
+    if t.max_streams > 100_000 {
+        problem(
+            "timeline.max_streams",
+            format!("{} is out of range (0 to 100000)", t.max_streams),
+        );
+    }
+    if t.max_frames > 1 << 20 {
+        problem(
+            "timeline.max_frames",
+            format!("{} is out of range (0 to 1048576)", t.max_frames),
+        );
+    }
+    if !t.beacon_path.is_empty() && !t.beacon_path.starts_with('/') {
+        problem(
+            "timeline.beacon_path",
+            format!(
+                "`{}` must start with / (or be empty to turn beacons off)",
+                t.beacon_path
+            ),
+        );
+    }
+    if t.beacon_max_bytes < 256 || t.beacon_max_bytes > 1024 * 1024 {
+        problem(
+            "timeline.beacon_max_bytes",
+            format!("{} is out of range (256 to 1048576)", t.beacon_max_bytes),
+        );
+    }
+
     let b = &raw.buckets;
     for (key, bounds) in [
         ("buckets.ttft", &b.ttft),
@@ -672,6 +729,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             stream_id_header,
             models: raw.models,
             buckets: raw.buckets,
+            timeline: raw.timeline,
             routes,
             readiness,
         }),

@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 use crate::metrics::{LocalHistogram, Metrics, Outcome, Point};
 use crate::sketch::GapSketch;
+use crate::timeline::{
+    as_micros, micros_since, AtPoints, FinishedStream, FrameRecord, IngressFrame, StreamRegistry,
+};
 
 /// Streams with fewer gaps get no jank-ratio sample (DESIGN.md section 3).
 pub const MIN_GAPS_FOR_JANK: u32 = 8;
@@ -96,12 +99,31 @@ impl PointLedger {
         &self.itl
     }
 
+    /// Time to first token since `received`.
+    pub fn ttft(&self, received: Instant) -> Option<Duration> {
+        Some(self.first_token?.saturating_duration_since(received))
+    }
+
+    /// The stream's gap at quantile `q` at this point (within 2%).
+    pub fn gap_quantile(&self, q: f64) -> Option<Duration> {
+        self.gaps.quantile(q)
+    }
+
     /// The first and last token event.
     pub fn token_span(&self) -> Option<(Instant, Instant)> {
         Some((self.first_token?, self.last_token?))
     }
 
-    fn record(&self, metrics: &Metrics, route: &str, model: &str, point: Point, received: Instant) {
+    /// Merges this point's figures into the metrics; TTFT only when `with_ttft`.
+    pub(crate) fn record(
+        &self,
+        metrics: &Metrics,
+        route: &str,
+        model: &str,
+        point: Point,
+        received: Instant,
+        with_ttft: bool,
+    ) {
         let p = point.as_str();
         if let Some(at) = self.first_byte {
             metrics.ttfb.observe(
@@ -109,7 +131,7 @@ impl PointLedger {
                 at.saturating_duration_since(received).as_secs_f64(),
             );
         }
-        if let Some(at) = self.first_token {
+        if let Some(at) = self.first_token.filter(|_| with_ttft) {
             metrics.ttft.observe(
                 &[route, model, p],
                 at.saturating_duration_since(received).as_secs_f64(),
@@ -166,6 +188,10 @@ pub struct IngressLedger {
     pub unparsed_events: u64,
     /// Events too long to inspect.
     pub oversize_events: u64,
+    /// Frames read from the upstream.
+    pub frames_total: u64,
+    /// The first `max_frames` frames, for the stream's timeline.
+    pub timeline: Vec<IngressFrame>,
 }
 
 // === impl IngressLedger ===
@@ -191,12 +217,16 @@ pub struct EgressLedger {
     last_write: Option<u64>,
     /// Events in frames of that write so far.
     write_events: u32,
+    /// Egress stamp of each kept frame (by frame sequence), µs since the stream began.
+    stamps: Vec<u32>,
 }
 
 // === impl EgressLedger ===
 
 impl EgressLedger {
     /// A frame read at `ingress` reached the client socket at `at`, in socket write `write_seq`.
+    /// `timeline` is the frame's place in the stream's timeline, when it is kept there.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn frame(
         &mut self,
@@ -205,8 +235,16 @@ impl EgressLedger {
         ingress: Instant,
         events: u32,
         token_events: u32,
+        timeline: Option<(u32, Instant)>,
         metrics: &Metrics,
     ) {
+        if let Some((seq, received)) = timeline {
+            let seq = seq as usize;
+            if self.stamps.len() <= seq {
+                self.stamps.resize(seq + 1, u32::MAX);
+            }
+            self.stamps[seq] = micros_since(received, at);
+        }
         self.point.bytes(at);
         self.proxy_delay.observe(
             metrics.proxy_delay.bounds(),
@@ -227,10 +265,31 @@ impl EgressLedger {
     }
 }
 
+/// What is known of a stream when it starts.
+#[derive(Debug, Clone)]
+pub struct StreamInfo {
+    /// Its ID, as the response header carries it.
+    pub id: Arc<str>,
+    /// Its route label.
+    pub route: Arc<str>,
+    /// When metronome received the request: the start of TTFT and TTFB.
+    pub received: Instant,
+    /// The same moment on the wall clock, ms since the Unix epoch (for people).
+    pub started_unix_ms: u64,
+    /// The response content type.
+    pub content_type: String,
+    /// The request's `traceparent`, if any (bounded).
+    pub traceparent: Option<String>,
+    /// The request's `x-request-id`, if any (bounded).
+    pub request_id: Option<String>,
+}
+
 /// Everything known about one metered stream; recorded exactly once, when the last holder drops it.
 #[derive(Debug)]
 pub struct StreamLedger {
     metrics: Arc<Metrics>,
+    registry: Arc<StreamRegistry>,
+    info: StreamInfo,
     route: Arc<str>,
     /// When metronome received the request: the start of TTFT and TTFB.
     received: Instant,
@@ -245,13 +304,23 @@ pub struct StreamLedger {
 // === impl StreamLedger ===
 
 impl StreamLedger {
-    /// Opens the ledger of a new stream and counts it as active.
-    pub fn open(metrics: Arc<Metrics>, route: Arc<str>, received: Instant) -> Arc<Self> {
-        metrics.streams_active.with_label_values(&[&route]).inc();
+    /// Opens the ledger of a new stream, counts it as active and lets it send a beacon.
+    pub fn open(
+        metrics: Arc<Metrics>,
+        registry: Arc<StreamRegistry>,
+        info: StreamInfo,
+    ) -> Arc<Self> {
+        metrics
+            .streams_active
+            .with_label_values(&[&info.route])
+            .inc();
+        registry.started(&info.id, &info.route);
         Arc::new(StreamLedger {
             metrics,
-            route,
-            received,
+            registry,
+            route: info.route.clone(),
+            received: info.received,
+            info,
             egress: Mutex::new(EgressLedger::default()),
             ingress: Mutex::new(None),
             delivered_end: AtomicBool::new(false),
@@ -268,7 +337,17 @@ impl StreamLedger {
         &self.route
     }
 
-    /// A frame reached the client socket.
+    /// When metronome received the request.
+    pub fn received(&self) -> Instant {
+        self.received
+    }
+
+    /// Frames a stream keeps in its timeline.
+    pub fn max_frames(&self) -> usize {
+        self.registry.max_frames()
+    }
+
+    /// A frame reached the client socket; `seq` is its place in the timeline when kept there.
     pub fn egress_frame(
         &self,
         at: Instant,
@@ -276,9 +355,18 @@ impl StreamLedger {
         ingress: Instant,
         events: u32,
         token_events: u32,
+        seq: Option<u32>,
     ) {
         let mut egress = self.egress.lock().unwrap_or_else(|e| e.into_inner());
-        egress.frame(at, write_seq, ingress, events, token_events, &self.metrics);
+        egress.frame(
+            at,
+            write_seq,
+            ingress,
+            events,
+            token_events,
+            seq.map(|seq| (seq, self.received)),
+            &self.metrics,
+        );
     }
 
     /// The ingress reader stopped; it hands over what it learned.
@@ -309,6 +397,69 @@ impl StreamLedger {
     }
 }
 
+impl StreamLedger {
+    /// What the registry keeps of this stream.
+    fn finished(
+        &mut self,
+        ingress: Option<&IngressLedger>,
+        model: Arc<str>,
+        outcome: Outcome,
+    ) -> FinishedStream {
+        let received = self.received;
+        let egress = self.egress.get_mut().unwrap_or_else(|e| e.into_inner());
+        let us = |d: Option<Duration>| d.map(as_micros);
+        let empty = IngressLedger::default();
+        let ingress = ingress.unwrap_or(&empty);
+        let frames = ingress
+            .timeline
+            .iter()
+            .enumerate()
+            .map(|(i, f)| FrameRecord {
+                ingress_us: f.ingress_us,
+                egress_us: egress.stamps.get(i).copied().filter(|s| *s != u32::MAX),
+                bytes: f.bytes,
+                events: f.events,
+                token_events: f.token_events,
+            })
+            .collect();
+        let (tokens, _) = ingress.output_tokens();
+        FinishedStream {
+            id: self.info.id.clone(),
+            route: self.route.clone(),
+            model,
+            outcome: outcome.as_str(),
+            started_unix_ms: self.info.started_unix_ms,
+            duration_us: as_micros(received.elapsed()),
+            frames_total: ingress.frames_total,
+            frames_dropped: ingress
+                .frames_total
+                .saturating_sub(ingress.timeline.len() as u64),
+            token_events: ingress.point.token_event_count(),
+            output_tokens: tokens,
+            ttft_us: AtPoints {
+                ingress: us(ingress.point.ttft(received)),
+                egress: us(egress.point.ttft(received)),
+            },
+            itl_p50_us: AtPoints {
+                ingress: us(ingress.point.gap_quantile(0.5)),
+                egress: us(egress.point.gap_quantile(0.5)),
+            },
+            itl_p99_us: AtPoints {
+                ingress: us(ingress.point.gap_quantile(0.99)),
+                egress: us(egress.point.gap_quantile(0.99)),
+            },
+            stalls: AtPoints {
+                ingress: ingress.point.stall_count(),
+                egress: egress.point.stall_count(),
+            },
+            content_type: std::mem::take(&mut self.info.content_type),
+            traceparent: self.info.traceparent.take(),
+            request_id: self.info.request_id.take(),
+            frames,
+        }
+    }
+}
+
 impl Drop for StreamLedger {
     fn drop(&mut self) {
         let metrics = &*self.metrics;
@@ -328,7 +479,7 @@ impl Drop for StreamLedger {
         if let Some((ledger, _)) = &ingress {
             ledger
                 .point
-                .record(metrics, route, model, Point::Ingress, self.received);
+                .record(metrics, route, model, Point::Ingress, self.received, true);
             metrics
                 .tokens_per_event
                 .merge(&[route, model], &ledger.tokens_per_event);
@@ -364,7 +515,7 @@ impl Drop for StreamLedger {
         egress.finish(metrics);
         egress
             .point
-            .record(metrics, route, model, Point::Egress, self.received);
+            .record(metrics, route, model, Point::Egress, self.received, true);
         metrics.proxy_delay.merge(&[route], &egress.proxy_delay);
 
         metrics
@@ -375,6 +526,21 @@ impl Drop for StreamLedger {
             .request_duration
             .observe(&[route], self.received.elapsed().as_secs_f64());
         metrics.streams_active.with_label_values(&[route]).dec();
-        tracing::debug!(route, model, outcome = outcome.as_str(), "stream recorded");
+
+        let finished = self.finished(
+            ingress.as_ref().map(|(l, _)| l),
+            model_label.clone(),
+            outcome,
+        );
+        tracing::debug!(
+            id = &*finished.id,
+            route = &*finished.route,
+            model = &*finished.model,
+            outcome = outcome.as_str(),
+            traceparent = finished.traceparent.as_deref(),
+            request_id = finished.request_id.as_deref(),
+            "stream recorded"
+        );
+        self.registry.finished(finished);
     }
 }

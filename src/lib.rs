@@ -14,11 +14,14 @@
 //! - [`meter`]: the per-frame work at ingress: scan, classify, update the ledger.
 //! - [`ledger`]: fixed-size per-stream state, recorded exactly once at the end of a stream.
 //! - [`metrics`]: the Prometheus metric contract of DESIGN.md section 4.
-//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`).
+//! - [`timeline`]: the bounded ring of recent streams and their frames (`/streams`).
+//! - [`beacon`]: the browser beacon endpoint, recorded under `point="client"`.
+//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/streams`).
 //! - [`sim`], [`probe`], [`demo`]: a streaming server with a cadence you set, a client that measures
 //!   what arrives, and both wired around the proxy in one command.
 
 pub mod admin;
+pub mod beacon;
 pub mod config;
 pub mod demo;
 pub mod format;
@@ -31,4 +34,5 @@ pub mod scan;
 pub mod sim;
 pub mod sketch;
 pub mod telemetry;
+pub mod timeline;
 pub mod units;

@@ -9,6 +9,7 @@ use crate::format::Accounting;
 use crate::ledger::IngressLedger;
 use crate::metrics::Metrics;
 use crate::scan::{Event, EventSink, Scanner};
+use crate::timeline::{micros_since, IngressFrame};
 
 /// Scanner, accountant and ingress ledger of one stream.
 #[derive(Debug)]
@@ -16,6 +17,10 @@ pub struct IngressMeter {
     scanner: Scanner,
     accounting: Accounting,
     ledger: IngressLedger,
+    /// When the stream began, for timeline stamps.
+    received: Instant,
+    /// Frames kept in the timeline.
+    max_frames: usize,
 }
 
 /// What one frame held.
@@ -25,17 +30,27 @@ pub struct FrameCounts {
     pub events: u32,
     /// Of those, token events.
     pub token_events: u32,
+    /// The frame's place in the stream's timeline, when it is kept there.
+    pub seq: Option<u32>,
 }
 
 // === impl IngressMeter ===
 
 impl IngressMeter {
-    /// A meter for a new stream.
-    pub fn new(scanner: Scanner, accounting: Accounting) -> Self {
+    /// A meter for a new stream that began at `received` and keeps `max_frames` frames in its
+    /// timeline.
+    pub fn new(
+        scanner: Scanner,
+        accounting: Accounting,
+        received: Instant,
+        max_frames: usize,
+    ) -> Self {
         IngressMeter {
             scanner,
             accounting,
             ledger: IngressLedger::default(),
+            received,
+            max_frames,
         }
     }
 
@@ -49,8 +64,19 @@ impl IngressMeter {
             counts: FrameCounts::default(),
         };
         self.scanner.feed(bytes, &mut sink);
-        let counts = sink.counts;
-        let point = &mut self.ledger.point;
+        let mut counts = sink.counts;
+        let ledger = &mut self.ledger;
+        if ledger.timeline.len() < self.max_frames {
+            counts.seq = Some(ledger.timeline.len() as u32);
+            ledger.timeline.push(IngressFrame {
+                ingress_us: micros_since(self.received, at),
+                bytes: u32::try_from(bytes.len()).unwrap_or(u32::MAX),
+                events: u16::try_from(counts.events).unwrap_or(u16::MAX),
+                token_events: u16::try_from(counts.token_events).unwrap_or(u16::MAX),
+            });
+        }
+        ledger.frames_total += 1;
+        let point = &mut ledger.point;
         point.bytes(at);
         point.events_in_frame(counts.events, metrics);
         point.token_events(at, counts.token_events, metrics);

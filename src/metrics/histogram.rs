@@ -295,7 +295,8 @@ impl Collector for HistogramFamily {
                     .map(|c| c.load(Ordering::Relaxed))
                     .sum();
                 histogram.set_sample_count(total.max(cumulative));
-                let labels = desc
+                // Sorted by label name, as the crate's own metrics are.
+                let mut labels: Vec<proto::LabelPair> = desc
                     .variable_labels
                     .iter()
                     .zip(series.label_values.iter())
@@ -306,6 +307,7 @@ impl Collector for HistogramFamily {
                         pair
                     })
                     .collect();
+                labels.sort_by(|a, b| a.name().cmp(b.name()));
                 let mut metric = proto::Metric::from_label(labels);
                 metric.set_histogram(histogram);
                 metric

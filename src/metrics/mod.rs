@@ -162,6 +162,9 @@ pub struct Metrics {
     /// `metronome_config_reload_failures_total`: SIGHUP reloads refused because the file was
     /// invalid (the running configuration stayed). Not in DESIGN.md's table; issue 6 names it.
     pub config_reload_failures: IntCounter,
+    /// `metronome_beacons_total{result}`: browser beacons by how they were answered. Not in
+    /// DESIGN.md's table; issue 5 asks for the counter.
+    pub beacons: IntCounterVec,
     /// The bounded `model` label.
     pub models: ModelLabels,
     /// A gap longer than this is a stall, in nanoseconds: an atomic because a SIGHUP reload may
@@ -300,6 +303,11 @@ impl Metrics {
                 registry.register(Box::new(c.clone()))?;
                 c
             },
+            beacons: counter(
+                "metronome_beacons_total",
+                "Browser beacons by result: accepted, unknown_stream, duplicate, malformed, too_large.",
+                &["result"],
+            )?,
             models,
             stall_threshold_nanos: AtomicU64::new(nanos(stall_threshold)),
             registry: registry.clone(),

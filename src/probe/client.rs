@@ -52,7 +52,10 @@ pub struct ProbeRun {
 
 /// What every stream task needs, shared.
 struct Shared {
+    /// One pool for the whole run, so closed-loop workers reuse their connections as a real
+    /// client would.
     client: HttpClient,
+    /// The run's settings (request, timeout, stop rule).
     config: ProbeConfig,
 }
 

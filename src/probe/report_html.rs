@@ -150,6 +150,9 @@ fn summary_table(out: &mut String, r: &Report) {
         let _ = writeln!(out, "<tr><th>{name}</th><td>{value}</td></tr>");
     }
     out.push_str("</table>\n");
+    for (kind, example) in &r.detail.error_examples {
+        let _ = writeln!(out, "<p class=\"note\">{kind}: {}</p>", escape(example));
+    }
 }
 
 /// The pooled gap histogram, log-binned, with a separate bar for gaps of 0.

@@ -28,6 +28,9 @@ pub fn render_text(report: &Report) -> String {
         format_duration(d.wall_time),
         report.errors
     );
+    for (kind, example) in &d.error_examples {
+        let _ = writeln!(out, "  {kind}: {example}");
+    }
     let _ = writeln!(
         out,
         "tokens         {} output tokens in {} token events",

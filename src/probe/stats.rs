@@ -150,6 +150,8 @@ pub struct ReportDetail {
     pub streams_with_jank: u64,
     /// Errors by kind (`connect`, `status`, `timeout`, ...).
     pub errors_by_kind: BTreeMap<&'static str, u64>,
+    /// The first error message of each kind, so the report says why streams failed.
+    pub error_examples: BTreeMap<&'static str, String>,
     /// From the first start to the last stream's end.
     pub wall_time: Duration,
 }
@@ -171,6 +173,10 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         if let Some(error) = &stream.error {
             errors += 1;
             *detail.errors_by_kind.entry(error.kind()).or_default() += 1;
+            detail
+                .error_examples
+                .entry(error.kind())
+                .or_insert_with(|| error.to_string());
         }
         ttfts.extend(stream.ttft());
         stream_gaps.clear();
@@ -377,6 +383,14 @@ mod tests {
         assert_eq!(report.requests, 4);
         assert_eq!(report.errors, 1);
         assert_eq!(report.detail.errors_by_kind.get("status"), Some(&1));
+        assert_eq!(
+            report
+                .detail
+                .error_examples
+                .get("status")
+                .map(String::as_str),
+            Some("the server answered with status 503")
+        );
         assert_eq!(report.detail.gaps, 117);
         assert_eq!(report.detail.stalls, 3);
         assert!((report.stall_pct.unwrap() - 100.0 / 39.0).abs() < 1e-9);

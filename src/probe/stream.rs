@@ -198,11 +198,17 @@ impl Recorder {
 
 /// The scanner's sink for one frame: every event it completes arrived at `at`.
 struct FrameSink<'r> {
+    /// The stream's accountant (it carries usage state from event to event).
     accounting: &'r mut Accounting,
+    /// The recorder's error-event count, decided on at the end of the stream.
     error_events: &'r mut u64,
+    /// Where token events and counts go.
     record: &'r mut StreamRecord,
+    /// The frame's arrival, shared by every event it completes.
     at: Instant,
 }
+
+// === impl FrameSink ===
 
 impl EventSink for FrameSink<'_> {
     fn on_event(&mut self, event: Event<'_>) {

@@ -31,6 +31,8 @@ struct PendingFrame {
     ingress: Instant,
     events: u32,
     token_events: u32,
+    /// Place in the stream's timeline, when kept there.
+    seq: Option<u32>,
 }
 
 /// Per-connection count of bytes written to the client socket and the frames waiting for it.
@@ -62,6 +64,7 @@ impl EgressClock {
         ingress: Instant,
         events: u32,
         token_events: u32,
+        seq: Option<u32>,
     ) {
         let threshold = self.written.load(Ordering::Acquire) + len as u64;
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -71,6 +74,7 @@ impl EgressClock {
             ingress,
             events,
             token_events,
+            seq,
         });
         self.pending_len.store(pending.len(), Ordering::Release);
     }
@@ -94,6 +98,7 @@ impl EgressClock {
                     frame.ingress,
                     frame.events,
                     frame.token_events,
+                    frame.seq,
                 );
                 false
             } else {

@@ -17,7 +17,7 @@ use super::headers::{append_forwarded, content_type_essence, remove_hop_by_hop};
 use super::metered::{meter, MeterSettings};
 use super::ProxyState;
 use crate::format::Accounting;
-use crate::ledger::StreamLedger;
+use crate::ledger::{StreamInfo, StreamLedger};
 use crate::metrics::status_class;
 use crate::scan::Framing;
 
@@ -96,6 +96,13 @@ pub async fn handle(
     connection: Connection,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let received = Instant::now();
+    let beacon_path = &state.config.timeline.beacon_path;
+    if !beacon_path.is_empty() && request.uri().path() == beacon_path {
+        return Ok(crate::beacon::answer(request, &state).await);
+    }
+    let started_unix_ms = unix_ms();
+    let traceparent = bounded_header(request.headers(), "traceparent");
+    let request_id = bounded_header(request.headers(), "x-request-id");
     let route = state
         .router()
         .route(request.method(), request.uri().path())
@@ -161,7 +168,16 @@ pub async fn handle(
     let framing = content_type_essence(&parts.headers)
         .filter(|essence| config.stream_content_types.iter().any(|c| c == essence))
         .map(|essence| {
-            if essence.contains("ndjson") || essence.contains("jsonl") {
+            let encoded = parts
+                .headers
+                .get(header::CONTENT_ENCODING)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| !v.trim().eq_ignore_ascii_case("identity"));
+            if encoded {
+                // A compressed stream is forwarded untouched and timed, but has no readable
+                // events: it is counted as an opaque stream (outcome `no_token`).
+                Framing::Opaque
+            } else if essence.contains("ndjson") || essence.contains("jsonl") {
                 Framing::Ndjson
             } else {
                 Framing::Sse
@@ -172,12 +188,30 @@ pub async fn handle(
         return Ok(Response::from_parts(parts, ProxyBody::Passthrough { body }));
     };
 
-    let ledger = StreamLedger::open(state.metrics.clone(), route.name.clone(), received);
+    let id = state.stream_ids.next();
     if let Some(name) = &config.stream_id_header {
-        if let Ok(value) = HeaderValue::from_str(&state.stream_ids.next()) {
+        if let Ok(value) = HeaderValue::from_str(&id) {
             parts.headers.insert(name.clone(), value);
         }
     }
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .chars()
+        .take(MAX_LOGGED_HEADER)
+        .collect();
+    let info = StreamInfo {
+        id: Arc::from(id),
+        route: route.name.clone(),
+        received,
+        started_unix_ms,
+        content_type,
+        traceparent,
+        request_id,
+    };
+    let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info);
     let settings = MeterSettings {
         framing,
         max_event_bytes: config.max_event_bytes,
@@ -193,6 +227,23 @@ pub async fn handle(
         connection.clock.clone(),
     );
     Ok(Response::from_parts(parts, ProxyBody::Metered { body }))
+}
+
+/// The longest request header value kept with a stream (`traceparent`, `x-request-id`).
+const MAX_LOGGED_HEADER: usize = 256;
+
+/// A header's value, cut to a bound, when it is text.
+fn bounded_header(headers: &http::HeaderMap, name: &str) -> Option<String> {
+    let value = headers.get(name)?.to_str().ok()?;
+    Some(value.chars().take(MAX_LOGGED_HEADER).collect())
+}
+
+/// Wall-clock milliseconds since the Unix epoch (for people reading `/streams`).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 /// The request as the upstream gets it: its URI, hop-by-hop headers removed, forwarding headers

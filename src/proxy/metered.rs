@@ -37,6 +37,8 @@ struct MeteredFrame {
     ingress: Instant,
     events: u32,
     token_events: u32,
+    /// Place in the stream's timeline, when kept there.
+    seq: Option<u32>,
     /// Buffer budget the frame holds until it is handed to hyper.
     permits: u32,
 }
@@ -103,6 +105,8 @@ where
         meter: IngressMeter::new(
             Scanner::new(settings.framing, settings.max_event_bytes),
             accounting,
+            ledger.received(),
+            ledger.max_frames(),
         ),
         idle_timeout: settings.idle_timeout,
     };
@@ -219,6 +223,7 @@ impl IngressReader {
             ingress: at,
             events: counts.events,
             token_events: counts.token_events,
+            seq: counts.seq,
             permits,
         }
     }
@@ -263,6 +268,7 @@ impl Body for EgressBody {
                     frame.ingress,
                     frame.events,
                     frame.token_events,
+                    frame.seq,
                 );
                 Some(Ok(Frame::data(frame.bytes)))
             }

@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Config, ServeArgs};
 use crate::metrics::{status_class, Metrics, ModelLabels};
+use crate::timeline::StreamRegistry;
 use body::ProxyBody;
 use router::Router;
 
@@ -80,6 +81,8 @@ pub struct ProxyState {
     pub stream_ids: StreamIds,
     /// Set on SIGTERM: `/readyz` answers 503 so load balancers stop sending.
     pub draining: AtomicBool,
+    /// Recent streams and their timelines; who may send a beacon.
+    pub registry: Arc<StreamRegistry>,
 }
 
 // === impl ProxyState ===
@@ -99,6 +102,10 @@ impl ProxyState {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(90))
             .build(connector);
+        let registry = Arc::new(StreamRegistry::new(
+            config.timeline.max_streams,
+            config.timeline.max_frames,
+        ));
         let config = Arc::new(config);
         Ok(ProxyState {
             live: RwLock::new(Live {
@@ -110,6 +117,7 @@ impl ProxyState {
             metrics: Arc::new(metrics),
             stream_ids: StreamIds::new(),
             draining: AtomicBool::new(false),
+            registry,
         })
     }
 

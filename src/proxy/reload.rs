@@ -13,8 +13,8 @@
 //!
 //! Everything else is fixed at start: listener addresses (the sockets are bound), the drain grace,
 //! timeouts and metering bounds (read by code that holds the start configuration), the stream ID
-//! header, the `model` label bounds and the buckets (a histogram's buckets cannot change under
-//! its series). A reload that changes them logs each one and keeps the running value.
+//! header, the `model` label bounds, the `[timeline]` bounds (the ring is allocated at start) and
+//! the buckets (a histogram's buckets cannot change under its series). A reload that changes them logs each one and keeps the running value.
 
 use std::future::Future;
 
@@ -154,6 +154,12 @@ pub fn apply(state: &ProxyState, new: Config) -> Reloaded {
         new.models != old.models,
         format!("{:?}", old.models),
         format!("{:?}", new.models),
+    );
+    fixed(
+        "timeline",
+        new.timeline != old.timeline,
+        format!("{:?}", old.timeline),
+        format!("{:?}", new.timeline),
     );
     fixed(
         "buckets",

@@ -45,6 +45,8 @@ pub enum Framing {
     Sse,
     /// `application/x-ndjson` (and JSON lines): one event per line.
     Ndjson,
+    /// Bytes that cannot be read as events (a compressed body): frames are timed, never scanned.
+    Opaque,
 }
 
 /// A scanner for either framing, chosen once per stream.
@@ -54,6 +56,8 @@ pub enum Scanner {
     Sse(SseScanner),
     /// Newline-delimited JSON.
     Ndjson(NdjsonScanner),
+    /// Finds no events.
+    Opaque,
 }
 
 // === impl Scanner ===
@@ -64,6 +68,7 @@ impl Scanner {
         match framing {
             Framing::Sse => Scanner::Sse(SseScanner::new(max_event_bytes)),
             Framing::Ndjson => Scanner::Ndjson(NdjsonScanner::new(max_event_bytes)),
+            Framing::Opaque => Scanner::Opaque,
         }
     }
 
@@ -73,6 +78,7 @@ impl Scanner {
         match self {
             Scanner::Sse(s) => s.feed(frame, sink),
             Scanner::Ndjson(s) => s.feed(frame, sink),
+            Scanner::Opaque => {}
         }
     }
 
@@ -82,6 +88,7 @@ impl Scanner {
         match self {
             Scanner::Sse(s) => s.finish(sink),
             Scanner::Ndjson(s) => s.finish(sink),
+            Scanner::Opaque => {}
         }
     }
 }

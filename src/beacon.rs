@@ -1,0 +1,188 @@
+//! The browser beacon: what a page saw of a stream, recorded under `point="client"`.
+//!
+//! The beacon module (assets/metronome-beacon.js) measures each token event's arrival in the
+//! page and posts one compact summary per stream to the proxy listener. metronome answers it
+//! itself and never forwards it. It accepts a beacon only for a stream it served recently, once
+//! per stream, within a size cap; everything else is refused with 400 or 413 and counted, so a
+//! flood of beacons grows neither memory nor series.
+
+use std::time::{Duration, Instant};
+
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::Deserialize;
+
+use crate::ledger::PointLedger;
+use crate::metrics::Point;
+use crate::proxy::body::ProxyBody;
+use crate::proxy::ProxyState;
+use crate::timeline::BeaconClaim;
+
+/// The most gaps one beacon may carry.
+pub const MAX_GAPS: usize = 2048;
+/// The longest time a beacon may report, in milliseconds (an hour).
+const MAX_MS: f64 = 3_600_000.0;
+
+/// A beacon as the page sends it (docs/timelines.md).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Beacon {
+    /// Format version; 1.
+    pub v: u32,
+    /// The stream ID from the response header.
+    pub id: String,
+    /// From the fetch call to the first token event, in ms.
+    #[serde(default)]
+    pub ttft_ms: Option<f64>,
+    /// Gaps between consecutive token events, in ms, in order.
+    #[serde(default)]
+    pub gaps_ms: Vec<f64>,
+}
+
+/// Parses and checks a beacon body: JSON of version 1, at most [`MAX_GAPS`] gaps, every time
+/// finite and between 0 and an hour. Public so that the fuzzer reaches it.
+pub fn parse(body: &[u8]) -> Result<Beacon, String> {
+    let beacon: Beacon = serde_json::from_slice(body).map_err(|e| format!("not a beacon: {e}"))?;
+    validate(&beacon)?;
+    Ok(beacon)
+}
+
+/// Why a beacon was not recorded: the `result` label and the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    UnknownStream,
+    Duplicate,
+    Malformed,
+    TooLarge,
+}
+
+// === impl Refusal ===
+
+impl Refusal {
+    fn result(self) -> &'static str {
+        match self {
+            Refusal::UnknownStream => "unknown_stream",
+            Refusal::Duplicate => "duplicate",
+            Refusal::Malformed => "malformed",
+            Refusal::TooLarge => "too_large",
+        }
+    }
+
+    fn status(self) -> StatusCode {
+        match self {
+            Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+/// Answers a request to the beacon path.
+pub async fn answer(request: Request<Incoming>, state: &ProxyState) -> Response<ProxyBody> {
+    let outcome = accept(request, state).await;
+    let result = match outcome {
+        Ok(()) => "accepted",
+        Err((refusal, _)) => refusal.result(),
+    };
+    state.metrics.beacons.with_label_values(&[result]).inc();
+    match outcome {
+        Ok(()) => {
+            let mut response = Response::new(ProxyBody::local(""));
+            *response.status_mut() = StatusCode::NO_CONTENT;
+            response
+        }
+        Err((refusal, message)) => {
+            let body = serde_json::json!({"error": {"type": refusal.result(), "message": message}});
+            let mut response = Response::new(ProxyBody::local(body.to_string()));
+            *response.status_mut() = refusal.status();
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+    }
+}
+
+async fn accept(request: Request<Incoming>, state: &ProxyState) -> Result<(), (Refusal, String)> {
+    if request.method() != Method::POST {
+        return Err((Refusal::Malformed, "a beacon is a POST".into()));
+    }
+    let cap = state.config.timeline.beacon_max_bytes;
+    let declared = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > cap) {
+        return Err((
+            Refusal::TooLarge,
+            format!("a beacon is at most {cap} bytes"),
+        ));
+    }
+    let body = match Limited::new(request.into_body(), cap).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err((
+                Refusal::TooLarge,
+                format!("a beacon is at most {cap} bytes"),
+            ))
+        }
+        Err(e) => return Err((Refusal::Malformed, format!("could not read the body: {e}"))),
+    };
+    let beacon = parse(&body).map_err(|m| (Refusal::Malformed, m))?;
+    let slot = state
+        .registry
+        .claim_beacon(&beacon.id)
+        .map_err(|claim| match claim {
+            BeaconClaim::Unknown => (
+                Refusal::UnknownStream,
+                "no recent stream has this ID".to_string(),
+            ),
+            BeaconClaim::Duplicate => (
+                Refusal::Duplicate,
+                "this stream has sent its beacon".to_string(),
+            ),
+        })?;
+    let model = slot
+        .model
+        .unwrap_or_else(|| state.metrics.models.resolve(None));
+    record(&beacon, state, &slot.route, &model);
+    Ok(())
+}
+
+fn validate(beacon: &Beacon) -> Result<(), String> {
+    if beacon.v != 1 {
+        return Err(format!("version {} is not understood (1 is)", beacon.v));
+    }
+    if beacon.gaps_ms.len() > MAX_GAPS {
+        return Err(format!("at most {MAX_GAPS} gaps"));
+    }
+    let ok = |ms: f64| ms.is_finite() && (0.0..=MAX_MS).contains(&ms);
+    if !beacon.ttft_ms.is_none_or(ok) || !beacon.gaps_ms.iter().all(|g| ok(*g)) {
+        return Err("times must be between 0 and 3600000 ms".into());
+    }
+    Ok(())
+}
+
+/// Records the page's view through the same ledger as the other points: the token events'
+/// arrival times are rebuilt from the TTFT and the gaps.
+fn record(beacon: &Beacon, state: &ProxyState, route: &str, model: &str) {
+    let metrics = &state.metrics;
+    let start = Instant::now();
+    let mut at = start + Duration::from_secs_f64(beacon.ttft_ms.unwrap_or(0.0) / 1e3);
+    let mut point = PointLedger::default();
+    point.token_events(at, 1, metrics);
+    for gap in &beacon.gaps_ms {
+        at += Duration::from_secs_f64(gap / 1e3);
+        point.token_events(at, 1, metrics);
+    }
+    // Without a TTFT the first event's time is unknown: its gaps count, its TTFT does not.
+    point.record(
+        metrics,
+        route,
+        model,
+        Point::Client,
+        start,
+        beacon.ttft_ms.is_some(),
+    );
+}

@@ -1,0 +1,174 @@
+//! The binary as an operator meets it: exit codes, messages that name the key, environment
+//! overrides, and the demo.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_metronome");
+
+fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn check_config_accepts_the_documented_example() {
+    let out = Command::new(BIN)
+        .args(["check-config", "config/metronome.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("OK"));
+}
+
+#[test]
+fn check_config_names_every_problem_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write(
+        &dir,
+        "bad.toml",
+        "[server]\nlisten = \"nowhere\"\n[metering]\nstall_threshold = \"fast\"\n[[routes]]\nname = \"other\"\npath = \"/x\"\n",
+    );
+    let out = Command::new(BIN)
+        .arg("check-config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for key in [
+        "server.listen",
+        "metering.stall_threshold",
+        "routes[0].name",
+    ] {
+        assert!(err.contains(key), "{key} missing from: {err}");
+    }
+    let unknown = write(
+        &dir,
+        "unknown.toml",
+        "[server]\nlisten_addr = \"0.0.0.0:1\"\n",
+    );
+    let out = Command::new(BIN)
+        .arg("check-config")
+        .arg(&unknown)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field `listen_addr`"));
+    let missing = dir.path().join("missing.toml");
+    let out = Command::new(BIN)
+        .arg("check-config")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn serve_refuses_a_bad_config_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write(&dir, "bad.toml", "[timeouts]\nidle = \"0s\"\n");
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("timeouts.idle"));
+}
+
+#[test]
+fn environment_variables_override_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        &dir,
+        "m.toml",
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n",
+    );
+    // An invalid value from the environment must be what serve complains about.
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("METRONOME_UPSTREAM", "not a url")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.upstream"));
+}
+
+#[test]
+fn serve_starts_answers_health_and_stops_on_sigterm() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin"])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                .unwrap();
+            let mut answer = String::new();
+            s.read_to_string(&mut answer).unwrap();
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "serve never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    send_sigterm(child.id());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+fn send_sigterm(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn demo_runs_and_reports_both_views() {
+    let out = Command::new(BIN)
+        .args([
+            "demo",
+            "--streams",
+            "4",
+            "--concurrency",
+            "2",
+            "--max-tokens",
+            "12",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("What the client saw (probe)"), "{stdout}");
+    assert!(stdout.contains("What metronome saw"), "{stdout}");
+    assert!(stdout.contains("streams        4 in"), "{stdout}");
+    let complete = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("streams complete"))
+        .unwrap_or_default();
+    assert!(complete.trim_end().ends_with(" 4"), "{complete}");
+}

@@ -1,0 +1,325 @@
+//! `/streams`, `/streams/{id}` and the browser beacon, against the real proxy.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use support::*;
+
+const BEACON: &str = "/.well-known/metronome/beacon";
+
+async fn json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    let got = request(addr, "GET", path, "", false).await;
+    (got.status, serde_json::from_slice(&got.bytes()).unwrap())
+}
+
+type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+>;
+
+fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+async fn post(addr: SocketAddr, path: &str, body: Vec<u8>) -> u16 {
+    post_with(&client(), addr, path, body).await
+}
+
+async fn post_with(client: &Client, addr: SocketAddr, path: &str, body: Vec<u8>) -> u16 {
+    let req = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "text/plain;charset=UTF-8")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let response = client.request(req).await.unwrap();
+    let status = response.status().as_u16();
+    let _ = response.into_body().collect().await;
+    status
+}
+
+fn beacon(id: &str, ttft_ms: f64, gaps_ms: &[f64]) -> Vec<u8> {
+    serde_json::json!({"v": 1, "id": id, "ttft_ms": ttft_ms, "gaps_ms": gaps_ms})
+        .to_string()
+        .into_bytes()
+}
+
+#[tokio::test]
+async fn a_finished_stream_has_a_summary_and_a_frame_timeline() {
+    let upstream = Upstream::openai_chat()
+        .tokens(10)
+        .every(ms(20))
+        .stall_before(5, ms(250))
+        .start()
+        .await;
+    let proxy = proxy_to(upstream.addr).await;
+    let got = stream_chat(proxy.proxy_addr).await;
+    let id = got.headers["x-metronome-stream-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+
+    let (status, list) = json(proxy.admin_addr, "/streams").await;
+    assert_eq!(status, 200);
+    let summary = &list["streams"][0];
+    assert_eq!(summary["id"], id.as_str());
+    assert_eq!(summary["route"], "chat");
+    assert_eq!(summary["model"], "test-model");
+    assert_eq!(summary["outcome"], "complete");
+    assert_eq!(summary["frames"], 14); // role, 10 tokens, finish, usage, [DONE]
+    assert_eq!(summary["token_events"], 10);
+    assert_eq!(summary["output_tokens"], 10);
+    assert_eq!(summary["stalls"]["ingress"], 1);
+    assert_eq!(summary["stalls"]["egress"], 1);
+    assert!(summary["itl_p99_us"]["ingress"].as_u64().unwrap() > 200_000);
+
+    let (status, detail) = json(proxy.admin_addr, &format!("/streams/{id}")).await;
+    assert_eq!(status, 200);
+    let frames = detail["frames"].as_array().unwrap();
+    assert_eq!(frames.len(), 14);
+    let tokens: u64 = frames
+        .iter()
+        .map(|f| f["token_events"].as_u64().unwrap())
+        .sum();
+    assert_eq!(tokens, 10);
+    let bytes: u64 = frames.iter().map(|f| f["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(bytes as usize, got.bytes().len());
+    for pair in frames.windows(2) {
+        assert!(pair[0]["ingress_us"].as_u64() <= pair[1]["ingress_us"].as_u64());
+    }
+    for f in frames {
+        let (ingress, egress) = (
+            f["ingress_us"].as_u64().unwrap(),
+            f["egress_us"].as_u64().unwrap(),
+        );
+        assert!(egress >= ingress, "egress is after ingress: {f}");
+    }
+    // The stall: the gap before the 5th token frame (frame index 5) is over 200 ms at both points.
+    let gap = |i: usize, key: &str| {
+        frames[i][key].as_u64().unwrap() - frames[i - 1][key].as_u64().unwrap()
+    };
+    assert!(gap(5, "ingress_us") > 200_000);
+    assert!(gap(5, "egress_us") > 200_000);
+
+    let (status, missing) = json(proxy.admin_addr, "/streams/0000").await;
+    assert_eq!(status, 404);
+    assert_eq!(missing["error"]["type"], "not_found");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_ring_and_the_frames_are_bounded() {
+    let upstream = Upstream::openai_chat()
+        .tokens(20)
+        .every(ms(1))
+        .start()
+        .await;
+    let proxy = proxy_with(upstream.addr, |c| {
+        c.timeline.max_streams = 2;
+        c.timeline.max_frames = 5;
+    })
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let got = stream_chat(proxy.proxy_addr).await;
+        ids.push(
+            got.headers["x-metronome-stream-id"]
+                .to_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    scrape_until(&proxy, |m| m.value("metronome_streams_total", &[]) == 3.0).await;
+    let (_, list) = json(proxy.admin_addr, "/streams").await;
+    let listed: Vec<&str> = list["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        vec![ids[2].as_str(), ids[1].as_str()],
+        "newest first, two kept"
+    );
+    let (_, detail) = json(proxy.admin_addr, &format!("/streams/{}", ids[2])).await;
+    assert_eq!(detail["frames"].as_array().unwrap().len(), 5);
+    assert_eq!(detail["frames_dropped"], 24 - 5);
+    assert_eq!(
+        json(proxy.admin_addr, &format!("/streams/{}", ids[0]))
+            .await
+            .0,
+        404
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_beacon_is_recorded_at_the_client_point_once() {
+    let upstream = Upstream::openai_chat()
+        .tokens(10)
+        .every(ms(5))
+        .start()
+        .await;
+    let proxy = proxy_to(upstream.addr).await;
+    let got = stream_chat(proxy.proxy_addr).await;
+    let id = got.headers["x-metronome-stream-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+
+    // Nine gaps as a page saw them: clumps (0), a 300 ms stall.
+    let gaps = [0.0, 0.0, 40.0, 300.0, 10.0, 0.0, 20.0, 20.0, 20.0];
+    assert_eq!(
+        post(proxy.proxy_addr, BEACON, beacon(&id, 123.0, &gaps)).await,
+        204
+    );
+    assert_eq!(
+        post(proxy.proxy_addr, BEACON, beacon(&id, 123.0, &gaps)).await,
+        400,
+        "once per stream"
+    );
+
+    let m = scrape(&proxy).await;
+    let client = [
+        ("route", "chat"),
+        ("model", "test-model"),
+        ("point", "client"),
+    ];
+    assert_eq!(
+        m.value("metronome_inter_token_latency_seconds_count", &client),
+        9.0
+    );
+    assert_eq!(
+        m.value(
+            "metronome_inter_token_latency_seconds_bucket",
+            &[client[0], client[1], client[2], ("le", "0.001")]
+        ),
+        3.0,
+        "the three clumped events"
+    );
+    assert_eq!(m.value("metronome_stalls_total", &client), 1.0);
+    assert_eq!(
+        m.value("metronome_time_to_first_token_seconds_count", &client),
+        1.0
+    );
+    assert_eq!(m.value("metronome_stream_jank_ratio_count", &client), 1.0);
+    assert_eq!(
+        m.value("metronome_beacons_total", &[("result", "accepted")]),
+        1.0
+    );
+    assert_eq!(
+        m.value("metronome_beacons_total", &[("result", "duplicate")]),
+        1.0
+    );
+    assert_eq!(
+        upstream
+            .stats
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "never forwarded"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_beacons_are_refused_counted_and_grow_nothing() {
+    let upstream = Upstream::openai_chat().tokens(3).every(ms(1)).start().await;
+    let proxy = proxy_with(upstream.addr, |c| c.timeline.beacon_max_bytes = 1024).await;
+    let got = stream_chat(proxy.proxy_addr).await;
+    let id = got.headers["x-metronome-stream-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    let addr = proxy.proxy_addr;
+
+    assert_eq!(
+        post(addr, BEACON, beacon("ffffffff000000000001", 1.0, &[1.0])).await,
+        400
+    );
+    assert_eq!(post(addr, BEACON, b"{not json".to_vec()).await, 400);
+    assert_eq!(
+        post(addr, BEACON, br#"{"v":2,"id":"x"}"#.to_vec()).await,
+        400
+    );
+    assert_eq!(post(addr, BEACON, beacon(&id, -5.0, &[1.0])).await, 400);
+    assert_eq!(
+        post(addr, BEACON, beacon(&id, 1.0, &vec![1.0; 2000])).await,
+        413
+    );
+    let before = scrape(&proxy).await;
+    let series_before = before.0.lines().filter(|l| !l.starts_with('#')).count();
+
+    // A flood of 10,000 beacons for streams that do not exist.
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            tokio::spawn(async move {
+                let client = client();
+                for i in 0..1250 {
+                    let status = post_with(
+                        &client,
+                        addr,
+                        BEACON,
+                        beacon(&format!("{t:08x}{i:012x}"), 1.0, &[1.0, 2.0]),
+                    )
+                    .await;
+                    assert_eq!(status, 400);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let after = scrape(&proxy).await;
+    let series_after = after.0.lines().filter(|l| !l.starts_with('#')).count();
+    assert_eq!(
+        series_after, series_before,
+        "no new series from rejected beacons"
+    );
+    assert_eq!(
+        after.value("metronome_beacons_total", &[("result", "unknown_stream")]),
+        10_001.0
+    );
+    assert_eq!(
+        after.value("metronome_beacons_total", &[("result", "malformed")]),
+        3.0
+    );
+    assert_eq!(
+        after.value("metronome_beacons_total", &[("result", "too_large")]),
+        1.0
+    );
+    assert_eq!(
+        after.get(
+            "metronome_inter_token_latency_seconds_count",
+            &[("point", "client")]
+        ),
+        None
+    );
+    // The stream's own beacon still works after the flood.
+    assert_eq!(post(addr, BEACON, beacon(&id, 1.0, &[1.0, 2.0])).await, 204);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn beacons_can_be_turned_off_and_then_are_proxied() {
+    let upstream = Upstream::json("{}").start().await;
+    let proxy = proxy_with(upstream.addr, |c| c.timeline.beacon_path = String::new()).await;
+    assert_eq!(
+        post(proxy.proxy_addr, BEACON, beacon("x", 1.0, &[])).await,
+        200
+    );
+    assert_eq!(
+        upstream
+            .stats
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    proxy.shutdown().await;
+}
