@@ -86,6 +86,7 @@ struct RawConfig {
     upstream_tls: RawUpstreamTls,
     limits: LimitsConfig,
     routes: Vec<RawRoute>,
+    readiness: RawReadiness,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -235,6 +236,39 @@ impl Default for RawMetering {
             stream_id_header: "x-metronome-stream-id".into(),
         }
     }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawReadiness {
+    check_upstream: bool,
+    path: String,
+    interval: String,
+    timeout: String,
+}
+
+impl Default for RawReadiness {
+    fn default() -> Self {
+        RawReadiness {
+            check_upstream: true,
+            path: String::new(),
+            interval: "5s".into(),
+            timeout: "2s".into(),
+        }
+    }
+}
+
+/// How `/readyz` decides that the default upstream answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadinessConfig {
+    /// When false, `/readyz` depends on draining only.
+    pub check_upstream: bool,
+    /// `None`: a TCP connection that opens is enough. `Some(path)`: `GET path` must answer 2xx.
+    pub path: Option<http::uri::PathAndQuery>,
+    /// Time between two checks.
+    pub interval: Duration,
+    /// How long one check may take before it counts as failed.
+    pub timeout: Duration,
 }
 
 /// How the `model` label is bounded.
@@ -393,6 +427,8 @@ pub struct Config {
     pub tls_handshake_timeout: Duration,
     /// Routes, in the order they are tried.
     pub routes: Vec<RouteConfig>,
+    /// The upstream check behind `/readyz`.
+    pub readiness: ReadinessConfig,
 }
 
 impl Default for Config {
@@ -515,6 +551,39 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         &raw.metering.stall_threshold,
         &mut problem,
     );
+    let readiness_interval = duration("readiness.interval", &raw.readiness.interval, &mut problem);
+    let readiness_timeout = duration("readiness.timeout", &raw.readiness.timeout, &mut problem);
+    if let (Some(interval), Some(timeout)) = (readiness_interval, readiness_timeout) {
+        if timeout > interval {
+            problem(
+                "readiness.timeout",
+                format!(
+                    "`{}` is longer than readiness.interval (`{}`): checks would overlap",
+                    raw.readiness.timeout, raw.readiness.interval
+                ),
+            );
+        }
+    }
+    let readiness_path = match raw.readiness.path.as_str() {
+        "" => Some(None),
+        path if !path.starts_with('/') => {
+            problem(
+                "readiness.path",
+                format!("`{path}` must start with / (or be empty for a TCP check)"),
+            );
+            None
+        }
+        path => match path.parse::<http::uri::PathAndQuery>() {
+            Ok(p) => Some(Some(p)),
+            Err(_) => {
+                problem(
+                    "readiness.path",
+                    format!("`{path}` is not a valid request path"),
+                );
+                None
+            }
+        },
+    };
     if let (Some(l), Some(a)) = (listen, admin) {
         if l == a && l.port() != 0 {
             problem(
@@ -770,6 +839,16 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         }
     }
 
+    let readiness = match (readiness_path, readiness_interval, readiness_timeout) {
+        (Some(path), Some(interval), Some(timeout)) => Some(ReadinessConfig {
+            check_upstream: raw.readiness.check_upstream,
+            path,
+            interval,
+            timeout,
+        }),
+        _ => None,
+    };
+
     match (
         listen,
         admin,
@@ -780,6 +859,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         idle_timeout,
         stall_threshold,
         tls_handshake_timeout,
+        readiness,
     ) {
         (
             Some(listen),
@@ -791,6 +871,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             Some(idle_timeout),
             Some(stall_threshold),
             Some(tls_handshake_timeout),
+            Some(readiness),
         ) if problems.is_empty() => Ok(Config {
             listen,
             admin,
@@ -818,6 +899,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             limits: raw.limits,
             tls_handshake_timeout,
             routes,
+            readiness,
         }),
         _ => Err(ConfigError(problems)),
     }
@@ -892,6 +974,18 @@ pub fn check_config_command(file: &Path) -> ExitCode {
                 );
             }
             println!("  requests that match no route go to route `other`");
+            let r = &config.readiness;
+            match (&r.path, r.check_upstream) {
+                (_, false) => println!("  /readyz          not draining (upstream not checked)"),
+                (None, true) => println!(
+                    "  /readyz          not draining and a TCP connection to the upstream opens (every {:?}, {:?} timeout)",
+                    r.interval, r.timeout
+                ),
+                (Some(path), true) => println!(
+                    "  /readyz          not draining and GET {path} on the upstream answers 2xx (every {:?}, {:?} timeout)",
+                    r.interval, r.timeout
+                ),
+            }
             ExitCode::SUCCESS
         }
         Err(ConfigError(problems)) => {
@@ -922,6 +1016,16 @@ mod tests {
         let text = include_str!("../config/metronome.toml");
         let config = Config::from_toml(text).unwrap();
         assert!(!config.routes.is_empty());
+    }
+
+    #[test]
+    fn the_kubernetes_sidecar_config_is_valid() {
+        let text = include_str!("../deploy/kubernetes/base/metronome.toml");
+        let config = Config::from_toml(text).unwrap();
+        assert_eq!(config.upstream.to_string(), "http://127.0.0.1:8000");
+        assert_eq!(config.readiness.path.unwrap().as_str(), "/health");
+        // terminationGracePeriodSeconds (330) covers the preStop sleep (10 s) and the drain.
+        assert!(config.drain_grace + Duration::from_secs(10) < Duration::from_secs(330));
     }
 
     #[test]
@@ -999,6 +1103,30 @@ path = "/d"
             "{}",
             problems[0].reason
         );
+    }
+
+    #[test]
+    fn readiness_defaults_to_a_tcp_check_and_its_keys_are_validated() {
+        let r = Config::default().readiness;
+        assert!(r.check_upstream);
+        assert_eq!(r.path, None);
+        assert_eq!(r.interval, Duration::from_secs(5));
+        let config = Config::from_toml(
+            "[readiness]\npath = \"/health\"\ninterval = \"1s\"\ntimeout = \"500ms\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.readiness.path.unwrap().as_str(), "/health");
+        for (text, key) in [
+            ("[readiness]\npath = \"health\"\n", "readiness.path"),
+            ("[readiness]\ninterval = \"0s\"\n", "readiness.interval"),
+            (
+                "[readiness]\ninterval = \"1s\"\ntimeout = \"2s\"\n",
+                "readiness.timeout",
+            ),
+        ] {
+            let ConfigError(problems) = Config::from_toml(text).unwrap_err();
+            assert_eq!(problems[0].key, key, "{text}");
+        }
     }
 
     #[test]

@@ -59,7 +59,7 @@ impl PointLedger {
                 let seconds = gap.as_secs_f64();
                 self.itl.observe(bounds, seconds);
                 self.gaps.add(gap, 1);
-                if gap > metrics.stall_threshold {
+                if gap > metrics.stall_threshold() {
                     self.stalls += 1;
                     self.stall_durations
                         .observe(metrics.stall_duration.bounds(), seconds);

@@ -102,7 +102,7 @@ pub async fn handle(
     }
     let Ok(permit) = state.requests_in_flight.clone().try_acquire_owned() else {
         let route = state
-            .router
+            .router()
             .route(request.method(), request.uri().path())
             .name
             .clone();
@@ -119,7 +119,7 @@ pub async fn handle(
     // Known before the request moves on; with the response's framing it hints at the API.
     let path_format = Format::from_path(request.uri().path());
     let route = state
-        .router
+        .router()
         .route(request.method(), request.uri().path())
         .clone();
     let body_limit = state.config.limits.max_request_body_bytes;

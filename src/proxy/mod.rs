@@ -13,12 +13,13 @@ pub mod forward;
 pub mod headers;
 pub mod listener;
 pub mod metered;
+pub mod reload;
 pub mod router;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use http::{header, HeaderValue, Response, StatusCode};
 use hyper_rustls::HttpsConnector;
@@ -79,10 +80,12 @@ impl StreamIds {
 /// Everything request handling shares, built once at start.
 #[derive(Debug)]
 pub struct ProxyState {
-    /// The validated configuration.
+    /// The configuration metronome started with. What a reload cannot change (listeners,
+    /// timeouts, buffer bounds, buckets) is read from here.
     pub config: Arc<Config>,
-    /// The routing table.
-    pub router: Router,
+    /// What a SIGHUP reload swaps (see [`reload`]): a lock held only to clone two `Arc`s, so a
+    /// request takes one consistent snapshot and streams in flight keep theirs.
+    live: RwLock<Live>,
     /// The pooled upstream client (http and https); request bodies are streamed through it,
     /// never buffered.
     pub client: Client<HttpsConnector<HttpConnector>, RequestBody>,
@@ -139,17 +142,50 @@ impl ProxyState {
             config.timeline.max_frames,
         ));
         let requests_in_flight = Arc::new(tokio::sync::Semaphore::new(config.limits.max_requests));
+        let config = Arc::new(config);
         Ok(ProxyState {
             tls: listener_tls,
             requests_in_flight,
-            router: Router::new(&config),
-            config: Arc::new(config),
+            live: RwLock::new(Live {
+                router: Arc::new(Router::new(&config)),
+                config: config.clone(),
+            }),
+            config,
             client,
             metrics: Arc::new(metrics),
             stream_ids: StreamIds::new(),
             draining: AtomicBool::new(false),
             registry,
         })
+    }
+
+    /// The routing table in force now; take it once per request.
+    pub fn router(&self) -> Arc<Router> {
+        self.live().router
+    }
+
+    /// The configuration in force now: the start configuration with what reloads changed.
+    pub fn live_config(&self) -> Arc<Config> {
+        self.live().config
+    }
+
+    fn live(&self) -> Live {
+        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts a reloaded configuration and its routing table in force.
+    fn set_live(&self, config: Arc<Config>) {
+        let router = Arc::new(Router::new(&config));
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Live { config, router };
+    }
+
+    /// Reloads the listener's certificate from its files; `Ok(false)` when the listener is plain.
+    /// New handshakes get the new certificate; on failure the old one stays.
+    pub fn reload_tls(&self) -> Result<bool, tls::TlsError> {
+        match &self.tls {
+            Some(cert) => cert.reload().map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// A JSON error answered by metronome itself: `{"error":{"type":…,"message":…}}`.
@@ -183,6 +219,13 @@ impl ProxyState {
     }
 }
 
+/// The reloadable part of [`ProxyState`].
+#[derive(Debug, Clone)]
+struct Live {
+    config: Arc<Config>,
+    router: Arc<Router>,
+}
+
 /// A running proxy: its bound addresses and the means to stop it. Tests and the demo start one
 /// in-process on `127.0.0.1:0`.
 #[derive(Debug)]
@@ -210,10 +253,7 @@ impl ProxyHandle {
 
     /// Reloads the listener's certificate (SIGHUP): kept as it is when the new pair fails.
     pub fn reload_tls(&self) -> Result<bool, tls::TlsError> {
-        match &self.state.tls {
-            Some(cert) => cert.reload().map(|()| true),
-            None => Ok(false),
-        }
+        self.state.reload_tls()
     }
 
     /// Serves on listeners that are already bound.
@@ -289,10 +329,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         upstream = %handle.state.config.upstream,
         "metronome serving"
     );
-    tokio::select! {
-        _ = wait_for_termination() => {}
-        _ = reload_on_sighup(&handle) => {}
-    }
+    reload::reload_on_sighup(&handle.state, &args, wait_for_termination()).await;
     tracing::info!(
         grace = ?handle.state.config.drain_grace,
         "draining in-flight streams"
@@ -300,27 +337,6 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     handle.shutdown().await;
     tracing::info!("stopped");
     ExitCode::SUCCESS
-}
-
-/// Reloads what can be reloaded on each SIGHUP; never returns (except where there is no SIGHUP).
-async fn reload_on_sighup(handle: &ProxyHandle) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            return std::future::pending().await;
-        };
-        while hup.recv().await.is_some() {
-            match handle.reload_tls() {
-                Ok(true) => tracing::info!("SIGHUP: reloaded the listener's certificate"),
-                Ok(false) => tracing::info!("SIGHUP: no TLS certificate to reload"),
-                Err(e) => {
-                    tracing::error!(error = %e, "SIGHUP: the new certificate failed to load; keeping the old one")
-                }
-            }
-        }
-    }
-    std::future::pending::<()>().await
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
