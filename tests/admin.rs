@@ -157,10 +157,20 @@ async fn a_drain_lets_the_stream_in_flight_finish_and_refuses_new_connections() 
     }
     tokio::time::sleep(ms(100)).await;
     let state = proxy.state.clone();
+    let admin_addr = proxy.admin_addr;
     let drained = tokio::spawn(proxy.shutdown());
     tokio::time::sleep(ms(100)).await;
 
     assert!(state.draining.load(Ordering::SeqCst));
+    // The admin listener stays up through the drain: readiness says so, metrics still scrape.
+    let ready = request(admin_addr, "GET", "/readyz", "", false).await;
+    assert_eq!(ready.status, 503);
+    assert_eq!(
+        request(admin_addr, "GET", "/metrics", "", false)
+            .await
+            .status,
+        200
+    );
     let refused = tokio::net::TcpStream::connect(proxy_addr).await;
     assert!(
         refused.is_err(),

@@ -236,8 +236,12 @@ pub struct ProxyHandle {
     pub admin_addr: SocketAddr,
     /// The shared state (metrics, config).
     pub state: Arc<ProxyState>,
+    /// Stops the proxy listener (then it drains).
     shutdown: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    /// Stops the admin listener, after the drain.
+    admin_shutdown: watch::Sender<bool>,
+    proxy_task: JoinHandle<()>,
+    admin_task: JoinHandle<()>,
 }
 
 // === impl ProxyHandle ===
@@ -263,6 +267,7 @@ impl ProxyHandle {
         state: Arc<ProxyState>,
     ) -> Self {
         let (shutdown, watch_rx) = watch::channel(false);
+        let (admin_shutdown, admin_rx) = watch::channel(false);
         let proxy_addr = proxy_listener
             .local_addr()
             .unwrap_or_else(|_| state.config.listen);
@@ -272,34 +277,36 @@ impl ProxyHandle {
         let signal = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let tasks = vec![
-            tokio::spawn(listener::serve(
-                proxy_listener,
-                state.clone(),
-                signal(watch_rx.clone()),
-            )),
-            tokio::spawn(crate::admin::serve(
-                admin_listener,
-                state.clone(),
-                signal(watch_rx),
-            )),
-        ];
+        let proxy_task = tokio::spawn(listener::serve(
+            proxy_listener,
+            state.clone(),
+            signal(watch_rx),
+        ));
+        let admin_task = tokio::spawn(crate::admin::serve(
+            admin_listener,
+            state.clone(),
+            signal(admin_rx),
+        ));
         ProxyHandle {
             proxy_addr,
             admin_addr,
             state,
             shutdown,
-            tasks,
+            admin_shutdown,
+            proxy_task,
+            admin_task,
         }
     }
 
     /// Stops accepting, drains in-flight streams for up to the configured grace, and returns.
+    /// The admin listener stays up through the drain, so `/readyz` answers 503 and the last
+    /// streams' metrics can still be scraped; it stops once the drain is over.
     pub async fn shutdown(self) {
         self.state.draining.store(true, Ordering::SeqCst);
         let _ = self.shutdown.send(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
+        let _ = self.proxy_task.await;
+        let _ = self.admin_shutdown.send(true);
+        let _ = self.admin_task.await;
     }
 }
 
