@@ -39,7 +39,7 @@ pass() { echo "ok   $*"; }
 fail() { echo "FAIL $*"; exit 1; }
 
 FIX_PORT=$(free_port); SIM_PORT=$(free_port); PROXY_PORT=$(free_port); ADMIN_PORT=$(free_port)
-FIXTURE=tests/fixtures/openai-chat-vllm-crlf.sse
+FIXTURE=tests/fixtures/openai_chat_crlf_e2e.sse
 python3 scripts/fixture_upstream.py "$FIX_PORT" "$FIXTURE" & PIDS+=($!)
 $BIN sim --listen "127.0.0.1:$SIM_PORT" --gap 20ms --ttft 20ms --stall-at 10 --stall 300ms >"$WORK/sim.log" 2>&1 & PIDS+=($!)
 cat >"$WORK/metronome.toml" <<TOML

@@ -1,6 +1,11 @@
 //! The admin listener, apart from the proxy's: `/metrics` for Prometheus, `/healthz` (the process
-//! is alive; never depends on the upstream), `/readyz` (ready to proxy: not draining), and
-//! `/streams`, `/streams/{id}` (recent stream timelines; docs/timelines.md).
+//! is alive; never depends on the upstream), `/readyz` (ready to proxy: not draining, and the
+//! default upstream answered its last check), and `/streams`, `/streams/{id}` (recent stream
+//! timelines; docs/timelines.md).
+//!
+//! The upstream check runs in the background every `readiness.interval`, so a probe never waits
+//! on the upstream and a burst of probes never becomes a burst of upstream connections; `/readyz`
+//! answers from its last result. Only before the first result does it wait for one.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -10,13 +15,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
+use crate::config::{ReadinessConfig, Upstream};
 use crate::proxy::ProxyState;
 
 /// The content type of the Prometheus text exposition format.
@@ -29,6 +36,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) {
     let builder = auto::Builder::new(TokioExecutor::new());
+    let (checked, upstream) = watch::channel(UpstreamCheck::Pending);
+    let checker = tokio::spawn(check_upstream(state.clone(), checked));
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -43,7 +52,8 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let state = state.clone();
-        let service = service_fn(move |request| answer(request, state.clone()));
+        let upstream = upstream.clone();
+        let service = service_fn(move |request| answer(request, state.clone(), upstream.clone()));
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
@@ -51,11 +61,13 @@ pub async fn serve(
             let _ = conn.await;
         });
     }
+    checker.abort();
 }
 
 async fn answer(
     request: Request<Incoming>,
     state: Arc<ProxyState>,
+    upstream: watch::Receiver<UpstreamCheck>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"));
@@ -81,18 +93,132 @@ async fn answer(
             }
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/readyz" => {
-            if state.draining.load(Ordering::SeqCst) {
-                text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-            } else {
-                text(StatusCode::OK, "ready\n")
-            }
-        }
+        "/readyz" => readiness(&state, upstream).await,
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /metrics, /healthz, /readyz or /streams\n",
         ),
     })
+}
+
+/// `/readyz`: 503 while draining or while the upstream fails its check, with the reason.
+async fn readiness(
+    state: &ProxyState,
+    mut upstream: watch::Receiver<UpstreamCheck>,
+) -> Response<Full<Bytes>> {
+    if state.draining.load(Ordering::SeqCst) {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "not ready: draining\n");
+    }
+    let readiness = state.live_config().readiness.clone();
+    if !readiness.check_upstream {
+        return text(StatusCode::OK, "ready\n");
+    }
+    // Only the first probe after start can find no result yet; it waits for the first check.
+    let first = upstream.wait_for(|c| *c != UpstreamCheck::Pending);
+    let _ = tokio::time::timeout(readiness.timeout + Duration::from_millis(500), first).await;
+    let check = upstream.borrow().clone();
+    match check {
+        UpstreamCheck::Up => text(StatusCode::OK, "ready\n"),
+        UpstreamCheck::Down(reason) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}\n"),
+        ),
+        UpstreamCheck::Pending => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the upstream has not been checked yet\n",
+        ),
+    }
+}
+
+/// What the last check of the default upstream found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum UpstreamCheck {
+    /// No check has finished yet.
+    Pending,
+    /// The upstream answered.
+    Up,
+    /// It did not; why, as a sentence for `/readyz` and the log.
+    Down(String),
+}
+
+/// Checks the default upstream every `readiness.interval`, reading the live configuration each
+/// time so a reload's new upstream or check is used from the next round on.
+async fn check_upstream(state: Arc<ProxyState>, checked: watch::Sender<UpstreamCheck>) {
+    loop {
+        let config = state.live_config();
+        let readiness = &config.readiness;
+        if readiness.check_upstream {
+            let now = match probe_upstream(&config.upstream, readiness).await {
+                Ok(()) => UpstreamCheck::Up,
+                Err(reason) => UpstreamCheck::Down(reason),
+            };
+            let before = checked.send_replace(now.clone());
+            if before != now {
+                match &now {
+                    UpstreamCheck::Up => {
+                        tracing::info!(upstream = %config.upstream, "upstream answers: ready")
+                    }
+                    UpstreamCheck::Down(reason) => tracing::warn!(
+                        upstream = %config.upstream,
+                        %reason,
+                        "upstream check failed: /readyz answers 503"
+                    ),
+                    UpstreamCheck::Pending => {}
+                }
+            }
+        }
+        tokio::time::sleep(readiness.interval).await;
+    }
+}
+
+/// One check: a TCP connection opens, and when a path is set, `GET path` answers 2xx; all within
+/// the check timeout.
+async fn probe_upstream(upstream: &Upstream, readiness: &ReadinessConfig) -> Result<(), String> {
+    let host = upstream
+        .authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = upstream.authority.port_u16().unwrap_or(80);
+    let attempt = async {
+        let stream = TcpStream::connect((host, port))
+            .await
+            .map_err(|e| format!("cannot connect to upstream {upstream}: {e}"))?;
+        let Some(path) = &readiness.path else {
+            return Ok(());
+        };
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("upstream {upstream}: {e}"))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let request = Request::get(path.as_str())
+            .header(header::HOST, upstream.authority.as_str())
+            .header(header::USER_AGENT, "metronome-readiness")
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| format!("cannot build GET {path}: {e}"))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| format!("GET {path} on upstream {upstream} failed: {e}"))?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "GET {path} on upstream {upstream} answered {}",
+                response.status()
+            ))
+        }
+    };
+    tokio::time::timeout(readiness.timeout, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "upstream {upstream} did not answer within {:?}",
+                readiness.timeout
+            ))
+        })
 }
 
 fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {

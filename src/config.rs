@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::format::Format;
 use crate::metrics::{Buckets, MAX_BOUNDS};
 use crate::units::parse_duration;
 
@@ -34,6 +35,12 @@ pub struct ServeArgs {
     /// Stall threshold, e.g. `200ms` (overrides `metering.stall_threshold`).
     #[arg(long, env = "METRONOME_STALL_THRESHOLD")]
     pub stall_threshold: Option<String>,
+    /// PEM certificate chain: the proxy listener speaks TLS (overrides `tls.cert`).
+    #[arg(long, env = "METRONOME_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<String>,
+    /// PEM private key of --tls-cert (overrides `tls.key`).
+    #[arg(long, env = "METRONOME_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<String>,
 }
 
 /// One problem in a configuration: the key it belongs to and what is wrong.
@@ -75,7 +82,69 @@ struct RawConfig {
     models: ModelsConfig,
     buckets: Buckets,
     timeline: TimelineConfig,
+    tls: RawTls,
+    upstream_tls: RawUpstreamTls,
+    limits: LimitsConfig,
     routes: Vec<RawRoute>,
+    readiness: RawReadiness,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawTls {
+    cert: String,
+    key: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawUpstreamTls {
+    ca: String,
+    client_cert: String,
+    client_key: String,
+}
+
+/// Limits that keep an overloaded proxy answering (503, 431, 413) instead of growing memory.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Client connections open at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// Requests in flight at once (streams included); more are answered 503.
+    pub max_requests: usize,
+    /// Largest request head (request line and headers), in bytes; larger ones get 431.
+    pub max_header_bytes: usize,
+    /// Largest request body, in bytes; larger ones get 413.
+    pub max_request_body_bytes: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_connections: 16_384,
+            max_requests: 16_384,
+            max_header_bytes: 64 * 1024,
+            max_request_body_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+/// TLS on the proxy listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerTls {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+}
+
+/// TLS towards https upstreams.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpstreamTls {
+    /// PEM CA bundle; `None` uses the system's roots.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key for mTLS.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 /// Stream timelines (`/streams`) and the browser beacon.
@@ -129,6 +198,7 @@ struct RawTimeouts {
     connect: String,
     first_byte: String,
     idle: String,
+    tls_handshake: String,
 }
 
 impl Default for RawTimeouts {
@@ -137,6 +207,7 @@ impl Default for RawTimeouts {
             connect: "5s".into(),
             first_byte: "300s".into(),
             idle: "120s".into(),
+            tls_handshake: "10s".into(),
         }
     }
 }
@@ -144,6 +215,7 @@ impl Default for RawTimeouts {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct RawMetering {
+    enabled: bool,
     content_types: Vec<String>,
     stall_threshold: String,
     max_event_bytes: usize,
@@ -155,6 +227,7 @@ struct RawMetering {
 impl Default for RawMetering {
     fn default() -> Self {
         RawMetering {
+            enabled: true,
             content_types: vec!["text/event-stream".into(), "application/x-ndjson".into()],
             stall_threshold: "200ms".into(),
             max_event_bytes: crate::scan::DEFAULT_MAX_EVENT_BYTES,
@@ -163,6 +236,39 @@ impl Default for RawMetering {
             stream_id_header: "x-metronome-stream-id".into(),
         }
     }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawReadiness {
+    check_upstream: bool,
+    path: String,
+    interval: String,
+    timeout: String,
+}
+
+impl Default for RawReadiness {
+    fn default() -> Self {
+        RawReadiness {
+            check_upstream: true,
+            path: String::new(),
+            interval: "5s".into(),
+            timeout: "2s".into(),
+        }
+    }
+}
+
+/// How `/readyz` decides that the default upstream answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadinessConfig {
+    /// When false, `/readyz` depends on draining only.
+    pub check_upstream: bool,
+    /// `None`: a TCP connection that opens is enough. `Some(path)`: `GET path` must answer 2xx.
+    pub path: Option<http::uri::PathAndQuery>,
+    /// Time between two checks.
+    pub interval: Duration,
+    /// How long one check may take before it counts as failed.
+    pub timeout: Duration,
 }
 
 /// How the `model` label is bounded.
@@ -195,6 +301,8 @@ struct RawRoute {
     method: Option<String>,
     #[serde(default)]
     upstream: Option<String>,
+    #[serde(default)]
+    format: Option<String>,
 }
 
 /// How a route's path is compared with the request's.
@@ -219,6 +327,9 @@ pub struct RouteConfig {
     pub method: Option<http::Method>,
     /// Where matching requests go.
     pub upstream: Upstream,
+    /// The streaming API of this route's responses when configured; `None` (`auto`) detects it
+    /// per stream from the content type, the request path and the first events.
+    pub format: Option<Format>,
 }
 
 /// A validated upstream base URL (`http://host:port`, optionally with a path prefix).
@@ -251,11 +362,6 @@ impl Upstream {
             .authority()
             .cloned()
             .ok_or_else(|| format!("`{text}` has no host"))?;
-        if scheme == http::uri::Scheme::HTTPS {
-            return Err(format!(
-                "`{text}`: https upstreams are not supported yet (TLS is its own issue); use http://"
-            ));
-        }
         if uri.query().is_some() {
             return Err(format!("`{text}`: an upstream URL cannot have a query"));
         }
@@ -291,6 +397,8 @@ pub struct Config {
     pub first_byte_timeout: Duration,
     /// Longest silence between two upstream frames of a stream.
     pub idle_timeout: Duration,
+    /// When false, every response is passed through unmetered (to measure what metering costs).
+    pub metering_enabled: bool,
     /// Response content types that are metered (compared without parameters, case-insensitive).
     pub stream_content_types: Vec<String>,
     /// A gap longer than this is a stall.
@@ -309,8 +417,18 @@ pub struct Config {
     pub buckets: Buckets,
     /// Stream timelines and the browser beacon.
     pub timeline: TimelineConfig,
+    /// TLS on the proxy listener, when configured.
+    pub tls: Option<ListenerTls>,
+    /// TLS towards https upstreams.
+    pub upstream_tls: UpstreamTls,
+    /// Overload limits.
+    pub limits: LimitsConfig,
+    /// How long a client may take to finish the TLS handshake.
+    pub tls_handshake_timeout: Duration,
     /// Routes, in the order they are tried.
     pub routes: Vec<RouteConfig>,
+    /// The upstream check behind `/readyz`.
+    pub readiness: ReadinessConfig,
 }
 
 impl Default for Config {
@@ -362,6 +480,12 @@ impl Config {
         }
         if let Some(v) = &args.stall_threshold {
             raw.metering.stall_threshold = v.clone();
+        }
+        if let Some(v) = &args.tls_cert {
+            raw.tls.cert = v.clone();
+        }
+        if let Some(v) = &args.tls_key {
+            raw.tls.key = v.clone();
         }
         validate(raw)
     }
@@ -417,11 +541,49 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         &mut problem,
     );
     let idle_timeout = duration("timeouts.idle", &raw.timeouts.idle, &mut problem);
+    let tls_handshake_timeout = duration(
+        "timeouts.tls_handshake",
+        &raw.timeouts.tls_handshake,
+        &mut problem,
+    );
     let stall_threshold = duration(
         "metering.stall_threshold",
         &raw.metering.stall_threshold,
         &mut problem,
     );
+    let readiness_interval = duration("readiness.interval", &raw.readiness.interval, &mut problem);
+    let readiness_timeout = duration("readiness.timeout", &raw.readiness.timeout, &mut problem);
+    if let (Some(interval), Some(timeout)) = (readiness_interval, readiness_timeout) {
+        if timeout > interval {
+            problem(
+                "readiness.timeout",
+                format!(
+                    "`{}` is longer than readiness.interval (`{}`): checks would overlap",
+                    raw.readiness.timeout, raw.readiness.interval
+                ),
+            );
+        }
+    }
+    let readiness_path = match raw.readiness.path.as_str() {
+        "" => Some(None),
+        path if !path.starts_with('/') => {
+            problem(
+                "readiness.path",
+                format!("`{path}` must start with / (or be empty for a TCP check)"),
+            );
+            None
+        }
+        path => match path.parse::<http::uri::PathAndQuery>() {
+            Ok(p) => Some(Some(p)),
+            Err(_) => {
+                problem(
+                    "readiness.path",
+                    format!("`{path}` is not a valid request path"),
+                );
+                None
+            }
+        },
+    };
     if let (Some(l), Some(a)) = (listen, admin) {
         if l == a && l.port() != 0 {
             problem(
@@ -491,6 +653,60 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 raw.models.max
             ),
         );
+    }
+
+    let tls = match (raw.tls.cert.as_str(), raw.tls.key.as_str()) {
+        ("", "") => None,
+        ("", _) => {
+            problem("tls.cert", "is needed with tls.key".into());
+            None
+        }
+        (_, "") => {
+            problem("tls.key", "is needed with tls.cert".into());
+            None
+        }
+        (cert, key) => match crate::tls::certified_key(Path::new(cert), Path::new(key)) {
+            Ok(_) => Some(ListenerTls {
+                cert: cert.into(),
+                key: key.into(),
+            }),
+            Err(e) => {
+                problem("tls.cert", format!("cannot be used with tls.key: {e}"));
+                None
+            }
+        },
+    };
+    let ut = &raw.upstream_tls;
+    let mut upstream_tls = UpstreamTls::default();
+    if !ut.ca.is_empty() {
+        match crate::tls::load_certs(Path::new(&ut.ca)) {
+            Ok(_) => upstream_tls.ca = Some(ut.ca.clone().into()),
+            Err(e) => problem("upstream_tls.ca", e.to_string()),
+        }
+    }
+    match (ut.client_cert.as_str(), ut.client_key.as_str()) {
+        ("", "") => {}
+        ("", _) | (_, "") => problem(
+            "upstream_tls.client_cert",
+            "client_cert and client_key go together".into(),
+        ),
+        (cert, key) => {
+            match crate::tls::client_config(None, Some((Path::new(cert), Path::new(key)))) {
+                Ok(_) => upstream_tls.client_cert = Some((cert.into(), key.into())),
+                Err(e) => problem("upstream_tls.client_cert", e.to_string()),
+            }
+        }
+    }
+    let l = &raw.limits;
+    for (key, value, min) in [
+        ("limits.max_connections", l.max_connections as u64, 1),
+        ("limits.max_requests", l.max_requests as u64, 1),
+        ("limits.max_header_bytes", l.max_header_bytes as u64, 8192),
+        ("limits.max_request_body_bytes", l.max_request_body_bytes, 1),
+    ] {
+        if value < min {
+            problem(key, format!("{value} is too small (at least {min})"));
+        }
     }
 
     let t = &raw.timeline;
@@ -596,8 +812,21 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 .map_err(|e| problem(&key("upstream"), e))
                 .ok(),
         };
-        if let (Some(match_kind), Some(method), Some(upstream)) =
-            (match_kind, method, route_upstream)
+        let format = match r.format.as_deref() {
+            None | Some("auto") => Some(None),
+            Some(name) => match Format::from_name(name) {
+                Some(format) => Some(Some(format)),
+                None => {
+                    problem(
+                        &key("format"),
+                        format!("`{name}` must be one of {}", format_names()),
+                    );
+                    None
+                }
+            },
+        };
+        if let (Some(match_kind), Some(method), Some(upstream), Some(format)) =
+            (match_kind, method, route_upstream, format)
         {
             routes.push(RouteConfig {
                 name: r.name.clone(),
@@ -605,9 +834,20 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 match_kind,
                 method,
                 upstream,
+                format,
             });
         }
     }
+
+    let readiness = match (readiness_path, readiness_interval, readiness_timeout) {
+        (Some(path), Some(interval), Some(timeout)) => Some(ReadinessConfig {
+            check_upstream: raw.readiness.check_upstream,
+            path,
+            interval,
+            timeout,
+        }),
+        _ => None,
+    };
 
     match (
         listen,
@@ -618,6 +858,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         first_byte_timeout,
         idle_timeout,
         stall_threshold,
+        tls_handshake_timeout,
+        readiness,
     ) {
         (
             Some(listen),
@@ -628,6 +870,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             Some(first_byte_timeout),
             Some(idle_timeout),
             Some(stall_threshold),
+            Some(tls_handshake_timeout),
+            Some(readiness),
         ) if problems.is_empty() => Ok(Config {
             listen,
             admin,
@@ -636,6 +880,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             connect_timeout,
             first_byte_timeout,
             idle_timeout,
+            metering_enabled: m.enabled,
             stream_content_types: m
                 .content_types
                 .iter()
@@ -649,10 +894,27 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             models: raw.models,
             buckets: raw.buckets,
             timeline: raw.timeline,
+            tls,
+            upstream_tls,
+            limits: raw.limits,
+            tls_handshake_timeout,
             routes,
+            readiness,
         }),
         _ => Err(ConfigError(problems)),
     }
+}
+
+/// The values a route's `format` key accepts, for problem messages.
+fn format_names() -> String {
+    let mut names = vec!["auto"];
+    names.extend(
+        Format::ALL
+            .into_iter()
+            .filter(|f| *f != Format::Unknown)
+            .map(Format::name),
+    );
+    names.join(", ")
 }
 
 fn check_bounds(bounds: &[f64]) -> Result<(), String> {
@@ -702,15 +964,28 @@ pub fn check_config_command(file: &Path) -> ExitCode {
             println!("  default upstream {}", config.upstream);
             for route in &config.routes {
                 println!(
-                    "  route {:<16} {} {:?} {} -> {}",
+                    "  route {:<16} {} {:?} {} -> {} (format {})",
                     route.name,
                     route.method.as_ref().map(|m| m.as_str()).unwrap_or("*"),
                     route.match_kind,
                     route.path,
-                    route.upstream
+                    route.upstream,
+                    route.format.map_or("auto", Format::name)
                 );
             }
             println!("  requests that match no route go to route `other`");
+            let r = &config.readiness;
+            match (&r.path, r.check_upstream) {
+                (_, false) => println!("  /readyz          not draining (upstream not checked)"),
+                (None, true) => println!(
+                    "  /readyz          not draining and a TCP connection to the upstream opens (every {:?}, {:?} timeout)",
+                    r.interval, r.timeout
+                ),
+                (Some(path), true) => println!(
+                    "  /readyz          not draining and GET {path} on the upstream answers 2xx (every {:?}, {:?} timeout)",
+                    r.interval, r.timeout
+                ),
+            }
             ExitCode::SUCCESS
         }
         Err(ConfigError(problems)) => {
@@ -744,6 +1019,16 @@ mod tests {
     }
 
     #[test]
+    fn the_kubernetes_sidecar_config_is_valid() {
+        let text = include_str!("../deploy/kubernetes/base/metronome.toml");
+        let config = Config::from_toml(text).unwrap();
+        assert_eq!(config.upstream.to_string(), "http://127.0.0.1:8000");
+        assert_eq!(config.readiness.path.unwrap().as_str(), "/health");
+        // terminationGracePeriodSeconds (330) covers the preStop sleep (10 s) and the drain.
+        assert!(config.drain_grace + Duration::from_secs(10) < Duration::from_secs(330));
+    }
+
+    #[test]
     fn unknown_keys_are_rejected_with_their_name() {
         let err = Config::from_toml("[server]\nlisten = \"0.0.0.0:1\"\nlisen = 1\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `lisen`"), "{err}");
@@ -769,6 +1054,7 @@ match = "glob"
 name = "chat"
 path = "/x"
 method = "G T"
+format = "vllm"
 "#;
         let ConfigError(problems) = Config::from_toml(text).unwrap_err();
         let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
@@ -782,8 +1068,64 @@ method = "G T"
             "routes[0].match",
             "routes[1].name",
             "routes[1].method",
+            "routes[1].format",
         ] {
             assert!(keys.contains(&key), "missing {key} in {keys:?}");
+        }
+    }
+
+    #[test]
+    fn a_route_format_is_auto_by_default_or_one_of_the_apis() {
+        let text = r#"
+[[routes]]
+name = "tgi"
+path = "/generate_stream"
+format = "tgi"
+[[routes]]
+name = "any"
+path = "/"
+format = "auto"
+[[routes]]
+name = "default"
+path = "/d"
+"#;
+        let config = Config::from_toml(text).unwrap();
+        let formats: Vec<_> = config.routes.iter().map(|r| r.format).collect();
+        assert_eq!(formats, vec![Some(Format::Tgi), None, None]);
+        let ConfigError(problems) =
+            Config::from_toml("[[routes]]\nname = \"x\"\npath = \"/\"\nformat = \"unknown\"\n")
+                .unwrap_err();
+        assert_eq!(problems[0].key, "routes[0].format");
+        assert!(
+            problems[0].reason.contains(
+                "auto, openai, tgi, llamacpp, sglang, ollama, responses, anthropic, gemini"
+            ),
+            "{}",
+            problems[0].reason
+        );
+    }
+
+    #[test]
+    fn readiness_defaults_to_a_tcp_check_and_its_keys_are_validated() {
+        let r = Config::default().readiness;
+        assert!(r.check_upstream);
+        assert_eq!(r.path, None);
+        assert_eq!(r.interval, Duration::from_secs(5));
+        let config = Config::from_toml(
+            "[readiness]\npath = \"/health\"\ninterval = \"1s\"\ntimeout = \"500ms\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.readiness.path.unwrap().as_str(), "/health");
+        for (text, key) in [
+            ("[readiness]\npath = \"health\"\n", "readiness.path"),
+            ("[readiness]\ninterval = \"0s\"\n", "readiness.interval"),
+            (
+                "[readiness]\ninterval = \"1s\"\ntimeout = \"2s\"\n",
+                "readiness.timeout",
+            ),
+        ] {
+            let ConfigError(problems) = Config::from_toml(text).unwrap_err();
+            assert_eq!(problems[0].key, key, "{text}");
         }
     }
 

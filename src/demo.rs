@@ -14,6 +14,10 @@ use crate::proxy::ProxyHandle;
 use crate::sim::{self, SimConfig};
 use crate::units::format_duration;
 
+/// 127.0.0.1 on a port the system picks.
+const LOOPBACK_ANY_PORT: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
 /// Arguments of `metronome demo`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
@@ -77,8 +81,8 @@ async fn demo(args: &DemoArgs) -> Result<(), DemoError> {
     let sim = sim::spawn(TcpListener::bind("127.0.0.1:0").await?, sim_config)?;
 
     let mut config = Config {
-        listen: "127.0.0.1:0".parse().expect("a literal address"),
-        admin: "127.0.0.1:0".parse().expect("a literal address"),
+        listen: LOOPBACK_ANY_PORT,
+        admin: LOOPBACK_ANY_PORT,
         drain_grace: Duration::from_secs(2),
         ..Config::default()
     };
@@ -89,6 +93,7 @@ async fn demo(args: &DemoArgs) -> Result<(), DemoError> {
         match_kind: PathMatch::Exact,
         method: None,
         upstream: config.upstream.clone(),
+        format: None,
     }];
     let proxy = ProxyHandle::start(config).await?;
     let proxy_url = format!("http://{}", proxy.proxy_addr);

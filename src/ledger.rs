@@ -8,10 +8,10 @@
 //! a complete stream, a client that vanished, an upstream that failed, or a task that panicked.
 //! Memory per stream is a few KiB whatever the stream's length.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::format::Format;
 use crate::metrics::{LocalHistogram, Metrics, Outcome, Point};
 use crate::sketch::GapSketch;
 use crate::timeline::{
@@ -59,7 +59,7 @@ impl PointLedger {
                 let seconds = gap.as_secs_f64();
                 self.itl.observe(bounds, seconds);
                 self.gaps.add(gap, 1);
-                if gap > metrics.stall_threshold {
+                if gap > metrics.stall_threshold() {
                     self.stalls += 1;
                     self.stall_durations
                         .observe(metrics.stall_duration.bounds(), seconds);
@@ -192,6 +192,8 @@ pub struct IngressLedger {
     pub frames_total: u64,
     /// The first `max_frames` frames, for the stream's timeline.
     pub timeline: Vec<IngressFrame>,
+    /// The stream's API as detected (set when the ingress reader stops).
+    pub format: Option<Format>,
 }
 
 // === impl IngressLedger ===
@@ -219,6 +221,8 @@ pub struct EgressLedger {
     write_events: u32,
     /// Egress stamp of each kept frame (by frame sequence), µs since the stream began.
     stamps: Vec<u32>,
+    /// Frames whose bytes reached the client socket.
+    frames_stamped: u64,
 }
 
 // === impl EgressLedger ===
@@ -245,6 +249,7 @@ impl EgressLedger {
             }
             self.stamps[seq] = micros_since(received, at);
         }
+        self.frames_stamped += 1;
         self.point.bytes(at);
         self.proxy_delay.observe(
             metrics.proxy_delay.bounds(),
@@ -297,8 +302,8 @@ pub struct StreamLedger {
     egress: Mutex<EgressLedger>,
     /// Put here once by the ingress reader when it stops.
     ingress: Mutex<Option<(IngressLedger, IngressEnd)>>,
-    /// The egress body handed hyper the end of the stream (nothing was cut short).
-    delivered_end: AtomicBool,
+    /// The stream's place among the requests in flight, held until it is recorded.
+    _in_flight: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 // === impl StreamLedger ===
@@ -309,6 +314,7 @@ impl StreamLedger {
         metrics: Arc<Metrics>,
         registry: Arc<StreamRegistry>,
         info: StreamInfo,
+        in_flight: impl Into<Option<tokio::sync::OwnedSemaphorePermit>>,
     ) -> Arc<Self> {
         metrics
             .streams_active
@@ -323,7 +329,7 @@ impl StreamLedger {
             info,
             egress: Mutex::new(EgressLedger::default()),
             ingress: Mutex::new(None),
-            delivered_end: AtomicBool::new(false),
+            _in_flight: in_flight.into(),
         })
     }
 
@@ -374,12 +380,14 @@ impl StreamLedger {
         *self.ingress.lock().unwrap_or_else(|e| e.into_inner()) = Some((ledger, end));
     }
 
-    /// The egress body handed hyper the end of the stream.
-    pub fn delivered_end(&self) {
-        self.delivered_end.store(true, Ordering::Release);
-    }
-
-    fn outcome(&self, ingress: Option<&(IngressLedger, IngressEnd)>) -> Outcome {
+    /// How the stream ended. It was delivered when every frame read from the upstream reached
+    /// the client socket: whether hyper asked the body for its end does not matter (with a
+    /// `content-length` it never does).
+    fn outcome(
+        &self,
+        ingress: Option<&(IngressLedger, IngressEnd)>,
+        frames_stamped: u64,
+    ) -> Outcome {
         let Some((ledger, end)) = ingress else {
             return Outcome::UpstreamError; // the ingress reader never reported: it failed
         };
@@ -388,7 +396,7 @@ impl StreamLedger {
             IngressEnd::UpstreamTimeout => Outcome::UpstreamTimeout,
             IngressEnd::ClientGone => Outcome::ClientCancelled,
             IngressEnd::Complete if ledger.error_event => Outcome::UpstreamError,
-            IngressEnd::Complete if !self.delivered_end.load(Ordering::Acquire) => {
+            IngressEnd::Complete if frames_stamped < ledger.frames_total => {
                 Outcome::ClientCancelled
             }
             IngressEnd::Complete if ledger.point.token_event_count() == 0 => Outcome::NoToken,
@@ -469,7 +477,12 @@ impl Drop for StreamLedger {
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        let outcome = self.outcome(ingress.as_ref());
+        let frames_stamped = self
+            .egress
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .frames_stamped;
+        let outcome = self.outcome(ingress.as_ref(), frames_stamped);
         let model_label = ingress
             .as_ref()
             .and_then(|(l, _)| l.model.clone())
@@ -522,6 +535,14 @@ impl Drop for StreamLedger {
             .streams
             .with_label_values(&[route, model, outcome.as_str()])
             .inc();
+        let format = ingress
+            .as_ref()
+            .and_then(|(l, _)| l.format)
+            .unwrap_or(Format::Unknown);
+        metrics
+            .stream_format
+            .with_label_values(&[route, format.name()])
+            .inc();
         metrics
             .request_duration
             .observe(&[route], self.received.elapsed().as_secs_f64());
@@ -536,6 +557,7 @@ impl Drop for StreamLedger {
             id = &*finished.id,
             route = &*finished.route,
             model = &*finished.model,
+            format = format.name(),
             outcome = outcome.as_str(),
             traceparent = finished.traceparent.as_deref(),
             request_id = finished.request_id.as_deref(),

@@ -38,4 +38,5 @@ pub mod sketch;
 pub mod telemetry;
 pub mod timeline;
 pub mod timeline_json;
+pub mod tls;
 pub mod units;

@@ -100,6 +100,7 @@ impl IngressMeter {
                 .point
                 .token_events(at, counts.token_events, metrics);
         }
+        self.ledger.format = Some(self.accounting.format());
         self.ledger
     }
 
@@ -146,6 +147,16 @@ impl EventSink for IngressSink<'_> {
             self.ledger
                 .tokens_per_event
                 .observe(self.metrics.tokens_per_event.bounds(), f64::from(tokens));
+        } else if let Some(unseen) = classified.tokens {
+            // Tokens that show the reader nothing (a special token) count toward the total only.
+            self.ledger.counted_tokens += u64::from(unseen);
+        }
+    }
+
+    /// llama.cpp's legacy `error:` line is not an SSE field; the accountant says what it means.
+    fn on_unknown_field(&mut self, name: &[u8], value: &[u8]) {
+        if self.accounting.unknown_field(name, value) {
+            self.ledger.error_event = true;
         }
     }
 }

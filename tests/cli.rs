@@ -172,3 +172,75 @@ fn demo_runs_and_reports_both_views() {
         .unwrap_or_default();
     assert!(complete.trim_end().ends_with(" 4"), "{complete}");
 }
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn wait_listening(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn secrets_never_reach_the_logs_even_at_trace_level() {
+    let (sim_port, proxy_port, admin_port) = (free_port(), free_port(), free_port());
+    let mut sim = Command::new(BIN)
+        .args([
+            "sim",
+            "--listen",
+            &format!("127.0.0.1:{sim_port}"),
+            "--gap",
+            "2ms",
+            "--ttft",
+            "2ms",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut serve = Command::new(BIN)
+        .args(["serve", "--listen", &format!("127.0.0.1:{proxy_port}")])
+        .args(["--admin", &format!("127.0.0.1:{admin_port}")])
+        .args(["--upstream", &format!("http://127.0.0.1:{sim_port}")])
+        .env("RUST_LOG", "trace")
+        .stdout(Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    wait_listening(sim_port);
+    wait_listening(proxy_port);
+    for path in ["/v1/chat/completions", "/nowhere"] {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", proxy_port)).unwrap();
+        let body = r#"{"stream":true,"max_tokens":3}"#;
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer SECRET-TOKEN-42\r\nx-api-key: KEY-SECRET-7\r\ncookie: session=SECRET-COOKIE\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1"), "{answer}");
+    }
+    // An upstream failure is logged too: stop the sim and ask again.
+    sim.kill().unwrap();
+    let _ = sim.wait();
+    let _ = std::process::Command::new("curl")
+        .args(["-s", "-H", "authorization: Bearer SECRET-TOKEN-42"])
+        .arg(format!("http://127.0.0.1:{proxy_port}/v1/chat/completions"))
+        .output();
+    send_sigterm(serve.id());
+    let _ = serve.wait();
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    assert!(text.lines().count() > 5, "trace logging ran: {text}");
+    for secret in ["SECRET-TOKEN-42", "KEY-SECRET-7", "SECRET-COOKIE"] {
+        assert!(!text.contains(secret), "{secret} reached the logs");
+    }
+}

@@ -521,3 +521,49 @@ async fn the_admin_listener_answers_health_readiness_and_metrics() {
     );
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_stream_with_a_content_length_is_complete_once_every_byte_is_out() {
+    // hyper never asks a body with a known length for its end: delivery is judged by the bytes.
+    let upstream = Upstream::openai_chat()
+        .tokens(6)
+        .every(ms(5))
+        .with_content_length();
+    let expected = upstream.expected_bytes();
+    let upstream = upstream.start().await;
+    let proxy = proxy_to(upstream.addr).await;
+    let got = stream_chat(proxy.proxy_addr).await;
+    assert_eq!(
+        got.headers["content-length"],
+        expected.len().to_string().as_str()
+    );
+    assert_eq!(got.bytes(), expected);
+    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    assert_eq!(
+        m.value("metronome_streams_total", &[("outcome", "complete")]),
+        1.0
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_metering_off_streams_pass_through_unmeasured() {
+    let upstream = Upstream::openai_chat().tokens(5).every(ms(2));
+    let expected = upstream.expected_bytes();
+    let upstream = upstream.start().await;
+    let proxy = proxy_with(upstream.addr, |c| c.metering_enabled = false).await;
+    let got = stream_chat(proxy.proxy_addr).await;
+    assert_eq!(got.bytes(), expected);
+    assert!(!got.headers.contains_key("x-metronome-stream-id"));
+    let m = scrape_until(&proxy, |m| {
+        m.get("metronome_request_duration_seconds_count", &[])
+            .is_some()
+    })
+    .await;
+    assert_eq!(m.get("metronome_streams_total", &[]), None);
+    assert_eq!(
+        m.value("metronome_requests_total", &[("route", "chat")]),
+        1.0
+    );
+    proxy.shutdown().await;
+}

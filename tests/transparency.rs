@@ -1,6 +1,8 @@
 //! Property: through the real proxy, for generated event streams cut at random offsets into random
 //! frames, the client receives exactly the upstream's bytes, and the proxy counts exactly the
-//! events and token events that a one-shot parse of the whole stream finds.
+//! events and token events that a one-shot parse of the whole stream finds. The same holds for
+//! the recorded stream of every supported API (tests/fixtures/): bytes unchanged, and token
+//! events, tokens, outcome and detected format whatever the framing.
 
 mod support;
 
@@ -8,6 +10,7 @@ use bytes::Bytes;
 use metronome::format::Accounting;
 use metronome::scan::{scan_all, Event, Framing, DEFAULT_MAX_EVENT_BYTES};
 use proptest::prelude::*;
+use support::fixtures::FIXTURES;
 use support::*;
 
 fn text() -> impl Strategy<Value = String> {
@@ -127,6 +130,63 @@ proptest! {
             let expected_gaps = token_events.saturating_sub(1) as f64;
             assert_eq!(m.value(itl, &ingress), expected_gaps);
             assert_eq!(m.value(itl, &egress), expected_gaps);
+            proxy.shutdown().await;
+        });
+    }
+}
+
+/// Events in a fixture by a one-shot scan of the whole body.
+fn fixture_events(content_type: &str, body: &[u8]) -> u64 {
+    let framing = if content_type.contains("ndjson") {
+        Framing::Ndjson
+    } else {
+        Framing::Sse
+    };
+    scan_all(framing, body, DEFAULT_MAX_EVENT_BYTES)
+        .events
+        .len() as u64
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 36, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_api_counts_the_same_in_any_framing(
+        which in 0..FIXTURES.len(),
+        cuts in proptest::collection::vec(0usize..6000, 0..40),
+        pauses in proptest::collection::vec(any::<bool>(), 41),
+    ) {
+        let fixture = FIXTURES[which];
+        let body = fixture.bytes();
+        let events = fixture_events(fixture.content_type, &body);
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async move {
+            let steps = cut(&body, cuts)
+                .into_iter()
+                .enumerate()
+                .map(|(i, f)| Step::Frame(if pauses[i % pauses.len()] { ms(2) } else { ms(0) }, f))
+                .collect();
+            let upstream = Upstream::script(fixture.content_type, steps).start().await;
+            let proxy = proxy_to(upstream.addr).await;
+            let got = request(proxy.proxy_addr, "POST", fixture.path, "{}", false).await;
+            assert!(got.error.is_none());
+            assert_eq!(got.bytes(), body, "{}: the client gets the upstream's bytes exactly", fixture.file);
+            let m = scrape_until(&proxy, |m| m.get("metronome_stream_format_total", &[]).is_some()).await;
+            let what = fixture.file;
+            for point in ["ingress", "egress"] {
+                let at = [("point", point)];
+                assert_eq!(m.value("metronome_events_per_frame_sum", &at), events as f64, "{what} {point}");
+                assert_eq!(
+                    m.value("metronome_inter_token_latency_seconds_count", &at),
+                    (fixture.token_events - 1) as f64,
+                    "{what} {point}"
+                );
+            }
+            let (tokens, source) = fixture.tokens;
+            assert_eq!(m.value("metronome_output_tokens_total", &[("source", source)]), tokens as f64, "{what}");
+            assert_eq!(m.value("metronome_tokens_per_event_sum", &[]), fixture.tokens_per_event_sum as f64, "{what}");
+            assert_eq!(m.value("metronome_streams_total", &[("outcome", fixture.outcome), ("model", fixture.model)]), 1.0, "{what}");
+            assert_eq!(m.value("metronome_stream_format_total", &[("format", fixture.format)]), 1.0, "{what}");
             proxy.shutdown().await;
         });
     }

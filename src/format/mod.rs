@@ -1,15 +1,49 @@
 //! Token accounting: which events of a stream carry output the reader sees, and how many tokens.
 //!
 //! A gap is only meaningful between events that show the reader something, so each streaming API
-//! gets an accountant that classifies its events. The OpenAI-compatible one (vLLM, SGLang,
-//! llama.cpp `/v1`, TGI `/v1`, Ollama `/v1`, OpenAI) lives here; other APIs plug in as further
-//! [`Accounting`] variants. Classifying borrows from the event and never allocates.
+//! gets an accountant that classifies its events, one module per API:
+//!
+//! | module | API |
+//! |---|---|
+//! | [`openai`] | OpenAI-compatible chat and completions (vLLM, SGLang, llama.cpp, TGI, Ollama `/v1`) |
+//! | [`tgi`] | TGI's native `/generate_stream` |
+//! | [`llamacpp`] | llama.cpp's native `/completion` |
+//! | [`sglang`] | SGLang's native `/generate` |
+//! | [`ollama`] | Ollama's `/api/chat` and `/api/generate` (NDJSON) |
+//! | [`responses`] | the OpenAI Responses API |
+//! | [`anthropic`] | Anthropic Messages |
+//! | [`gemini`] | Gemini `streamGenerateContent?alt=sse` |
+//! | [`unknown`] | anything else: every event counts as a token event |
+//!
+//! A stream's accountant is chosen once ([`Accounting::select`]): a route's configured format
+//! wins; otherwise [`detect`] decides from the response's content type, the request path and the
+//! first event. Classifying borrows from the event and never allocates.
 
+pub mod anthropic;
+pub(crate) mod count;
+pub mod detect;
+pub mod gemini;
+pub(crate) mod json;
+pub mod llamacpp;
+pub mod ollama;
 pub mod openai;
+pub mod responses;
+pub mod sglang;
+pub mod tgi;
+pub mod unknown;
 
-use crate::scan::Event;
+use crate::scan::{Event, Framing};
 
+pub use anthropic::AnthropicAccounting;
+pub use detect::AutoAccounting;
+pub use gemini::GeminiAccounting;
+pub use llamacpp::LlamaCppAccounting;
+pub use ollama::OllamaAccounting;
 pub use openai::OpenAiAccounting;
+pub use responses::ResponsesAccounting;
+pub use sglang::SgLangAccounting;
+pub use tgi::TgiAccounting;
+pub use unknown::UnknownAccounting;
 
 /// What one event means for the stream's figures.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -17,6 +51,8 @@ pub struct Classified<'a> {
     /// The event shows the reader output (text, reasoning, tool-call arguments).
     pub token_event: bool,
     /// Exact tokens this event carries, where the format says so; otherwise a token event is 1.
+    /// On an event that is not a token event: tokens the server produced that show the reader
+    /// nothing (TGI's special tokens), counted toward the stream's total only.
     pub tokens: Option<u32>,
     /// The stream's output-token total so far as the server reports it (`usage`), when present.
     pub usage_total: Option<u64>,
@@ -30,11 +66,138 @@ pub struct Classified<'a> {
     pub unparsed: bool,
 }
 
+// === impl Classified ===
+
+impl Classified<'_> {
+    /// An event that could not be inspected.
+    pub(crate) fn unparsed() -> Self {
+        Classified {
+            unparsed: true,
+            ..Classified::default()
+        }
+    }
+
+    /// The format's end marker.
+    pub(crate) fn end() -> Self {
+        Classified {
+            end: true,
+            ..Classified::default()
+        }
+    }
+}
+
+/// The streaming APIs metronome tells apart: the `format` label of
+/// `metronome_stream_format_total` and the values of a route's `format` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// OpenAI-compatible chat and completions chunks.
+    OpenAi,
+    /// TGI's native `/generate_stream`.
+    Tgi,
+    /// llama.cpp's native `/completion`.
+    LlamaCpp,
+    /// SGLang's native `/generate`.
+    SgLang,
+    /// Ollama's native NDJSON API.
+    Ollama,
+    /// The OpenAI Responses API.
+    Responses,
+    /// Anthropic Messages.
+    Anthropic,
+    /// Gemini `streamGenerateContent`.
+    Gemini,
+    /// A stream no accountant recognised.
+    Unknown,
+}
+
+// === impl Format ===
+
+impl Format {
+    /// Every format, `Unknown` last.
+    pub const ALL: [Format; 9] = [
+        Format::OpenAi,
+        Format::Tgi,
+        Format::LlamaCpp,
+        Format::SgLang,
+        Format::Ollama,
+        Format::Responses,
+        Format::Anthropic,
+        Format::Gemini,
+        Format::Unknown,
+    ];
+
+    /// The name operators see: the `format` label and the configuration value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::OpenAi => "openai",
+            Format::Tgi => "tgi",
+            Format::LlamaCpp => "llamacpp",
+            Format::SgLang => "sglang",
+            Format::Ollama => "ollama",
+            Format::Responses => "responses",
+            Format::Anthropic => "anthropic",
+            Format::Gemini => "gemini",
+            Format::Unknown => "unknown",
+        }
+    }
+
+    /// The format a route's `format` key names; `unknown` is an outcome of detection, not a
+    /// choice, so it is not accepted.
+    pub fn from_name(name: &str) -> Option<Format> {
+        Format::ALL
+            .into_iter()
+            .find(|f| *f != Format::Unknown && f.name() == name)
+    }
+
+    /// The API a request path belongs to, by the path each server documents. Matched at the
+    /// end of the path, so a gateway's prefix (`/llama/v1/chat/completions`) does not matter.
+    pub fn from_path(path: &str) -> Option<Format> {
+        let path = path.trim_end_matches('/');
+        if path.contains(":streamGenerateContent") {
+            Some(Format::Gemini)
+        } else if path.ends_with("/api/chat") || path.ends_with("/api/generate") {
+            Some(Format::Ollama)
+        } else if path.ends_with("/chat/completions") || path.ends_with("/v1/completions") {
+            Some(Format::OpenAi)
+        } else if path.ends_with("/generate_stream") {
+            Some(Format::Tgi)
+        } else if path.ends_with("/completion") || path == "/completions" {
+            Some(Format::LlamaCpp)
+        } else if path.ends_with("/generate") {
+            Some(Format::SgLang)
+        } else if path.ends_with("/responses") {
+            Some(Format::Responses)
+        } else if path.ends_with("/messages") {
+            Some(Format::Anthropic)
+        } else {
+            None
+        }
+    }
+}
+
 /// The accountant chosen for one stream.
 #[derive(Debug)]
 pub enum Accounting {
     /// OpenAI-compatible chat and completions chunks.
     OpenAi(OpenAiAccounting),
+    /// TGI's native token events.
+    Tgi(TgiAccounting),
+    /// llama.cpp's native completion chunks.
+    LlamaCpp(LlamaCppAccounting),
+    /// SGLang's native cumulative-text chunks.
+    SgLang(SgLangAccounting),
+    /// Ollama's NDJSON lines.
+    Ollama(OllamaAccounting),
+    /// OpenAI Responses API events.
+    Responses(ResponsesAccounting),
+    /// Anthropic Messages events.
+    Anthropic(AnthropicAccounting),
+    /// Gemini chunks.
+    Gemini(GeminiAccounting),
+    /// A stream of unrecognised shape.
+    Unknown(UnknownAccounting),
+    /// Not decided yet: becomes one of the others at the first event that tells.
+    Auto(AutoAccounting),
 }
 
 // === impl Accounting ===
@@ -45,18 +208,153 @@ impl Accounting {
         Accounting::OpenAi(OpenAiAccounting::default())
     }
 
+    /// The accountant of `format`.
+    pub fn for_format(format: Format) -> Self {
+        match format {
+            Format::OpenAi => Accounting::openai(),
+            Format::Tgi => Accounting::Tgi(TgiAccounting),
+            Format::LlamaCpp => Accounting::LlamaCpp(LlamaCppAccounting::default()),
+            Format::SgLang => Accounting::SgLang(SgLangAccounting::default()),
+            Format::Ollama => Accounting::Ollama(OllamaAccounting),
+            Format::Responses => Accounting::Responses(ResponsesAccounting),
+            Format::Anthropic => Accounting::Anthropic(AnthropicAccounting),
+            Format::Gemini => Accounting::Gemini(GeminiAccounting::default()),
+            Format::Unknown => Accounting::Unknown(UnknownAccounting),
+        }
+    }
+
+    /// The accountant of a new stream: the route's configured format when it has one, otherwise
+    /// detection from the content type's framing, the request path (as
+    /// [`Format::from_path`] read it) and the first events.
+    pub fn select(
+        configured: Option<Format>,
+        framing: Framing,
+        path_format: Option<Format>,
+    ) -> Self {
+        match configured {
+            Some(format) => Accounting::for_format(format),
+            None => Accounting::Auto(AutoAccounting::new(detect::hint_from(framing, path_format))),
+        }
+    }
+
     /// Classifies one event.
     #[inline]
     pub fn classify<'a>(&mut self, event: &Event<'a>) -> Classified<'a> {
         match self {
             Accounting::OpenAi(a) => a.classify(event),
+            Accounting::Tgi(a) => a.classify(event),
+            Accounting::LlamaCpp(a) => a.classify(event),
+            Accounting::SgLang(a) => a.classify(event),
+            Accounting::Ollama(a) => a.classify(event),
+            Accounting::Responses(a) => a.classify(event),
+            Accounting::Anthropic(a) => a.classify(event),
+            Accounting::Gemini(a) => a.classify(event),
+            Accounting::Unknown(a) => a.classify(event),
+            Accounting::Auto(auto) => match auto.decide(event) {
+                Ok(format) => {
+                    *self = Accounting::for_format(format);
+                    self.classify(event)
+                }
+                Err(undecided) => undecided,
+            },
+        }
+    }
+
+    /// An SSE line whose field name is not one of the four the standard knows. A line named
+    /// `error` is an upstream error in every format: llama.cpp's native server reports failures
+    /// mid-stream that way, and nothing uses the name for anything else. Returns whether the
+    /// line reports an error.
+    pub fn unknown_field(&mut self, name: &[u8], _value: &[u8]) -> bool {
+        name == b"error"
+    }
+
+    /// The format of the stream: the one decided, or while undecided the one the path and
+    /// content type suggest; `Unknown` when neither tells.
+    pub fn format(&self) -> Format {
+        match self {
+            Accounting::OpenAi(_) => Format::OpenAi,
+            Accounting::Tgi(_) => Format::Tgi,
+            Accounting::LlamaCpp(_) => Format::LlamaCpp,
+            Accounting::SgLang(_) => Format::SgLang,
+            Accounting::Ollama(_) => Format::Ollama,
+            Accounting::Responses(_) => Format::Responses,
+            Accounting::Anthropic(_) => Format::Anthropic,
+            Accounting::Gemini(_) => Format::Gemini,
+            Accounting::Unknown(_) => Format::Unknown,
+            Accounting::Auto(auto) => auto.hint().unwrap_or(Format::Unknown),
         }
     }
 
     /// The format's name, as operators see it in logs and metrics.
     pub fn name(&self) -> &'static str {
-        match self {
-            Accounting::OpenAi(_) => "openai",
+        self.format().name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_is_not_configurable() {
+        for format in Format::ALL {
+            let parsed = Format::from_name(format.name());
+            if format == Format::Unknown {
+                assert_eq!(parsed, None);
+            } else {
+                assert_eq!(parsed, Some(format));
+            }
+        }
+        assert_eq!(Format::from_name("auto"), None);
+        assert_eq!(Format::from_name("OpenAI"), None);
+    }
+
+    #[test]
+    fn request_paths_of_each_api() {
+        for (path, format) in [
+            ("/v1/chat/completions", Some(Format::OpenAi)),
+            ("/v1/completions", Some(Format::OpenAi)),
+            ("/team-a/v1/chat/completions/", Some(Format::OpenAi)),
+            ("/generate_stream", Some(Format::Tgi)),
+            ("/completion", Some(Format::LlamaCpp)),
+            ("/completions", Some(Format::LlamaCpp)),
+            ("/generate", Some(Format::SgLang)),
+            ("/api/chat", Some(Format::Ollama)),
+            ("/api/generate", Some(Format::Ollama)),
+            ("/v1/responses", Some(Format::Responses)),
+            ("/v1/messages", Some(Format::Anthropic)),
+            (
+                "/v1beta/models/gemini-2.0-flash:streamGenerateContent",
+                Some(Format::Gemini),
+            ),
+            ("/v1/embeddings", None),
+            ("/", None),
+        ] {
+            assert_eq!(Format::from_path(path), format, "{path}");
+        }
+    }
+
+    #[test]
+    fn a_configured_format_is_used_as_is_and_auto_reports_its_hint_until_decided() {
+        let select = |configured, framing, path| {
+            Accounting::select(configured, framing, Format::from_path(path))
+        };
+        let configured = select(Some(Format::Tgi), Framing::Sse, "/v1/chat/completions");
+        assert_eq!(configured.format(), Format::Tgi);
+        let auto = select(None, Framing::Sse, "/v1/messages");
+        assert!(matches!(auto, Accounting::Auto(_)));
+        assert_eq!(auto.name(), "anthropic");
+        assert_eq!(select(None, Framing::Ndjson, "/x").name(), "ollama");
+        let unknown = select(None, Framing::Sse, "/stream");
+        assert_eq!(unknown.name(), "unknown");
+    }
+
+    #[test]
+    fn an_error_line_is_an_error_in_every_format() {
+        for format in Format::ALL {
+            let mut accounting = Accounting::for_format(format);
+            assert!(accounting.unknown_field(b"error", b"{\"code\":500}"));
+            assert!(!accounting.unknown_field(b"x-trace", b"1"));
         }
     }
 }

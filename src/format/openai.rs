@@ -5,7 +5,11 @@
 //! Role-only and empty deltas (vLLM sends empty `content` for special tokens and for bytes held
 //! back until they form valid UTF-8), finish chunks, usage-only chunks and `[DONE]` are not.
 //! When vLLM or SGLang send continuous usage stats, the growth of `usage.completion_tokens` since
-//! the previous token event is that event's exact token count.
+//! the previous token event is that event's exact token count. When vLLM returns `token_ids`
+//! (`return_token_ids`), their number is the exact count of the event, and ids on an event that
+//! shows nothing (a held-back byte, a special token) count toward the total only.
+//! `[DONE]` (with or without a space after `data:`) ends the stream; `{"error": ...}` or
+//! `{"object": "error"}` mid-stream is an upstream error.
 
 use std::fmt;
 
@@ -13,6 +17,8 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::count::RunningCount;
+use super::json::{is_literal, non_empty_string, plain_string, present, ArrayLen};
 use super::Classified;
 use crate::scan::Event;
 
@@ -20,9 +26,7 @@ use crate::scan::Event;
 #[derive(Debug, Default, Clone)]
 pub struct OpenAiAccounting {
     /// `usage.completion_tokens` at the previous token event, for exact per-event counts.
-    tokens_at_last_token_event: Option<u64>,
-    /// The latest `usage.completion_tokens` seen.
-    latest_usage: Option<u64>,
+    usage: RunningCount,
 }
 
 // === impl OpenAiAccounting ===
@@ -30,7 +34,7 @@ pub struct OpenAiAccounting {
 impl OpenAiAccounting {
     /// Classifies one event of the stream.
     pub fn classify<'a>(&mut self, event: &Event<'a>) -> Classified<'a> {
-        let data = trim_ascii(event.data);
+        let data = event.data.trim_ascii();
         if data == b"[DONE]" {
             return Classified {
                 end: true,
@@ -49,21 +53,14 @@ impl OpenAiAccounting {
                 ..Classified::default()
             };
         };
-        let error = chunk.error.is_some_and(|e| e.get() != "null")
-            || chunk.object.is_some_and(|o| o.get() == "\"error\"");
+        let error = present(chunk.error) || is_literal(chunk.object, r#""error""#);
         let usage_total = chunk.usage.and_then(|u| u.completion_tokens);
-        if usage_total.is_some() {
-            self.latest_usage = usage_total;
-        }
         let token_event = chunk.choices.token_event;
-        let mut tokens = None;
+        let mut tokens = chunk.choices.token_ids.filter(|n| *n > 0);
         if token_event {
             if let Some(now) = usage_total {
-                let before = self.tokens_at_last_token_event.unwrap_or(0);
-                tokens = u32::try_from(now.saturating_sub(before))
-                    .ok()
-                    .filter(|n| *n > 0);
-                self.tokens_at_last_token_event = Some(now);
+                let grew = self.usage.token_event(now);
+                tokens = tokens.or(grew);
             }
         }
         Classified {
@@ -75,30 +72,6 @@ impl OpenAiAccounting {
             error,
             unparsed: false,
         }
-    }
-}
-
-/// The text of a JSON string that has no escapes, without its quotes.
-pub(crate) fn plain_string(raw: &RawValue) -> Option<&str> {
-    let text = raw.get();
-    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
-    (!inner.contains('\\')).then_some(inner)
-}
-
-/// A JSON value that is a non-empty string (raw, so nothing is unescaped or allocated).
-fn non_empty_string(raw: Option<&RawValue>) -> bool {
-    raw.is_some_and(|r| {
-        let text = r.get();
-        text.len() > 2 && text.starts_with('"')
-    })
-}
-
-fn trim_ascii(bytes: &[u8]) -> &[u8] {
-    let start = bytes.iter().position(|b| !b.is_ascii_whitespace());
-    let end = bytes.iter().rposition(|b| !b.is_ascii_whitespace());
-    match (start, end) {
-        (Some(s), Some(e)) => &bytes[s..=e],
-        _ => &[],
     }
 }
 
@@ -125,7 +98,10 @@ struct Usage {
 /// The `choices` array folded to what matters, without collecting it.
 #[derive(Default)]
 struct ChoicesSummary {
+    /// Some choice shows the reader output.
     token_event: bool,
+    /// The `token_ids` of all choices together, when any choice has them.
+    token_ids: Option<u32>,
 }
 
 impl<'de> Deserialize<'de> for ChoicesSummary {
@@ -143,6 +119,9 @@ impl<'de> Deserialize<'de> for ChoicesSummary {
                 let mut summary = ChoicesSummary::default();
                 while let Some(choice) = seq.next_element::<Choice<'de>>()? {
                     summary.token_event |= choice.shows_output();
+                    if let Some(n) = choice.token_ids.0 {
+                        summary.token_ids = Some(summary.token_ids.unwrap_or(0).saturating_add(n));
+                    }
                 }
                 Ok(summary)
             }
@@ -157,6 +136,9 @@ struct Choice<'a> {
     delta: Option<Delta<'a>>,
     #[serde(borrow, default)]
     text: Option<&'a RawValue>,
+    /// vLLM's `return_token_ids`: the ids of the tokens this choice's delta carries.
+    #[serde(default)]
+    token_ids: ArrayLen,
 }
 
 impl Choice<'_> {
@@ -329,5 +311,52 @@ mod tests {
         assert!(classify(&mut acc, "{not json").unparsed);
         let escaped = classify(&mut acc, r#"{"model":"a\"b","choices":[]}"#);
         assert_eq!(escaped.model, None);
+    }
+
+    #[test]
+    fn done_with_and_without_a_space() {
+        // The scanner drops one space after `data:`; a second one, or none, reaches the accountant.
+        let mut acc = OpenAiAccounting::default();
+        for data in ["[DONE]", " [DONE]", "[DONE]\r", "  [DONE]  "] {
+            let done = classify(&mut acc, data);
+            assert!(done.end && !done.token_event && !done.unparsed, "{data:?}");
+        }
+    }
+
+    #[test]
+    fn token_ids_are_the_exact_count_of_their_event() {
+        let mut acc = OpenAiAccounting::default();
+        let two = classify(
+            &mut acc,
+            r#"{"choices":[{"index":0,"delta":{"content":"Hello"},"token_ids":[9906,0]}]}"#,
+        );
+        assert!(two.token_event);
+        assert_eq!(two.tokens, Some(2));
+        let held = classify(
+            &mut acc,
+            r#"{"choices":[{"index":0,"delta":{"content":""},"token_ids":[127]}]}"#,
+        );
+        assert!(!held.token_event);
+        assert_eq!(held.tokens, Some(1), "counted toward the total only");
+        let both = classify(
+            &mut acc,
+            r#"{"choices":[{"index":0,"text":"a","token_ids":[1]},{"index":1,"text":"b","token_ids":[2,3,4]}]}"#,
+        );
+        assert_eq!(both.tokens, Some(4), "all choices of the chunk");
+        let with_usage = classify(
+            &mut acc,
+            r#"{"choices":[{"index":0,"delta":{"content":"x"},"token_ids":[5]}],"usage":{"completion_tokens":9}}"#,
+        );
+        assert_eq!(
+            with_usage.tokens,
+            Some(1),
+            "the ids win over the usage growth"
+        );
+        assert_eq!(with_usage.usage_total, Some(9));
+        let none = classify(
+            &mut acc,
+            r#"{"choices":[{"index":0,"delta":{"content":"x"},"token_ids":null}]}"#,
+        );
+        assert_eq!(none.tokens, None);
     }
 }

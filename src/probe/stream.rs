@@ -181,11 +181,12 @@ pub struct Recorder {
 // === impl Recorder ===
 
 impl Recorder {
-    /// A recorder for a body of the given framing (OpenAI-compatible accounting).
+    /// A recorder for a body of the given framing; the streaming API is detected from the first
+    /// events exactly as the proxy detects it (OpenAI, TGI, Anthropic, Ollama, ...).
     pub fn new(framing: Framing) -> Self {
         Recorder {
             scanner: Scanner::new(framing, DEFAULT_MAX_EVENT_BYTES),
-            accounting: Accounting::openai(),
+            accounting: Accounting::select(None, framing, None),
             error_events: 0,
         }
     }

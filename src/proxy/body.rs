@@ -70,12 +70,14 @@ impl Body for ProxyBody {
     }
 }
 
-/// Records `metronome_request_duration_seconds` once, when the body ends or is dropped.
+/// Records `metronome_request_duration_seconds` once, when the body ends or is dropped, and
+/// holds the request's place among those in flight until then.
 #[derive(Debug)]
 struct DurationRecorder {
     metrics: Arc<Metrics>,
     route: Arc<str>,
     received: Instant,
+    _in_flight: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Drop for DurationRecorder {
@@ -100,13 +102,20 @@ pin_project_lite::pin_project! {
 
 impl<B> TimedBody<B> {
     /// Wraps `inner`; the duration runs from `received` to the body's end.
-    pub fn new(inner: B, metrics: Arc<Metrics>, route: Arc<str>, received: Instant) -> Self {
+    pub fn new(
+        inner: B,
+        metrics: Arc<Metrics>,
+        route: Arc<str>,
+        received: Instant,
+        in_flight: tokio::sync::OwnedSemaphorePermit,
+    ) -> Self {
         TimedBody {
             inner,
             recorder: Some(DurationRecorder {
                 metrics,
                 route,
                 received,
+                _in_flight: in_flight,
             }),
         }
     }
@@ -130,6 +139,63 @@ where
             this.recorder.take();
         }
         result
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The request body as it goes upstream: the client's body, streamed, cut off with an error past
+/// `limit` bytes so an oversized upload cannot run on.
+#[derive(Debug)]
+pub struct RequestBody {
+    inner: hyper::body::Incoming,
+    remaining: u64,
+    limit: u64,
+}
+
+/// A request body went past `limits.max_request_body_bytes`.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body is larger than {0} bytes")]
+pub struct BodyTooLarge(pub u64);
+
+// === impl RequestBody ===
+
+impl RequestBody {
+    /// Streams `inner`, allowing at most `limit` bytes.
+    pub fn new(inner: hyper::body::Incoming, limit: u64) -> Self {
+        RequestBody {
+            inner,
+            remaining: limit,
+            limit,
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                let len = data.len() as u64;
+                if len > self.remaining {
+                    return Poll::Ready(Some(Err(Box::new(BodyTooLarge(self.limit)))));
+                }
+                self.remaining -= len;
+            }
+        }
+        polled.map_err(Into::into)
     }
 
     fn is_end_stream(&self) -> bool {

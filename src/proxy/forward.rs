@@ -11,12 +11,12 @@ use std::time::Instant;
 use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 
-use super::body::{ProxyBody, TimedBody};
+use super::body::{BodyTooLarge, ProxyBody, RequestBody, TimedBody};
 use super::egress_clock::EgressClock;
 use super::headers::{append_forwarded, content_type_essence, remove_hop_by_hop};
 use super::metered::{meter, MeterSettings};
 use super::ProxyState;
-use crate::format::Accounting;
+use crate::format::{Accounting, Format};
 use crate::ledger::{StreamInfo, StreamLedger};
 use crate::metrics::status_class;
 use crate::scan::Framing;
@@ -100,14 +100,44 @@ pub async fn handle(
     if !beacon_path.is_empty() && request.uri().path() == beacon_path {
         return Ok(crate::beacon::answer(request, &state).await);
     }
+    let Ok(permit) = state.requests_in_flight.clone().try_acquire_owned() else {
+        let route = state
+            .router()
+            .route(request.method(), request.uri().path())
+            .name
+            .clone();
+        return Ok(state.answer_error(
+            &route,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "metronome has too many requests in flight",
+        ));
+    };
     let started_unix_ms = unix_ms();
     let traceparent = bounded_header(request.headers(), "traceparent");
     let request_id = bounded_header(request.headers(), "x-request-id");
+    // Known before the request moves on; with the response's framing it hints at the API.
+    let path_format = Format::from_path(request.uri().path());
     let route = state
-        .router
+        .router()
         .route(request.method(), request.uri().path())
         .clone();
-    let upstream_request = match upstream_request(request, &route.upstream, &connection) {
+    let body_limit = state.config.limits.max_request_body_bytes;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > body_limit) {
+        return Ok(state.answer_error(
+            &route.name,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            &format!("the request body is larger than {body_limit} bytes"),
+        ));
+    }
+    let upstream_request = match upstream_request(request, &route.upstream, &connection, body_limit)
+    {
         Ok(r) => r,
         Err(message) => {
             return Ok(state.answer_error(
@@ -127,6 +157,14 @@ pub async fn handle(
     .await;
     let response = match sent {
         Ok(Ok(response)) => response,
+        Ok(Err(error)) if error_chain(&error).any(|e| e.is::<BodyTooLarge>()) => {
+            return Ok(state.answer_error(
+                &route.name,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                &format!("the request body is larger than {body_limit} bytes"),
+            ));
+        }
         Ok(Err(error)) => {
             let failure = UpstreamFailure::classify(&error);
             state.count_upstream_error(&route.name, failure.kind());
@@ -166,6 +204,7 @@ pub async fn handle(
         .inc();
 
     let framing = content_type_essence(&parts.headers)
+        .filter(|_| config.metering_enabled)
         .filter(|essence| config.stream_content_types.iter().any(|c| c == essence))
         .map(|essence| {
             let encoded = parts
@@ -184,7 +223,13 @@ pub async fn handle(
             }
         });
     let Some(framing) = framing else {
-        let body = TimedBody::new(body, state.metrics.clone(), route.name.clone(), received);
+        let body = TimedBody::new(
+            body,
+            state.metrics.clone(),
+            route.name.clone(),
+            received,
+            permit,
+        );
         return Ok(Response::from_parts(parts, ProxyBody::Passthrough { body }));
     };
 
@@ -211,7 +256,7 @@ pub async fn handle(
         traceparent,
         request_id,
     };
-    let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info);
+    let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info, permit);
     let settings = MeterSettings {
         framing,
         max_event_bytes: config.max_event_bytes,
@@ -222,7 +267,7 @@ pub async fn handle(
     let body = meter(
         body,
         &settings,
-        Accounting::openai(),
+        Accounting::select(route.format, framing, path_format),
         ledger,
         connection.clock.clone(),
     );
@@ -252,7 +297,8 @@ fn upstream_request(
     request: Request<Incoming>,
     upstream: &crate::config::Upstream,
     connection: &Connection,
-) -> Result<Request<Incoming>, String> {
+    body_limit: u64,
+) -> Result<Request<RequestBody>, String> {
     let (mut parts, body) = request.into_parts();
     let path_and_query = parts
         .uri
@@ -282,5 +328,8 @@ fn upstream_request(
     append_forwarded(&mut parts.headers, "x-forwarded-proto", connection.scheme);
     parts.uri = uri;
     parts.version = http::Version::HTTP_11;
-    Ok(Request::from_parts(parts, body))
+    Ok(Request::from_parts(
+        parts,
+        RequestBody::new(body, body_limit),
+    ))
 }

@@ -1,5 +1,8 @@
-//! The proxy listener: accepts connections, wraps each one's IO in the egress clock, and serves
-//! HTTP/1.1 and HTTP/2 on it until shutdown, then drains.
+//! The proxy listener: accepts connections (plain or TLS), wraps each one's socket in the egress
+//! clock, and serves HTTP/1.1 and HTTP/2 on it until shutdown, then drains.
+//!
+//! Connections beyond `limits.max_connections` are answered 503 and closed at once; request heads
+//! beyond `limits.max_header_bytes` are answered 431 by hyper.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -8,12 +11,19 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 
 use super::egress_clock::{EgressClock, EgressIo};
 use super::forward::{handle, Connection};
 use super::ProxyState;
+use crate::tls;
+
+/// What an over-limit connection is told before it is closed.
+const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: 84\r\nconnection: close\r\n\r\n{\"error\":{\"type\":\"overloaded\",\"message\":\"metronome has too many open connections\"}}\n";
 
 /// Accepts and serves connections until `shutdown` resolves, then waits up to the drain grace
 /// for in-flight requests and streams to finish.
@@ -22,16 +32,32 @@ pub async fn serve(
     state: Arc<ProxyState>,
     shutdown: impl Future<Output = ()> + Send,
 ) {
+    let limits = &state.config.limits;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
-    builder.http2().timer(TokioTimer::new());
+        .header_read_timeout(Duration::from_secs(30))
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    let acceptor = match &state.tls {
+        Some(cert) => match tls::server_config(cert.clone()) {
+            Ok(config) => Some(TlsAcceptor::from(config)),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the TLS configuration; not serving");
+                return;
+            }
+        },
+        None => None,
+    };
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let (stream, remote) = tokio::select! {
+        let (mut stream, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -43,21 +69,46 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            let plain = acceptor.is_none();
+            tokio::spawn(async move {
+                if plain {
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), stream.write_all(BUSY)).await;
+                }
+                let _ = stream.shutdown().await;
+            });
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let clock = Arc::new(EgressClock::new());
         let connection = Connection {
             remote,
-            scheme: "http",
+            scheme: if acceptor.is_some() { "https" } else { "http" },
             clock: clock.clone(),
         };
-        let io = TokioIo::new(EgressIo::new(stream, clock));
+        let io = EgressIo::new(stream, clock);
         let state = state.clone();
-        let service = service_fn(move |request| handle(request, state.clone(), connection.clone()));
-        let conn = builder.serve_connection(io, service).into_owned();
-        let conn = graceful.watch(conn);
+        let builder = builder.clone();
+        let acceptor = acceptor.clone();
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, %remote, "client connection ended with an error");
+            let _permit = permit;
+            match acceptor {
+                None => serve_connection(io, &builder, watcher, state, connection).await,
+                Some(acceptor) => {
+                    let handshake = tokio::time::timeout(
+                        state.config.tls_handshake_timeout,
+                        acceptor.accept(io),
+                    );
+                    match handshake.await {
+                        Ok(Ok(tls)) => {
+                            serve_connection(tls, &builder, watcher, state, connection).await
+                        }
+                        Ok(Err(e)) => tracing::debug!(error = %e, %remote, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+                    }
+                }
             }
         });
     }
@@ -66,5 +117,25 @@ pub async fn serve(
     tokio::select! {
         _ = graceful.shutdown() => tracing::debug!("all connections drained"),
         _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "drain grace over; closing the remaining connections"),
+    }
+}
+
+/// Serves HTTP on one connection's IO (plain, or TLS over the clocked socket).
+async fn serve_connection<I>(
+    io: I,
+    builder: &auto::Builder<TokioExecutor>,
+    watcher: Watcher,
+    state: Arc<ProxyState>,
+    connection: Connection,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let remote = connection.remote;
+    let service = service_fn(move |request| handle(request, state.clone(), connection.clone()));
+    let conn = builder
+        .serve_connection(TokioIo::new(io), service)
+        .into_owned();
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!(error = %e, %remote, "client connection ended with an error");
     }
 }

@@ -279,7 +279,6 @@ impl Body for EgressBody {
             }
             Some(Message::End) => {
                 self.ended = true;
-                self.ledger.delivered_end();
                 None
             }
             None => {

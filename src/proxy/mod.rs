@@ -13,15 +13,16 @@ pub mod forward;
 pub mod headers;
 pub mod listener;
 pub mod metered;
+pub mod reload;
 pub mod router;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use http::{header, HeaderValue, Response, StatusCode};
-use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -32,8 +33,21 @@ use tokio::task::JoinHandle;
 use crate::config::{Config, ServeArgs};
 use crate::metrics::{status_class, Metrics, ModelLabels};
 use crate::timeline::StreamRegistry;
+use crate::tls;
 use body::ProxyBody;
+use body::RequestBody;
 use router::Router;
+
+/// Why the proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The metrics could not be registered.
+    #[error("cannot register the metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// The TLS material could not be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+}
 
 /// The error type of response bodies: anything that aborts a response.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -66,12 +80,15 @@ impl StreamIds {
 /// Everything request handling shares, built once at start.
 #[derive(Debug)]
 pub struct ProxyState {
-    /// The validated configuration.
+    /// The configuration metronome started with. What a reload cannot change (listeners,
+    /// timeouts, buffer bounds, buckets) is read from here.
     pub config: Arc<Config>,
-    /// The routing table.
-    pub router: Router,
-    /// The pooled upstream client; request bodies are streamed through it, never buffered.
-    pub client: Client<HttpConnector, Incoming>,
+    /// What a SIGHUP reload swaps (see [`reload`]): a lock held only to clone two `Arc`s, so a
+    /// request takes one consistent snapshot and streams in flight keep theirs.
+    live: RwLock<Live>,
+    /// The pooled upstream client (http and https); request bodies are streamed through it,
+    /// never buffered.
+    pub client: Client<HttpsConnector<HttpConnector>, RequestBody>,
     /// The metric contract.
     pub metrics: Arc<Metrics>,
     /// Stream IDs for the response header.
@@ -80,13 +97,17 @@ pub struct ProxyState {
     pub draining: AtomicBool,
     /// Recent streams and their timelines; who may send a beacon.
     pub registry: Arc<StreamRegistry>,
+    /// The listener's certificate, reloadable; `None` for plain HTTP.
+    pub tls: Option<Arc<tls::ReloadableCert>>,
+    /// Requests in flight (`limits.max_requests`).
+    pub requests_in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 // === impl ProxyState ===
 
 impl ProxyState {
-    /// Builds the shared state: metrics, router and the pooled client.
-    pub fn new(config: Config) -> Result<Self, prometheus::Error> {
+    /// Builds the shared state: metrics, router, TLS and the pooled client.
+    pub fn new(config: Config) -> Result<Self, StartError> {
         let metrics = Metrics::new(
             &config.buckets,
             ModelLabels::new(&config.models.allow, config.models.max),
@@ -95,7 +116,24 @@ impl ProxyState {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.enforce_http(true);
+        connector.enforce_http(false);
+        let tls_client = tls::client_config(
+            config.upstream_tls.ca.as_deref(),
+            config
+                .upstream_tls
+                .client_cert
+                .as_ref()
+                .map(|(c, k)| (c.as_path(), k.as_path())),
+        )?;
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_client)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
+        let listener_tls = match &config.tls {
+            Some(t) => Some(Arc::new(tls::ReloadableCert::load(&t.cert, &t.key)?)),
+            None => None,
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(90))
             .build(connector);
@@ -103,15 +141,51 @@ impl ProxyState {
             config.timeline.max_streams,
             config.timeline.max_frames,
         ));
+        let requests_in_flight = Arc::new(tokio::sync::Semaphore::new(config.limits.max_requests));
+        let config = Arc::new(config);
         Ok(ProxyState {
-            router: Router::new(&config),
-            config: Arc::new(config),
+            tls: listener_tls,
+            requests_in_flight,
+            live: RwLock::new(Live {
+                router: Arc::new(Router::new(&config)),
+                config: config.clone(),
+            }),
+            config,
             client,
             metrics: Arc::new(metrics),
             stream_ids: StreamIds::new(),
             draining: AtomicBool::new(false),
             registry,
         })
+    }
+
+    /// The routing table in force now; take it once per request.
+    pub fn router(&self) -> Arc<Router> {
+        self.live().router
+    }
+
+    /// The configuration in force now: the start configuration with what reloads changed.
+    pub fn live_config(&self) -> Arc<Config> {
+        self.live().config
+    }
+
+    fn live(&self) -> Live {
+        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts a reloaded configuration and its routing table in force.
+    fn set_live(&self, config: Arc<Config>) {
+        let router = Arc::new(Router::new(&config));
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Live { config, router };
+    }
+
+    /// Reloads the listener's certificate from its files; `Ok(false)` when the listener is plain.
+    /// New handshakes get the new certificate; on failure the old one stays.
+    pub fn reload_tls(&self) -> Result<bool, tls::TlsError> {
+        match &self.tls {
+            Some(cert) => cert.reload().map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// A JSON error answered by metronome itself: `{"error":{"type":…,"message":…}}`.
@@ -145,6 +219,13 @@ impl ProxyState {
     }
 }
 
+/// The reloadable part of [`ProxyState`].
+#[derive(Debug, Clone)]
+struct Live {
+    config: Arc<Config>,
+    router: Arc<Router>,
+}
+
 /// A running proxy: its bound addresses and the means to stop it. Tests and the demo start one
 /// in-process on `127.0.0.1:0`.
 #[derive(Debug)]
@@ -155,8 +236,12 @@ pub struct ProxyHandle {
     pub admin_addr: SocketAddr,
     /// The shared state (metrics, config).
     pub state: Arc<ProxyState>,
+    /// Stops the proxy listener (then it drains).
     shutdown: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    /// Stops the admin listener, after the drain.
+    admin_shutdown: watch::Sender<bool>,
+    proxy_task: JoinHandle<()>,
+    admin_task: JoinHandle<()>,
 }
 
 // === impl ProxyHandle ===
@@ -170,6 +255,11 @@ impl ProxyHandle {
         Ok(Self::serve(proxy_listener, admin_listener, state))
     }
 
+    /// Reloads the listener's certificate (SIGHUP): kept as it is when the new pair fails.
+    pub fn reload_tls(&self) -> Result<bool, tls::TlsError> {
+        self.state.reload_tls()
+    }
+
     /// Serves on listeners that are already bound.
     pub fn serve(
         proxy_listener: TcpListener,
@@ -177,6 +267,7 @@ impl ProxyHandle {
         state: Arc<ProxyState>,
     ) -> Self {
         let (shutdown, watch_rx) = watch::channel(false);
+        let (admin_shutdown, admin_rx) = watch::channel(false);
         let proxy_addr = proxy_listener
             .local_addr()
             .unwrap_or_else(|_| state.config.listen);
@@ -186,34 +277,36 @@ impl ProxyHandle {
         let signal = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let tasks = vec![
-            tokio::spawn(listener::serve(
-                proxy_listener,
-                state.clone(),
-                signal(watch_rx.clone()),
-            )),
-            tokio::spawn(crate::admin::serve(
-                admin_listener,
-                state.clone(),
-                signal(watch_rx),
-            )),
-        ];
+        let proxy_task = tokio::spawn(listener::serve(
+            proxy_listener,
+            state.clone(),
+            signal(watch_rx),
+        ));
+        let admin_task = tokio::spawn(crate::admin::serve(
+            admin_listener,
+            state.clone(),
+            signal(admin_rx),
+        ));
         ProxyHandle {
             proxy_addr,
             admin_addr,
             state,
             shutdown,
-            tasks,
+            admin_shutdown,
+            proxy_task,
+            admin_task,
         }
     }
 
     /// Stops accepting, drains in-flight streams for up to the configured grace, and returns.
+    /// The admin listener stays up through the drain, so `/readyz` answers 503 and the last
+    /// streams' metrics can still be scraped; it stops once the drain is over.
     pub async fn shutdown(self) {
         self.state.draining.store(true, Ordering::SeqCst);
         let _ = self.shutdown.send(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
+        let _ = self.proxy_task.await;
+        let _ = self.admin_shutdown.send(true);
+        let _ = self.admin_task.await;
     }
 }
 
@@ -243,7 +336,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         upstream = %handle.state.config.upstream,
         "metronome serving"
     );
-    wait_for_termination().await;
+    reload::reload_on_sighup(&handle.state, &args, wait_for_termination()).await;
     tracing::info!(
         grace = ?handle.state.config.drain_grace,
         "draining in-flight streams"

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::config::{Config, PathMatch, RouteConfig, Upstream};
+use crate::format::Format;
 
 /// The route label of requests that match no configured route.
 pub const OTHER_ROUTE: &str = "other";
@@ -15,6 +16,8 @@ pub struct Route {
     pub name: Arc<str>,
     /// Where the request goes.
     pub upstream: Arc<Upstream>,
+    /// The streaming API configured for the route; `None` detects it per stream.
+    pub format: Option<Format>,
 }
 
 /// The routing table, built once from the configuration.
@@ -36,6 +39,7 @@ impl Router {
                 let route = Route {
                     name: Arc::from(r.name.as_str()),
                     upstream: Arc::new(r.upstream.clone()),
+                    format: r.format,
                 };
                 (r.clone(), route)
             })
@@ -45,6 +49,7 @@ impl Router {
             fallback: Route {
                 name: Arc::from(OTHER_ROUTE),
                 upstream: Arc::new(config.upstream.clone()),
+                format: None,
             },
         }
     }

@@ -2,6 +2,8 @@
 //! that records every frame, and a reader for the Prometheus text format.
 #![allow(dead_code)]
 
+pub mod fixtures;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -51,6 +53,7 @@ pub struct Upstream {
     usage: bool,
     scripted: bool,
     echo_headers: bool,
+    content_length: bool,
 }
 
 /// What a running scripted upstream saw.
@@ -88,6 +91,7 @@ impl Upstream {
             usage: true,
             scripted: false,
             echo_headers: false,
+            content_length: false,
         }
     }
 
@@ -150,6 +154,12 @@ impl Upstream {
     pub fn then(mut self, step: Step) -> Self {
         self.materialize();
         self.steps.push(step);
+        self
+    }
+
+    /// Declare the body's length in `content-length` (instead of chunked encoding).
+    pub fn with_content_length(mut self) -> Self {
+        self.content_length = true;
         self
     }
 
@@ -306,6 +316,10 @@ impl Upstream {
         response
             .headers_mut()
             .insert("content-type", self.content_type.parse().unwrap());
+        if self.content_length {
+            let len = self.expected_bytes().len();
+            response.headers_mut().insert("content-length", len.into());
+        }
         response
     }
 }

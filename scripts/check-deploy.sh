@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# Checks everything under deploy/ offline, and shows each checker failing on a broken copy.
+#
+#   scripts/check-deploy.sh
+#
+# Installs what it needs when missing (Debian `prometheus` for promtool, PyPI
+# `kubernetes-validate`, which brings PyYAML and jsonschema). Runs as root in CI; elsewhere it
+# needs the tools already there or sudo-less apt/pip rights. Exits non-zero on any failure and
+# prints a summary. Takes well under a minute once the tools are installed.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+passed=()
+failed=()
+skipped=()
+
+step() { printf '\n== %s\n' "$1"; }
+pass() { passed+=("$1"); printf 'PASS  %s\n' "$1"; }
+fail() { failed+=("$1"); printf 'FAIL  %s\n' "$1"; }
+skip() { skipped+=("$1"); printf 'SKIP  %s\n' "$1"; }
+
+# Runs a check that must succeed.
+check() {
+    local name=$1
+    shift
+    if "$@" >"$TMP/out" 2>&1; then
+        sed 's/^/    /' "$TMP/out" | tail -n 40
+        pass "$name"
+    else
+        sed 's/^/    /' "$TMP/out" | tail -n 60
+        fail "$name"
+    fi
+}
+
+# Runs a check on a broken copy, which must fail: a checker that cannot fail checks nothing.
+must_fail() {
+    local name=$1
+    shift
+    if "$@" >"$TMP/out" 2>&1; then
+        sed 's/^/    /' "$TMP/out" | tail -n 20
+        fail "$name (the broken copy passed)"
+    else
+        printf '    caught: %s\n' "$(grep -m1 -E 'FAIL|ERROR|error|Unknown|FAILED' "$TMP/out" | cut -c1-160)"
+        pass "$name"
+    fi
+}
+
+# --- tools -----------------------------------------------------------------------------------
+step "tools"
+if ! command -v promtool >/dev/null; then
+    echo "installing Debian prometheus (promtool)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
+        || echo "could not install prometheus"
+    # The package starts a server on :9090 where systemd runs; it is not needed here.
+    systemctl stop prometheus >/dev/null 2>&1 || true
+fi
+if ! python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
+    echo "installing kubernetes-validate from PyPI"
+    python3 -m pip install -q kubernetes-validate || echo "could not install kubernetes-validate"
+fi
+promtool --version 2>&1 | head -1
+python3 -c 'import kubernetes_validate.version as v; print("kubernetes-validate", v.__version__)' 2>/dev/null \
+    || python3 -m pip show kubernetes-validate 2>/dev/null | head -2
+command -v kubectl >/dev/null && kubectl version --client 2>/dev/null | head -2
+command -v systemd-analyze >/dev/null && systemd-analyze --version | head -1
+
+# --- Prometheus ------------------------------------------------------------------------------
+step "Prometheus rules and scrape config"
+check "promtool check rules" promtool check rules deploy/prometheus/rules/*.yml
+check "promtool test rules (every alert firing and silent)" \
+    promtool test rules deploy/prometheus/tests/metronome_test.yml
+# Every alert must have a firing case and a silent case in the tests.
+check "every alert has a firing and a silent test" python3 - <<'EOF'
+import yaml, sys
+alerts = [r["alert"] for g in yaml.safe_load(open("deploy/prometheus/rules/metronome.alerts.yml"))["groups"]
+          for r in g["rules"] if "alert" in r]
+tests = yaml.safe_load(open("deploy/prometheus/tests/metronome_test.yml"))["tests"]
+cases = [c for t in tests for c in t.get("alert_rule_test", [])]
+bad = 0
+for a in alerts:
+    fire = sum(1 for c in cases if c["alertname"] == a and c.get("exp_alerts"))
+    silent = sum(1 for c in cases if c["alertname"] == a and not c.get("exp_alerts"))
+    print(f"{a:40s} firing cases {fire}  silent cases {silent}")
+    if not fire or not silent:
+        bad += 1
+for g in yaml.safe_load(open("deploy/prometheus/rules/metronome.alerts.yml"))["groups"]:
+    for r in g["rules"]:
+        for key in ("summary", "description", "runbook_url"):
+            if key not in r.get("annotations", {}):
+                print(f"{r['alert']}: no {key} annotation"); bad += 1
+        if r.get("labels", {}).get("severity") not in ("page", "ticket"):
+            print(f"{r['alert']}: severity must be page or ticket"); bad += 1
+        anchor = r["annotations"].get("runbook_url", "").split("#")[-1]
+        if f'<a id="{anchor}"></a>' not in open("docs/operations.md").read():
+            print(f"{r['alert']}: docs/operations.md has no runbook anchor {anchor}"); bad += 1
+sys.exit(1 if bad else 0)
+EOF
+check "alert tests are what scripts/deploy-gen-alert-tests.py writes" \
+    bash -c "python3 scripts/deploy-gen-alert-tests.py '$TMP/t.yml' && diff -u deploy/prometheus/tests/metronome_test.yml '$TMP/t.yml'"
+# Debian's Prometheus is built without Kubernetes discovery: check the rest of the file with the
+# kubernetes_sd_configs block swapped for an empty static list.
+mkdir -p "$TMP/prom"
+cp -r deploy/prometheus/rules deploy/prometheus/targets "$TMP/prom/"
+python3 - "$TMP/prom/prometheus.yml" <<'EOF'
+import sys, yaml
+c = yaml.safe_load(open("deploy/prometheus/prometheus.yml"))
+for job in c["scrape_configs"]:
+    if job.pop("kubernetes_sd_configs", None) is not None:
+        job["static_configs"] = [{"targets": []}]
+yaml.safe_dump(c, open(sys.argv[1], "w"))
+EOF
+check "promtool check config (kubernetes_sd_configs swapped out: Debian's build lacks it)" \
+    promtool check config "$TMP/prom/prometheus.yml"
+
+step "the Prometheus checks fail on broken copies"
+mkdir -p "$TMP/bad/rules" "$TMP/bad/tests"
+sed 's/> 0.3$/> 0.5/' deploy/prometheus/rules/metronome.alerts.yml >"$TMP/bad/rules/metronome.alerts.yml"
+cp deploy/prometheus/rules/metronome.rules.yml "$TMP/bad/rules/"
+cp deploy/prometheus/tests/metronome_test.yml "$TMP/bad/tests/"
+must_fail "promtool test rules catches a page threshold moved from 300ms to 500ms" \
+    promtool test rules "$TMP/bad/tests/metronome_test.yml"
+sed 's/sum by (route, model, point) (rate(metronome_stalls_total\[5m\]))/sum by (route, model, point) (rate(metronome_stalls_total[5m])/' \
+    deploy/prometheus/rules/metronome.rules.yml >"$TMP/bad/rules/metronome.rules.yml"
+must_fail "promtool check rules catches an unbalanced parenthesis" promtool check rules "$TMP/bad/rules/metronome.rules.yml"
+
+# --- Grafana ---------------------------------------------------------------------------------
+step "Grafana dashboard"
+check "dashboard: JSON, variables, \$__rate_interval, every query parses, every metric in the contract" \
+    python3 scripts/deploy-check-promql.py check
+check "dashboard is what scripts/deploy-gen-dashboard.py writes" \
+    bash -c "python3 scripts/deploy-gen-dashboard.py '$TMP/d.json' && diff -u deploy/grafana/metronome.json '$TMP/d.json'"
+cp deploy/grafana/metronome.json "$TMP/dashboard.json"
+sed -i 's/metronome_stalls_total{/metronome_stall_total{/' deploy/grafana/metronome.json
+must_fail "the dashboard check catches a metric name outside the contract" python3 scripts/deploy-check-promql.py check
+cp "$TMP/dashboard.json" deploy/grafana/metronome.json
+sed -i 's/\[\$__rate_interval\]))) \/ clamp_min/[$__rate_interval])) \/ clamp_min/' deploy/grafana/metronome.json
+must_fail "the dashboard check catches a query that does not parse" python3 scripts/deploy-check-promql.py check
+cp "$TMP/dashboard.json" deploy/grafana/metronome.json
+
+# --- Kubernetes ------------------------------------------------------------------------------
+step "Kubernetes manifests"
+V=scripts/deploy-validate-k8s.py
+check "each manifest file (strict schemas, CRD schemas)" \
+    python3 $V -k 1.29.0 -k 1.37.0 deploy/kubernetes/base/deployment.yaml deploy/kubernetes/base/service.yaml \
+    deploy/kubernetes/base/podmonitor.yaml
+check "the PrometheusRule is what scripts/deploy-gen-prometheusrule.py writes from the rules" \
+    bash -c "python3 scripts/deploy-gen-prometheusrule.py '$TMP/pr.yaml' && diff -u deploy/kubernetes/base/prometheusrule.yaml '$TMP/pr.yaml'"
+check "the PrometheusRule against its CRD schema" python3 $V deploy/kubernetes/base/prometheusrule.yaml
+check "the ServiceMonitor alternative with the Service" \
+    python3 $V deploy/kubernetes/base/service.yaml deploy/kubernetes/base/servicemonitor.yaml
+if command -v kubectl >/dev/null; then
+    kubectl kustomize deploy/kubernetes/base >"$TMP/base.yaml" 2>"$TMP/kerr" || cat "$TMP/kerr"
+    kubectl kustomize deploy/kubernetes/without-native-sidecars >"$TMP/regular.yaml" 2>>"$TMP/kerr" || cat "$TMP/kerr"
+    # Native sidecars need 1.29 (beta, on by default); the variant must work on older clusters.
+    check "kustomize build base: native sidecar, Kubernetes 1.29 and 1.37" python3 $V -k 1.29.0 -k 1.37.0 "$TMP/base.yaml"
+    check "kustomize build without-native-sidecars: Kubernetes 1.25 and 1.37" python3 $V -k 1.25.0 -k 1.37.0 "$TMP/regular.yaml"
+    step "the Kubernetes checks fail on broken copies"
+    must_fail "a misspelt field" python3 $V -k 1.29.0 <(sed 's/terminationGracePeriodSeconds: 330/terminationGracePeriodSecond: 330/' "$TMP/base.yaml")
+    must_fail "a wrong type" python3 $V <(sed 's/replicas: 1/replicas: one/' "$TMP/base.yaml")
+    must_fail "a misspelt kind" python3 $V <(sed 's/^kind: Deployment/kind: Deploymnet/' "$TMP/base.yaml")
+    must_fail "a PodMonitor field the CRD does not have" python3 $V <(sed 's/podMetricsEndpoints:/podMetricEndpoints:/' "$TMP/base.yaml")
+    must_fail "a PrometheusRule with a misspelt rule field" python3 $V <(sed 's/record: route:metronome_requests:rate5m/recrd: route:metronome_requests:rate5m/' "$TMP/base.yaml")
+    must_fail "a scrape interval the Operator cannot read" python3 $V <(sed 's/interval: 15s/interval: 15 seconds/' "$TMP/base.yaml")
+    must_fail "a grace period shorter than preStop + drain_grace" python3 $V <(sed 's/terminationGracePeriodSeconds: 330/terminationGracePeriodSeconds: 200/' "$TMP/base.yaml")
+    must_fail "a probe on a port no container declares" python3 $V <(sed 's/port: admin$/port: metrics/' "$TMP/base.yaml")
+    must_fail "a native sidecar on Kubernetes 1.27 (no container restartPolicy yet)" python3 $V -k 1.27.0 "$TMP/base.yaml"
+else
+    skip "kustomize builds (no kubectl): each manifest file is still checked above"
+fi
+
+# --- metronome configuration files -----------------------------------------------------------
+step "metronome configuration files"
+BIN=${METRONOME_BIN:-}
+if [[ -z $BIN ]] && command -v cargo >/dev/null; then
+    # A no-op when the release binary is fresh; scripts/e2e-prometheus.sh needs it anyway.
+    cargo build --release --quiet --bin metronome && BIN=target/release/metronome
+fi
+if [[ -n $BIN ]]; then
+    check "metronome check-config deploy/kubernetes/base/metronome.toml" "$BIN" check-config deploy/kubernetes/base/metronome.toml
+    check "metronome check-config config/metronome.toml (the file the systemd unit and image use)" "$BIN" check-config config/metronome.toml
+else
+    skip "metronome check-config (no cargo, no METRONOME_BIN; cargo test checks both files in src/config.rs)"
+fi
+
+# --- systemd ---------------------------------------------------------------------------------
+step "systemd unit"
+UNIT=deploy/systemd/metronome.service
+check "hardening directives present, stop timeout above drain_grace" python3 - "$UNIT" <<'EOF'
+import re, sys, tomllib
+unit = open(sys.argv[1]).read()
+need = ["DynamicUser=yes", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes",
+        "PrivateTmp=yes", "CapabilityBoundingSet=\n", "RestrictAddressFamilies=",
+        "SystemCallFilter=@system-service", "MemoryDenyWriteExecute=yes", "KillSignal=SIGTERM",
+        "ExecReload=/bin/kill -HUP $MAINPID", "ExecStartPre=/usr/local/bin/metronome check-config"]
+bad = [n.strip() for n in need if n not in unit]
+for b in bad:
+    print("missing:", b)
+stop = re.search(r"^TimeoutStopSec=(\d+)s$", unit, re.M)
+drain = tomllib.load(open("config/metronome.toml", "rb"))["server"]["drain_grace"]
+drain_s = float(drain.rstrip("s"))
+if not stop or int(stop.group(1)) <= drain_s:
+    print(f"TimeoutStopSec must exceed drain_grace {drain}"); bad.append("TimeoutStopSec")
+else:
+    print(f"TimeoutStopSec={stop.group(1)}s > drain_grace {drain}")
+sys.exit(1 if bad else 0)
+EOF
+if command -v systemd-analyze >/dev/null; then
+    # verify wants the executables to exist: point the unit at a stand-in. Unknown keys are only
+    # warnings to systemd-analyze, so any output at all counts as a failure.
+    mkdir -p "$TMP/unit"
+    printf '#!/bin/sh\nexit 0\n' >"$TMP/unit/metronome" && chmod +x "$TMP/unit/metronome"
+    sed "s#/usr/local/bin/metronome#$TMP/unit/metronome#g" $UNIT >"$TMP/unit/metronome.service"
+    verify() { out=$(systemd-analyze verify "$1" 2>&1); rc=$?; echo "$out"; [[ $rc -eq 0 && -z $out ]]; }
+    check "systemd-analyze verify (silent)" verify "$TMP/unit/metronome.service"
+    sed 's/^NoNewPrivileges=yes/NoNewPrivilege=yes/' "$TMP/unit/metronome.service" >"$TMP/unit/bad.service"
+    must_fail "systemd-analyze verify catches a misspelt directive" verify "$TMP/unit/bad.service"
+    score=$(systemd-analyze security --offline=true "$TMP/unit/metronome.service" 2>/dev/null | tail -1)
+    echo "    $score"
+else
+    skip "systemd-analyze verify (systemd-analyze not installed)"
+fi
+
+# --- Docker ----------------------------------------------------------------------------------
+step "Dockerfile (no Docker engine here: structure only, the image is not built)"
+check "multi-stage, non-root, every COPY source exists and is not ignored" python3 - <<'EOF'
+import fnmatch, os, re, sys
+text = open("deploy/docker/Dockerfile").read()
+ignore = [l.strip() for l in open("deploy/docker/Dockerfile.dockerignore") if l.strip() and not l.startswith("#")]
+def included(path):
+    keep = True
+    for pat in ignore:
+        neg = pat.startswith("!")
+        p = pat[1:] if neg else pat
+        p = p.rstrip("/")
+        if fnmatch.fnmatch(path, p) or path.startswith(p + "/"):
+            keep = neg
+    return keep
+bad = []
+stages = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M | re.I)
+if len(stages) < 2: bad.append("not multi-stage")
+user = re.findall(r"^USER\s+(\S+)", text, re.M)
+if not user or user[-1].split(":")[0] in ("0", "root"): bad.append("the final stage does not run as a non-root USER")
+for m in re.finditer(r"^COPY\s+(?!--from)(.+)$", text, re.M):
+    *srcs, _dst = m.group(1).split()
+    for s in srcs:
+        if not os.path.exists(s): bad.append(f"COPY source {s} does not exist")
+        elif not included(s.rstrip("/")): bad.append(f"COPY source {s} is excluded by the .dockerignore")
+print("stages:", ", ".join(f"{img} as {name or '-'}" for img, name in stages), "| user:", user[-1] if user else None)
+for b in bad: print(b)
+sys.exit(1 if bad else 0)
+EOF
+
+# --- summary ---------------------------------------------------------------------------------
+printf '\ncheck-deploy: %d passed, %d failed, %d skipped\n' "${#passed[@]}" "${#failed[@]}" "${#skipped[@]}"
+for f in "${failed[@]}"; do printf '  failed:  %s\n' "$f"; done
+for s in "${skipped[@]}"; do printf '  skipped: %s\n' "$s"; done
+[[ ${#failed[@]} -eq 0 ]]

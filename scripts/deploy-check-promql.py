@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Checks the Grafana dashboard and the Prometheus rules against metronome's metric contract.
+
+    deploy-check-promql.py check          # exits 1 on any problem
+    deploy-check-promql.py dashboard-exprs   # prints each dashboard query, variables filled in,
+                                             # as "panel title<TAB>expr" (for the end-to-end script)
+
+`check` verifies:
+  - deploy/grafana/metronome.json is valid JSON in the classic dashboard model, with a
+    `datasource` variable (Prometheus) and `route` and `model` query variables, every panel and
+    query on `${datasource}`, and every rate()/increase() window `$__rate_interval`;
+  - every dashboard query parses as PromQL: each one, with its variables filled in, becomes a
+    recording rule in a throwaway file that `promtool check rules` must accept;
+  - every metronome_* metric named by the dashboard or by deploy/prometheus/rules/*.yml is one
+    that src/metrics/mod.rs registers (histograms with _bucket, _sum or _count), and every `le`
+    selector names a default bucket bound of that histogram.
+"""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "deploy" / "grafana" / "metronome.json"
+RULES = sorted((ROOT / "deploy" / "prometheus" / "rules").glob("*.yml"))
+METRICS_RS = ROOT / "src" / "metrics" / "mod.rs"
+
+problems = []
+
+
+def contract():
+    """Metric names registered in src/metrics/mod.rs, and which are histograms."""
+    text = METRICS_RS.read_text()
+    names = set(re.findall(r'"(metronome_[a-z_]+)"', text))
+    histograms = set(re.findall(r'hist\(\s*"(metronome_[a-z_]+)"', text))
+    return names, histograms
+
+
+def default_bounds():
+    """The default `le` values of each bucket family, from config/metronome.toml's [buckets]."""
+    import tomllib
+    buckets = tomllib.loads((ROOT / "config" / "metronome.toml").read_text())["buckets"]
+    return {k: {fmt(v) for v in vs} | {"+Inf"} for k, vs in buckets.items()}
+
+
+def fmt(v):
+    """As metronome writes a bound in `le` (Rust's Display of an f64: 0.00001, 2560)."""
+    return ("%.12f" % float(v)).rstrip("0").rstrip(".")
+
+
+BUCKET_FAMILY = {
+    "metronome_inter_token_latency_seconds": "itl",
+    "metronome_time_per_output_token_seconds": "itl",
+    "metronome_time_to_first_token_seconds": "ttft",
+    "metronome_time_to_first_byte_seconds": "ttft",
+    "metronome_request_duration_seconds": "ttft",
+    "metronome_proxy_delay_seconds": "proxy_delay",
+    "metronome_stall_duration_seconds": "stall_duration",
+    "metronome_stream_jank_ratio": "jank_ratio",
+    "metronome_tokens_per_event": "tokens_per_event",
+    "metronome_events_per_frame": "events_per_frame",
+}
+
+
+def check_metrics(where, expr, names, histograms, bounds):
+    for m in re.finditer(r"(?<![:\w])(metronome_[a-z_]+)(\{[^}]*\})?", expr):
+        name, selector = m.group(1), m.group(2) or ""
+        base = name
+        for suffix in ("_bucket", "_sum", "_count"):
+            if name.endswith(suffix) and name[: -len(suffix)] in histograms:
+                base = name[: -len(suffix)]
+        if base not in names:
+            problems.append(f"{where}: {name} is not a metric metronome exports")
+            continue
+        for le in re.findall(r'le="([^"]*)"', selector):
+            family = BUCKET_FAMILY.get(base)
+            if family and le not in bounds[family]:
+                problems.append(f"{where}: le=\"{le}\" is not a default bound of {base}")
+
+
+def fill(expr):
+    return (expr.replace("$__rate_interval", "1m").replace("${datasource}", "")
+            .replace("$route", ".*").replace("$model", ".*"))
+
+
+def dashboard_targets(d):
+    for panel in d.get("panels", []):
+        for t in panel.get("targets", []):
+            yield panel, t
+
+
+def check_dashboard(names, histograms, bounds):
+    try:
+        d = json.loads(DASHBOARD.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        problems.append(f"{DASHBOARD}: not valid JSON: {e}")
+        return []
+    for key in ("title", "uid", "panels", "templating", "schemaVersion"):
+        if key not in d:
+            problems.append(f"dashboard: no `{key}`")
+    variables = {v.get("name"): v for v in d.get("templating", {}).get("list", [])}
+    ds = variables.get("datasource", {})
+    if ds.get("type") != "datasource" or ds.get("query") != "prometheus":
+        problems.append("dashboard: no `datasource` variable of type datasource for prometheus")
+    for name in ("route", "model"):
+        v = variables.get(name, {})
+        if v.get("type") != "query" or v.get("datasource", {}).get("uid") != "${datasource}":
+            problems.append(f"dashboard: no `{name}` query variable on ${{datasource}}")
+        else:
+            check_metrics(f"dashboard variable {name}", v.get("definition", ""), names, histograms, bounds)
+    exprs = []
+    for panel in d.get("panels", []):
+        if panel.get("type") == "row":
+            continue
+        title = panel.get("title", "?")
+        if panel.get("datasource", {}).get("uid") != "${datasource}":
+            problems.append(f"panel {title!r}: datasource is not ${{datasource}}")
+        if not panel.get("targets"):
+            problems.append(f"panel {title!r}: no query")
+        for t in panel.get("targets", []):
+            expr = t.get("expr", "")
+            if t.get("datasource", {}).get("uid") != "${datasource}":
+                problems.append(f"panel {title!r} query {t.get('refId')}: datasource is not ${{datasource}}")
+            for window in re.findall(r"\b(?:rate|increase|irate)\([^()]*\[([^\]]+)\]", expr):
+                if window != "$__rate_interval":
+                    problems.append(f"panel {title!r}: window [{window}] instead of [$__rate_interval]")
+            if "$route" not in expr:
+                problems.append(f"panel {title!r}: the query ignores $route")
+            check_metrics(f"panel {title!r}", expr, names, histograms, bounds)
+            exprs.append((title, fill(expr)))
+    # Every expression must parse: promtool checks them as recording rules.
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{i}:check", "expr": e} for i, (_, e) in enumerate(exprs)]}]}
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as f:
+        yaml.safe_dump(rules, f)
+    out = subprocess.run(["promtool", "check", "rules", f.name], capture_output=True, text=True)
+    pathlib.Path(f.name).unlink()
+    if out.returncode != 0:
+        problems.append(f"dashboard: promtool rejects a query:\n{out.stdout}{out.stderr}")
+    else:
+        print(f"  ok    dashboard: {len(exprs)} queries parse (promtool check rules)")
+    return exprs
+
+
+def check_rules(names, histograms, bounds):
+    count = 0
+    for path in RULES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                name = rule.get("record") or rule.get("alert")
+                check_metrics(f"{path.name} {name}", rule["expr"], names, histograms, bounds)
+                count += 1
+    if not problems:
+        print(f"  ok    rules: {count} rules name only exported metrics and default bucket bounds")
+
+
+def main():
+    what = sys.argv[1] if len(sys.argv) > 1 else "check"
+    names, histograms = contract()
+    bounds = default_bounds()
+    if what == "dashboard-exprs":
+        d = json.loads(DASHBOARD.read_text())
+        for panel, t in dashboard_targets(d):
+            print(f"{panel['title']}\t{fill(t['expr'])}")
+        return 0
+    exprs = check_dashboard(names, histograms, bounds)
+    check_rules(names, histograms, bounds)
+    for p in problems:
+        print(f"  FAIL  {p}")
+    if problems:
+        return 1
+    print(f"  ok    dashboard: {len(exprs)} queries name only exported metrics")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Writes deploy/grafana/metronome.json, the Grafana dashboard (classic JSON model).
+
+    scripts/deploy-gen-dashboard.py [OUT]
+
+The panels are listed below once; this script lays them out. Edit here, run it, commit both:
+scripts/check-deploy.sh fails when the committed JSON differs from what this writes.
+"""
+
+import json
+import sys
+
+SEL = 'route=~"$route", model=~"$model"'
+ROUTE = 'route=~"$route"'
+RI = "$__rate_interval"
+ITL = "metronome_inter_token_latency_seconds"
+
+panels = []
+layout = {"x": 0, "y": 0, "row_h": 0}
+
+
+def place(w, h):
+    if layout["x"] + w > 24:
+        layout["x"] = 0
+        layout["y"] += layout["row_h"]
+        layout["row_h"] = 0
+    pos = {"x": layout["x"], "y": layout["y"], "w": w, "h": h}
+    layout["x"] += w
+    layout["row_h"] = max(layout["row_h"], h)
+    return pos
+
+
+def row(title):
+    layout["y"] += layout["row_h"]
+    layout["x"] = 0
+    layout["row_h"] = 0
+    panels.append({"type": "row", "title": title, "collapsed": False, "panels": [],
+                   "gridPos": {"x": 0, "y": layout["y"], "w": 24, "h": 1}})
+    layout["y"] += 1
+
+
+def target(expr, legend, ref, fmt=None):
+    t = {"datasource": {"type": "prometheus", "uid": "${datasource}"}, "expr": expr,
+         "legendFormat": legend, "refId": ref, "range": True}
+    if fmt:
+        t["format"] = fmt
+    return t
+
+
+def timeseries(title, desc, targets, unit, w=12, h=8, log=False, stack=False, thresholds=None):
+    defaults = {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 10 if not stack else 60,
+                                         "showPoints": "never", "spanNulls": False,
+                                         "stacking": {"mode": "normal" if stack else "none"}}}
+    if log:
+        defaults["custom"]["scaleDistribution"] = {"type": "log", "log": 10}
+    if thresholds:
+        defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
+        defaults["thresholds"] = {"mode": "absolute", "steps": [{"color": "green", "value": None}] +
+                                  [{"color": c, "value": v} for v, c in thresholds]}
+    panels.append({
+        "type": "timeseries", "title": title, "description": desc,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": place(w, h),
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                    "tooltip": {"mode": "multi", "sort": "desc"}},
+        "targets": [target(e, l, chr(ord("A") + i)) for i, (e, l) in enumerate(targets)],
+    })
+
+
+def heatmap(title, desc, expr, unit, w=8, h=9):
+    panels.append({
+        "type": "heatmap", "title": title, "description": desc,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": place(w, h),
+        "fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "linear"}}}, "overrides": []},
+        "options": {
+            "calculate": False,
+            "cellGap": 1,
+            "color": {"mode": "scheme", "scheme": "Oranges", "scale": "exponential", "exponent": 0.5, "fill": "dark-orange"},
+            "yAxis": {"axisPlacement": "left", "unit": unit},
+            "rowsFrame": {"layout": "le"},
+            "tooltip": {"mode": "single", "yHistogram": True, "showColorScale": False},
+            "legend": {"show": True},
+            "filterValues": {"le": 1e-9},
+        },
+        "targets": [target(expr, "{{le}}", "A", fmt="heatmap")],
+    })
+
+
+def quantile(q, metric, sel, by):
+    return f"histogram_quantile({q}, sum by ({by}le) (rate({metric}_bucket{{{sel}}}[{RI}])))"
+
+
+# --- Cadence ---------------------------------------------------------------------------------
+row("Cadence: inter-token gaps (ingress = as the model sent them, egress = as they reached the client socket, client = as a client reported them)")
+timeseries("Inter-token gap p50 and p99 by point",
+           "Per token event. Egress above ingress: the delivery path adds pauses. Both high: the model server.",
+           [(quantile(0.99, ITL, SEL, "point, "), "p99 {{point}}"),
+            (quantile(0.5, ITL, SEL, "point, "), "p50 {{point}}")],
+           "s", w=12, log=True, thresholds=[(0.2, "red")])
+timeseries("Jank ratio (p99 / p50 gap) by point",
+           "p99 gap over the median gap (at least 1 ms). Steady streaming stays near 1-3; stalls and clumps push it up.",
+           [(f"{quantile(0.99, ITL, SEL, 'point, ')} / clamp_min({quantile(0.5, ITL, SEL, 'point, ')}, 0.001)", "{{point}}")],
+           "none", w=12, thresholds=[(4, "orange")])
+for point in ("ingress", "egress", "client"):
+    heatmap(f"Inter-token gaps at {point}",
+            f"Gaps between token events at {point}, per interval. A band at 0 is clumping (events in one frame)."
+            + (" Client points come from clients that report them; empty otherwise." if point == "client" else ""),
+            f'sum by (le) (increase({ITL}_bucket{{{SEL}, point="{point}"}}[{RI}]))', "s")
+timeseries("Gaps under 200 ms at egress (the SLO)",
+           "Share of inter-token gaps reaching clients in under 200 ms; the SLO alerts burn on 99%.",
+           [(f'sum by (route) (rate({ITL}_bucket{{{SEL}, point="egress", le="0.2"}}[{RI}])) / sum by (route) (rate({ITL}_count{{{SEL}, point="egress"}}[{RI}]))', "{{route}}")],
+           "percentunit", w=12, thresholds=[(0.99, "green")])
+timeseries("Per-stream jank ratio p50 and p90 by point",
+           "One sample per stream with at least 8 gaps: how many streams are janky, not only how many gaps.",
+           [(quantile(0.9, "metronome_stream_jank_ratio", SEL, "point, "), "p90 {{point}}"),
+            (quantile(0.5, "metronome_stream_jank_ratio", SEL, "point, "), "p50 {{point}}")],
+           "none", w=12)
+
+# --- Stalls ----------------------------------------------------------------------------------
+row("Stalls: gaps above the stall threshold")
+timeseries("Stalls per second by point", "Gaps longer than the stall threshold (default 200 ms).",
+           [(f"sum by (point) (rate(metronome_stalls_total{{{SEL}}}[{RI}]))", "{{point}}")], "ops", w=8)
+timeseries("Share of gaps that are stalls by point", "Stalls per inter-token gap.",
+           [(f"sum by (point) (rate(metronome_stalls_total{{{SEL}}}[{RI}])) / sum by (point) (rate({ITL}_count{{{SEL}}}[{RI}]))", "{{point}}")],
+           "percentunit", w=8, thresholds=[(0.01, "red")])
+timeseries("Stall length p50 and p99 by point", "How long each stall lasted.",
+           [(quantile(0.99, "metronome_stall_duration_seconds", SEL, "point, "), "p99 {{point}}"),
+            (quantile(0.5, "metronome_stall_duration_seconds", SEL, "point, "), "p50 {{point}}")],
+           "s", w=8)
+
+# --- Latency ---------------------------------------------------------------------------------
+row("Latency: first token, per output token, and metronome's own delay")
+timeseries("Time to first token p50 and p95 by point", "From the request reaching metronome to the first token event.",
+           [(quantile(0.95, "metronome_time_to_first_token_seconds", SEL, "point, "), "p95 {{point}}"),
+            (quantile(0.5, "metronome_time_to_first_token_seconds", SEL, "point, "), "p50 {{point}}")],
+           "s", w=8, log=True)
+timeseries("Time per output token p50 and p99", "Per stream: (last token event - first token event) / (output tokens - 1).",
+           [(quantile(0.99, "metronome_time_per_output_token_seconds", SEL, ""), "p99"),
+            (quantile(0.5, "metronome_time_per_output_token_seconds", SEL, ""), "p50")],
+           "s", w=8)
+timeseries("Proxy delay p50 and p99 (egress - ingress, per frame)",
+           "How long metronome held each frame, including time waiting for a slow client's socket.",
+           [(quantile(0.99, "metronome_proxy_delay_seconds", ROUTE, "route, "), "p99 {{route}}"),
+            (quantile(0.5, "metronome_proxy_delay_seconds", ROUTE, "route, "), "p50 {{route}}")],
+           "s", w=8, log=True, thresholds=[(0.025, "orange")])
+timeseries("Time to first byte p50 and p95 by point", "From the request reaching metronome to the first response body byte.",
+           [(quantile(0.95, "metronome_time_to_first_byte_seconds", ROUTE, "point, "), "p95 {{point}}"),
+            (quantile(0.5, "metronome_time_to_first_byte_seconds", ROUTE, "point, "), "p50 {{point}}")],
+           "s", w=12, log=True)
+timeseries("Request duration p50 and p99 by route", "Every proxied request, streaming or not, to the end of its body.",
+           [(quantile(0.99, "metronome_request_duration_seconds", ROUTE, "route, "), "p99 {{route}}"),
+            (quantile(0.5, "metronome_request_duration_seconds", ROUTE, "route, "), "p50 {{route}}")],
+           "s", w=12, log=True)
+
+# --- Framing ---------------------------------------------------------------------------------
+row("Framing: speculative decoding, batching and re-chunking")
+timeseries("Tokens per token event (mean and p99)",
+           "Above 1: the server sends several tokens per event (speculative decoding, server-side batching).",
+           [(f"sum(rate(metronome_tokens_per_event_sum{{{SEL}}}[{RI}])) / sum(rate(metronome_tokens_per_event_count{{{SEL}}}[{RI}]))", "mean"),
+            (quantile(0.99, "metronome_tokens_per_event", SEL, ""), "p99")],
+           "none", w=12)
+timeseries("Events per frame by point (mean and p99)",
+           "Above 1 at ingress: the server coalesces events; above ingress at egress: they were clumped on the way out.",
+           [(f"sum by (point) (rate(metronome_events_per_frame_sum{{{ROUTE}}}[{RI}])) / sum by (point) (rate(metronome_events_per_frame_count{{{ROUTE}}}[{RI}]))", "mean {{point}}"),
+            (quantile(0.99, "metronome_events_per_frame", ROUTE, "point, "), "p99 {{point}}")],
+           "none", w=12)
+
+# --- Traffic ---------------------------------------------------------------------------------
+row("Traffic: streams, tokens, requests and errors")
+timeseries("Streams by outcome", "How metered streams ended, per second.",
+           [(f"sum by (outcome) (rate(metronome_streams_total{{{SEL}}}[{RI}]))", "{{outcome}}")], "ops", w=8, stack=True)
+timeseries("Active streams by route", "Metered streams open now.",
+           [(f"sum by (route) (metronome_streams_active{{{ROUTE}}})", "{{route}}")], "none", w=8)
+timeseries("Output tokens per second by model", "From the server's usage where it reports one, counted otherwise.",
+           [(f"sum by (model) (rate(metronome_output_tokens_total{{{SEL}}}[{RI}]))", "{{model}}")], "short", w=8)
+timeseries("Requests by status class", "Every proxied request.",
+           [(f"sum by (status_class) (rate(metronome_requests_total{{{ROUTE}}}[{RI}]))", "{{status_class}}")], "reqps", w=8, stack=True)
+timeseries("Upstream errors by kind", "connect, timeout, reset, protocol: before or during a response.",
+           [(f"sum by (kind) (rate(metronome_upstream_errors_total{{{ROUTE}}}[{RI}]))", "{{kind}}")], "ops", w=8)
+timeseries("Events metronome could not inspect", "Forwarded untouched, but not counted as tokens: invalid or oversize.",
+           [(f"sum by (reason) (rate(metronome_unparsed_events_total{{{ROUTE}}}[{RI}]))", "{{reason}}")], "ops", w=8)
+
+dashboard = {
+    "__inputs": [],
+    "annotations": {"list": [{
+        "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
+        "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}]},
+    "description": "metronome: the inter-token cadence of streamed LLM output, at ingress, egress and client. Metric contract: DESIGN.md section 4.",
+    "editable": True,
+    "graphTooltip": 1,
+    "id": None,
+    "links": [],
+    "panels": panels,
+    "refresh": "30s",
+    "schemaVersion": 39,
+    "tags": ["metronome", "llm", "streaming"],
+    "templating": {"list": [
+        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+         "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []},
+        {"name": "route", "label": "Route", "type": "query",
+         "datasource": {"type": "prometheus", "uid": "${datasource}"},
+         "query": {"query": "label_values(metronome_requests_total, route)", "refId": "route"},
+         "definition": "label_values(metronome_requests_total, route)",
+         "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0, "refresh": 2,
+         "regex": "", "sort": 1, "options": []},
+        {"name": "model", "label": "Model", "type": "query",
+         "datasource": {"type": "prometheus", "uid": "${datasource}"},
+         "query": {"query": 'label_values(metronome_streams_total{route=~"$route"}, model)', "refId": "model"},
+         "definition": 'label_values(metronome_streams_total{route=~"$route"}, model)',
+         "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0, "refresh": 2,
+         "regex": "", "sort": 1, "options": []},
+    ]},
+    "time": {"from": "now-3h", "to": "now"},
+    "timepicker": {},
+    "timezone": "",
+    "title": "metronome: streaming cadence",
+    "uid": "metronome-cadence",
+    "version": 1,
+}
+
+out = sys.argv[1] if len(sys.argv) > 1 else "deploy/grafana/metronome.json"
+with open(out, "w") as f:
+    json.dump(dashboard, f, indent=2)
+    f.write("\n")

@@ -1,0 +1,170 @@
+//! Anthropic Messages (`POST /v1/messages` with `"stream": true`).
+//!
+//! The stream is `message_start` (with the model), then per content block `content_block_start`,
+//! `content_block_delta`s and `content_block_stop`, then `message_delta` (stop reason and the
+//! cumulative `usage.output_tokens`) and `message_stop`, with `ping`s anywhere. A token event is
+//! a `content_block_delta` whose delta is a non-empty `text_delta`, `thinking_delta` or
+//! `input_json_delta` (tool-use arguments); a `signature_delta` or `citations_delta` shows no
+//! output. Each counts 1 token; the last `message_delta`'s `output_tokens` is the server's total
+//! (the `output_tokens` in `message_start` is a placeholder, so it is not used). `message_stop`
+//! ends the stream; an `error` event (`overloaded_error` and kin) is an upstream error.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::json::{non_empty_string, plain_string};
+use super::Classified;
+use crate::scan::Event;
+
+/// The Anthropic accountant; the events need no memory of earlier ones.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AnthropicAccounting;
+
+// === impl AnthropicAccounting ===
+
+impl AnthropicAccounting {
+    /// Classifies one event of the stream.
+    pub fn classify<'a>(&mut self, event: &Event<'a>) -> Classified<'a> {
+        if event.truncated {
+            return Classified::unparsed();
+        }
+        let Ok(data) = serde_json::from_slice::<Data<'a>>(event.data) else {
+            return Classified::unparsed();
+        };
+        let mut classified = Classified::default();
+        match data.kind.map_or("", RawValue::get) {
+            r#""content_block_delta""# => {
+                classified.token_event = data.delta.is_some_and(|d| d.shows_output());
+            }
+            r#""message_start""# => {
+                classified.model = data.message.and_then(|m| plain_string(m.model?));
+            }
+            r#""message_delta""# => {
+                classified.usage_total = data.usage.and_then(|u| u.output_tokens);
+            }
+            r#""message_stop""# => classified.end = true,
+            r#""error""# => classified.error = true,
+            _ => classified.error = event.kind == b"error",
+        }
+        classified
+    }
+}
+
+#[derive(Deserialize)]
+struct Data<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    delta: Option<Delta<'a>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(borrow, default)]
+    message: Option<Message<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    thinking: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    partial_json: Option<&'a RawValue>,
+}
+
+// === impl Delta ===
+
+impl Delta<'_> {
+    fn shows_output(&self) -> bool {
+        match self.kind.map_or("", RawValue::get) {
+            r#""text_delta""# => non_empty_string(self.text),
+            r#""thinking_delta""# => non_empty_string(self.thinking),
+            r#""input_json_delta""# => non_empty_string(self.partial_json),
+            _ => false,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    output_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classify(kind: &'static str, data: &'static str) -> Classified<'static> {
+        AnthropicAccounting.classify(&Event {
+            kind: kind.as_bytes(),
+            data: data.as_bytes(),
+            truncated: false,
+        })
+    }
+
+    #[test]
+    fn a_text_message() {
+        let start = classify(
+            "message_start",
+            r#"{"type":"message_start","message":{"id":"msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY","type":"message","role":"assistant","content":[],"model":"claude-sonnet-4-5-20250929","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":25,"output_tokens":1}}}"#,
+        );
+        assert!(!start.token_event, "message_start is not a token event");
+        assert_eq!(start.model, Some("claude-sonnet-4-5-20250929"));
+        assert_eq!(
+            start.usage_total, None,
+            "its output_tokens is a placeholder"
+        );
+        let block = classify(
+            "content_block_start",
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        );
+        assert!(!block.token_event);
+        assert!(!classify("ping", r#"{"type": "ping"}"#).token_event);
+        let delta = classify(
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#,
+        );
+        assert!(delta.token_event);
+        let usage = classify(
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":15}}"#,
+        );
+        assert!(!usage.token_event);
+        assert_eq!(usage.usage_total, Some(15));
+        assert!(classify("message_stop", r#"{"type":"message_stop"}"#).end);
+    }
+
+    #[test]
+    fn thinking_and_tool_arguments_are_token_events_signatures_are_not() {
+        for data in [
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Let me solve this"}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"location\": \"San Fra"}}"#,
+        ] {
+            assert!(classify("content_block_delta", data).token_event, "{data}");
+        }
+        for data in [
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}"#,
+        ] {
+            assert!(!classify("content_block_delta", data).token_event, "{data}");
+        }
+    }
+
+    #[test]
+    fn error_events() {
+        let error = classify(
+            "error",
+            r#"{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}"#,
+        );
+        assert!(error.error && !error.token_event);
+    }
+}

@@ -1,0 +1,232 @@
+//! Gemini's `models/{model}:streamGenerateContent?alt=sse`.
+//!
+//! Each event (separated by CRLF line ends, which the scanner takes in its stride) is a
+//! `GenerateContentResponse`: `{"candidates":[{"content":{"parts":[{"text":"..."}],"role":"model"},
+//! "index":0}],"usageMetadata":{"promptTokenCount":..,"candidatesTokenCount":..},
+//! "modelVersion":"gemini-2.0-flash","responseId":"..."}`. A chunk is a token event when some
+//! candidate has a part with non-empty `text` (thought summaries included) or a `functionCall`
+//! (Gemini sends a call whole). `usageMetadata.candidatesTokenCount` is the running count of
+//! output tokens, so its growth since the previous token event is that event's exact count and
+//! its latest value the server's total (thinking tokens, reported apart as `thoughtsTokenCount`,
+//! are not in it). There is no end sentinel: the last chunk carries a `finishReason`. A failure
+//! mid-stream arrives as `{"error": {"code": 500, "message": ..., "status": "INTERNAL"}}`.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::count::RunningCount;
+use super::json::{non_empty_string, plain_string, present};
+use super::Classified;
+use crate::scan::Event;
+
+/// Per-stream state: `candidatesTokenCount` at the previous token event.
+#[derive(Debug, Default, Clone)]
+pub struct GeminiAccounting {
+    candidates_tokens: RunningCount,
+}
+
+// === impl GeminiAccounting ===
+
+impl GeminiAccounting {
+    /// Classifies one event of the stream.
+    pub fn classify<'a>(&mut self, event: &Event<'a>) -> Classified<'a> {
+        if event.truncated {
+            return Classified::unparsed();
+        }
+        let Ok(chunk) = serde_json::from_slice::<Chunk<'a>>(event.data) else {
+            return Classified::unparsed();
+        };
+        let token_event = chunk.candidates.shows_output;
+        let usage_total = chunk.usage_metadata.and_then(|u| u.candidates_token_count);
+        let tokens = match usage_total {
+            Some(now) if token_event => self.candidates_tokens.token_event(now),
+            _ => None,
+        };
+        Classified {
+            token_event,
+            tokens,
+            usage_total,
+            model: chunk.model_version.and_then(plain_string),
+            end: chunk.candidates.finished,
+            error: present(chunk.error),
+            unparsed: false,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Chunk<'a> {
+    #[serde(default)]
+    candidates: CandidatesSummary,
+    #[serde(default)]
+    usage_metadata: Option<UsageMetadata>,
+    #[serde(borrow, default)]
+    model_version: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UsageMetadata {
+    #[serde(default)]
+    candidates_token_count: Option<u64>,
+}
+
+/// The `candidates` array folded to what matters, without collecting it.
+#[derive(Default)]
+struct CandidatesSummary {
+    /// Some candidate has a part with text or a function call.
+    shows_output: bool,
+    /// Some candidate has a `finishReason`.
+    finished: bool,
+}
+
+impl<'de> Deserialize<'de> for CandidatesSummary {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CandidatesVisitor;
+        impl<'de> Visitor<'de> for CandidatesVisitor {
+            type Value = CandidatesSummary;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of candidates")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(CandidatesSummary::default())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut summary = CandidatesSummary::default();
+                while let Some(candidate) = seq.next_element::<Candidate<'de>>()? {
+                    summary.shows_output |= candidate.content.is_some_and(|c| c.parts.shows_output);
+                    summary.finished |= present(candidate.finish_reason);
+                }
+                Ok(summary)
+            }
+        }
+        deserializer.deserialize_any(CandidatesVisitor)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Candidate<'a> {
+    #[serde(default)]
+    content: Option<Content>,
+    #[serde(borrow, default)]
+    finish_reason: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Content {
+    #[serde(default)]
+    parts: PartsSummary,
+}
+
+/// A candidate's `parts` folded to "does any part show output".
+#[derive(Default)]
+struct PartsSummary {
+    shows_output: bool,
+}
+
+impl<'de> Deserialize<'de> for PartsSummary {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PartsVisitor;
+        impl<'de> Visitor<'de> for PartsVisitor {
+            type Value = PartsSummary;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of parts")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(PartsSummary::default())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut summary = PartsSummary::default();
+                while let Some(part) = seq.next_element::<Part<'de>>()? {
+                    summary.shows_output |=
+                        non_empty_string(part.text) || present(part.function_call);
+                }
+                Ok(summary)
+            }
+        }
+        deserializer.deserialize_any(PartsVisitor)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Part<'a> {
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    function_call: Option<&'a RawValue>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classify(acc: &mut GeminiAccounting, data: &'static str) -> Classified<'static> {
+        acc.classify(&Event {
+            kind: b"",
+            data: data.as_bytes(),
+            truncated: false,
+        })
+    }
+
+    #[test]
+    fn text_chunks_with_running_usage() {
+        let mut acc = GeminiAccounting::default();
+        let first = classify(
+            &mut acc,
+            r#"{"candidates": [{"content": {"parts": [{"text": "The"}],"role": "model"},"index": 0}],"usageMetadata": {"promptTokenCount": 9,"candidatesTokenCount": 1,"totalTokenCount": 10},"modelVersion": "gemini-2.0-flash","responseId": "9vNZaPbgLNaq1MkP4KLc2Q8"}"#,
+        );
+        assert!(first.token_event && !first.end);
+        assert_eq!((first.tokens, first.usage_total), (Some(1), Some(1)));
+        assert_eq!(first.model, Some("gemini-2.0-flash"));
+        let more = classify(
+            &mut acc,
+            r#"{"candidates": [{"content": {"parts": [{"text": " sky is blue because of Rayleigh"}],"role": "model"},"index": 0}],"usageMetadata": {"promptTokenCount": 9,"candidatesTokenCount": 8,"totalTokenCount": 17},"modelVersion": "gemini-2.0-flash"}"#,
+        );
+        assert_eq!(more.tokens, Some(7));
+        let last = classify(
+            &mut acc,
+            r#"{"candidates": [{"content": {"parts": [{"text": " scattering."}],"role": "model"},"finishReason": "STOP","index": 0}],"usageMetadata": {"promptTokenCount": 9,"candidatesTokenCount": 11,"totalTokenCount": 20},"modelVersion": "gemini-2.0-flash"}"#,
+        );
+        assert!(last.token_event && last.end);
+        assert_eq!((last.tokens, last.usage_total), (Some(3), Some(11)));
+    }
+
+    #[test]
+    fn empty_parts_function_calls_and_finish_only_chunks() {
+        let mut acc = GeminiAccounting::default();
+        let empty = classify(
+            &mut acc,
+            r#"{"candidates": [{"content": {"parts": [{"text": ""}],"role": "model"},"index": 0}]}"#,
+        );
+        assert!(!empty.token_event);
+        let call = classify(
+            &mut acc,
+            r#"{"candidates": [{"content": {"parts": [{"functionCall": {"name": "get_weather","args": {"city": "Paris"}}}],"role": "model"},"index": 0}]}"#,
+        );
+        assert!(call.token_event);
+        let finish = classify(
+            &mut acc,
+            r#"{"candidates": [{"content": {"role": "model"},"finishReason": "MAX_TOKENS","index": 0}],"usageMetadata": {"candidatesTokenCount": 4}}"#,
+        );
+        assert!(!finish.token_event && finish.end);
+        assert_eq!(finish.usage_total, Some(4));
+    }
+
+    #[test]
+    fn errors_mid_stream() {
+        let mut acc = GeminiAccounting::default();
+        let error = classify(
+            &mut acc,
+            r#"{"error": {"code": 503,"message": "The model is overloaded. Please try again later.","status": "UNAVAILABLE"}}"#,
+        );
+        assert!(error.error && !error.token_event);
+    }
+}

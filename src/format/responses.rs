@@ -1,0 +1,168 @@
+//! The OpenAI Responses API (`POST /v1/responses` with `"stream": true`).
+//!
+//! Every event names itself in `type` (and in the SSE `event:` field, which some gateways drop,
+//! so the data is what counts). Token events are the deltas of what the reader sees:
+//! `response.output_text.delta`, `response.reasoning_text.delta`,
+//! `response.function_call_arguments.delta` and `response.refusal.delta` (a refusal is output
+//! text too), each with a non-empty `delta`, 1 token each. `response.created` and
+//! `response.in_progress` carry the model; `response.completed` and `response.incomplete` end
+//! the stream and carry `usage.output_tokens`, the server's total; `response.failed` ends it as
+//! an upstream error, and so does an `error` event.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::json::{non_empty_string, plain_string};
+use super::Classified;
+use crate::scan::Event;
+
+/// The Responses accountant; the events need no memory of earlier ones.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ResponsesAccounting;
+
+// === impl ResponsesAccounting ===
+
+impl ResponsesAccounting {
+    /// Classifies one event of the stream.
+    pub fn classify<'a>(&mut self, event: &Event<'a>) -> Classified<'a> {
+        if event.truncated {
+            return Classified::unparsed();
+        }
+        let Ok(data) = serde_json::from_slice::<Data<'a>>(event.data) else {
+            return Classified::unparsed();
+        };
+        let kind = data.kind.map_or("", RawValue::get);
+        let (token_event, end, error) = match kind {
+            r#""response.output_text.delta""#
+            | r#""response.reasoning_text.delta""#
+            | r#""response.function_call_arguments.delta""#
+            | r#""response.refusal.delta""# => (non_empty_string(data.delta), false, false),
+            r#""response.completed""# | r#""response.incomplete""# => (false, true, false),
+            r#""response.failed""# => (false, true, true),
+            r#""error""# => (false, false, true),
+            _ => (false, false, event.kind == b"error"),
+        };
+        let response = data.response.as_ref();
+        Classified {
+            token_event,
+            tokens: None,
+            usage_total: response.and_then(|r| r.usage.as_ref()?.output_tokens),
+            model: response.and_then(|r| plain_string(r.model?)),
+            end,
+            error,
+            unparsed: false,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Data<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    delta: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    response: Option<Response<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Response<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    output_tokens: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classify(kind: &'static str, data: &'static str) -> Classified<'static> {
+        ResponsesAccounting.classify(&Event {
+            kind: kind.as_bytes(),
+            data: data.as_bytes(),
+            truncated: false,
+        })
+    }
+
+    #[test]
+    fn a_text_response() {
+        let created = classify(
+            "response.created",
+            r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_67c9fdcecf488190bdd9a0409de3a1ec07b8b0ad4e5eb654","object":"response","created_at":1741290958,"status":"in_progress","error":null,"model":"gpt-4.1-2025-04-14","output":[],"usage":null}}"#,
+        );
+        assert!(
+            !created.token_event,
+            "response.created is not a token event"
+        );
+        assert_eq!(created.model, Some("gpt-4.1-2025-04-14"));
+        assert_eq!(created.usage_total, None);
+        let delta = classify(
+            "response.output_text.delta",
+            r#"{"type":"response.output_text.delta","sequence_number":4,"item_id":"msg_67c9fdcf37fc8190ba82116e33fb28c507b8b0ad4e5eb654","output_index":0,"content_index":0,"delta":"Hi","logprobs":[]}"#,
+        );
+        assert!(delta.token_event);
+        let done = classify(
+            "response.output_text.done",
+            r#"{"type":"response.output_text.done","sequence_number":6,"item_id":"msg_1","output_index":0,"content_index":0,"text":"Hi there!","logprobs":[]}"#,
+        );
+        assert!(!done.token_event);
+        let completed = classify(
+            "response.completed",
+            r#"{"type":"response.completed","sequence_number":9,"response":{"id":"resp_1","object":"response","status":"completed","error":null,"model":"gpt-4.1-2025-04-14","usage":{"input_tokens":37,"input_tokens_details":{"cached_tokens":0},"output_tokens":11,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":48}}}"#,
+        );
+        assert!(completed.end && !completed.error);
+        assert_eq!(completed.usage_total, Some(11));
+    }
+
+    #[test]
+    fn reasoning_function_arguments_and_refusals_are_token_events() {
+        for (kind, data) in [
+            (
+                "response.reasoning_text.delta",
+                r#"{"type":"response.reasoning_text.delta","item_id":"rs_1","output_index":0,"content_index":0,"delta":"Let","sequence_number":3}"#,
+            ),
+            (
+                "response.function_call_arguments.delta",
+                r#"{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"{\"loc","sequence_number":5}"#,
+            ),
+            (
+                "response.refusal.delta",
+                r#"{"type":"response.refusal.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":"I can't","sequence_number":5}"#,
+            ),
+        ] {
+            assert!(classify(kind, data).token_event, "{kind}");
+        }
+        let empty = classify(
+            "response.output_text.delta",
+            r#"{"type":"response.output_text.delta","delta":"","sequence_number":5}"#,
+        );
+        assert!(!empty.token_event);
+    }
+
+    #[test]
+    fn failures_incomplete_and_error_events() {
+        let failed = classify(
+            "response.failed",
+            r#"{"type":"response.failed","sequence_number":7,"response":{"id":"resp_1","status":"failed","error":{"code":"server_error","message":"The model failed to generate a response."},"model":"gpt-4.1","usage":null}}"#,
+        );
+        assert!(failed.end && failed.error);
+        let incomplete = classify(
+            "response.incomplete",
+            r#"{"type":"response.incomplete","sequence_number":7,"response":{"id":"resp_1","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"model":"gpt-4.1","usage":{"output_tokens":16}}}"#,
+        );
+        assert!(incomplete.end && !incomplete.error);
+        assert_eq!(incomplete.usage_total, Some(16));
+        let error = classify(
+            "error",
+            r#"{"type":"error","code":"ERR_SOMETHING","message":"Something went wrong","param":null,"sequence_number":1}"#,
+        );
+        assert!(error.error);
+    }
+}

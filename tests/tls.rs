@@ -1,0 +1,409 @@
+//! TLS on the listener (ALPN h2 and http/1.1), https and mTLS upstreams, certificate reload, and
+//! the overload limits. Certificates are generated at test time.
+
+mod support;
+
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+use support::*;
+use tokio::net::TcpListener;
+
+/// A CA and a leaf for `localhost` / 127.0.0.1 signed by it, written as PEM files.
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: rcgen::Certificate,
+    ca_key: KeyPair,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "metronome test CA");
+        let ca = params.self_signed(&ca_key).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        Pki { dir, ca, ca_key }
+    }
+
+    fn ca_path(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// Writes a leaf certificate named `cn` to NAME.pem / NAME.key and returns the paths.
+    fn leaf(&self, name: &str, cn: &str) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        let (c, k) = (
+            self.dir.path().join(format!("{name}.pem")),
+            self.dir.path().join(format!("{name}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+}
+
+type HttpsClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Full<Bytes>,
+>;
+
+fn https_client(ca: &Path, http2: bool) -> HttpsClient {
+    let config = metronome::tls::client_config(Some(ca), None).unwrap();
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_only();
+    let connector = if http2 {
+        builder.enable_http2().build()
+    } else {
+        builder.enable_http1().build()
+    };
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(http2)
+        .build(connector)
+}
+
+async fn post(client: &HttpsClient, url: String) -> (u16, Vec<u8>) {
+    let req = http::Request::post(url)
+        .body(Full::new(Bytes::from(r#"{"stream":true}"#)))
+        .unwrap();
+    let response = client.request(req).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, body.to_vec())
+}
+
+/// The CN of the certificate the server at `port` presents.
+async fn served_cn(ca: &Path, port: u16) -> String {
+    let config = Arc::new(metronome::tls::client_config(Some(ca), None).unwrap());
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = connector.connect(name, tcp).await.unwrap();
+    let cert = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+    let text = String::from_utf8_lossy(cert.as_ref()).to_string();
+    ["cert-a", "cert-b"]
+        .iter()
+        .find(|cn| text.contains(*cn))
+        .map(|s| s.to_string())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_listener_terminates_tls_over_http1_and_h2() {
+    let pki = Pki::new();
+    let (cert, key) = pki.leaf("server", "cert-a");
+    let upstream = Upstream::openai_chat().tokens(8).every(ms(2));
+    let expected = upstream.expected_bytes();
+    let upstream = upstream.start().await;
+    let proxy = proxy_with(upstream.addr, |c| {
+        c.tls = Some(metronome::config::ListenerTls { cert, key });
+    })
+    .await;
+    let url = format!(
+        "https://localhost:{}/v1/chat/completions",
+        proxy.proxy_addr.port()
+    );
+    for http2 in [false, true] {
+        let (status, body) = post(&https_client(&pki.ca_path(), http2), url.clone()).await;
+        assert_eq!(status, 200);
+        assert_eq!(body, expected, "http2={http2}");
+    }
+    let m = scrape_until(&proxy, |m| m.value("metronome_streams_total", &[]) == 2.0).await;
+    assert_eq!(
+        m.value(
+            "metronome_inter_token_latency_seconds_count",
+            &[("point", "egress")]
+        ),
+        14.0
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn curl_with_cacert_streams_through_the_tls_listener() {
+    let pki = Pki::new();
+    let (cert, key) = pki.leaf("server", "cert-a");
+    let upstream = Upstream::openai_chat().tokens(5).every(ms(2));
+    let expected = upstream.expected_bytes();
+    let upstream = upstream.start().await;
+    let proxy = proxy_with(upstream.addr, |c| {
+        c.tls = Some(metronome::config::ListenerTls { cert, key });
+    })
+    .await;
+    let url = format!(
+        "https://localhost:{}/v1/chat/completions",
+        proxy.proxy_addr.port()
+    );
+    let ca = pki.ca_path();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("curl")
+            .args(["-sSN", "--cacert"])
+            .arg(&ca)
+            .args(["-d", "{}", &url])
+            .output()
+            .expect("curl is installed (CI installs it)")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, expected);
+    proxy.shutdown().await;
+}
+
+/// An https upstream serving a fixed SSE body; with `client_ca`, it demands a client certificate.
+async fn tls_upstream(cert: &Path, key: &Path, client_ca: Option<&Path>) -> u16 {
+    use rustls::server::WebPkiClientVerifier;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = metronome::tls::load_certs(cert).unwrap();
+    let key = metronome::tls::load_key(key).unwrap();
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let config = match client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in metronome::tls::load_certs(ca).unwrap() {
+                roots.add(c).unwrap();
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .unwrap();
+            builder
+                .with_client_cert_verifier(verifier)
+                .with_single_cert(chain, key)
+                .unwrap()
+        }
+        None => builder
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap(),
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(|_req| async {
+                    let mut response = http::Response::new(Full::new(Bytes::from(
+                        "data: {\"model\":\"tls-model\",\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n",
+                    )));
+                    response
+                        .headers_mut()
+                        .insert("content-type", "text/event-stream".parse().unwrap());
+                    Ok::<_, Infallible>(response)
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn https_and_mtls_upstreams() {
+    let pki = Pki::new();
+    let (cert, key) = pki.leaf("upstream", "cert-a");
+    let (client_cert, client_key) = pki.leaf("client", "cert-b");
+    let plain_port = tls_upstream(&cert, &key, None).await;
+    let mtls_port = tls_upstream(&cert, &key, Some(&pki.ca_path())).await;
+    let ca = pki.ca_path();
+    let config_for = |port: u16, client: bool| {
+        let ca = ca.clone();
+        let (cc, ck) = (client_cert.clone(), client_key.clone());
+        move |c: &mut metronome::config::Config| {
+            c.upstream =
+                metronome::config::Upstream::parse(&format!("https://localhost:{port}")).unwrap();
+            c.routes.clear();
+            c.upstream_tls.ca = Some(ca);
+            if client {
+                c.upstream_tls.client_cert = Some((cc, ck));
+            }
+        }
+    };
+    let unused = "127.0.0.1:9".parse().unwrap();
+
+    let proxy = proxy_with(unused, config_for(plain_port, false)).await;
+    let got = stream_chat(proxy.proxy_addr).await;
+    assert_eq!(got.status, 200);
+    assert!(String::from_utf8_lossy(&got.bytes()).contains("[DONE]"));
+    proxy.shutdown().await;
+
+    let proxy = proxy_with(unused, config_for(mtls_port, false)).await;
+    assert_eq!(
+        stream_chat(proxy.proxy_addr).await.status,
+        502,
+        "mTLS upstream refuses us without a client certificate"
+    );
+    proxy.shutdown().await;
+
+    let proxy = proxy_with(unused, config_for(mtls_port, true)).await;
+    let got = stream_chat(proxy.proxy_addr).await;
+    assert_eq!(got.status, 200);
+    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    assert_eq!(
+        m.value(
+            "metronome_streams_total",
+            &[("model", "tls-model"), ("outcome", "complete")]
+        ),
+        1.0,
+        "{}",
+        m.0.lines()
+            .filter(|l| l.contains("streams_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn sighup_reload_swaps_the_certificate_and_keeps_it_when_the_new_one_is_bad() {
+    let pki = Pki::new();
+    let (cert, key) = pki.leaf("server", "cert-a");
+    let upstream = Upstream::openai_chat().start().await;
+    let (c2, k2) = (cert.clone(), key.clone());
+    let proxy = proxy_with(upstream.addr, move |c| {
+        c.tls = Some(metronome::config::ListenerTls { cert: c2, key: k2 });
+    })
+    .await;
+    let port = proxy.proxy_addr.port();
+    assert_eq!(served_cn(&pki.ca_path(), port).await, "cert-a");
+    // An established connection survives the reload.
+    let client = https_client(&pki.ca_path(), false);
+    let url = format!("https://localhost:{port}/v1/chat/completions");
+    assert_eq!(post(&client, url.clone()).await.0, 200);
+
+    let (b_cert, b_key) = pki.leaf("next", "cert-b");
+    std::fs::copy(&b_cert, &cert).unwrap();
+    std::fs::copy(&b_key, &key).unwrap();
+    assert!(proxy.reload_tls().unwrap());
+    assert_eq!(served_cn(&pki.ca_path(), port).await, "cert-b");
+    assert_eq!(post(&client, url.clone()).await.0, 200);
+
+    std::fs::write(&cert, "not a certificate").unwrap();
+    assert!(proxy.reload_tls().is_err());
+    assert_eq!(
+        served_cn(&pki.ca_path(), port).await,
+        "cert-b",
+        "the old certificate stays"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn overload_limits_answer_at_once() {
+    let upstream = Upstream::openai_chat()
+        .tokens(50)
+        .every(ms(20))
+        .start()
+        .await;
+    let proxy = proxy_with(upstream.addr, |c| {
+        c.limits.max_requests = 1;
+        c.limits.max_header_bytes = 8192;
+        c.limits.max_request_body_bytes = 1024;
+    })
+    .await;
+    let addr = proxy.proxy_addr;
+    // One stream in flight takes the only request slot.
+    let first = tokio::spawn(async move { stream_chat(addr).await });
+    tokio::time::sleep(ms(200)).await;
+    let busy = stream_chat(addr).await;
+    assert_eq!(busy.status, 503);
+    let body: serde_json::Value = serde_json::from_slice(&busy.bytes()).unwrap();
+    assert_eq!(body["error"]["type"], "overloaded");
+    assert_eq!(first.await.unwrap().status, 200);
+    scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+
+    // The slot is free again; a body over the limit is refused by its declared length.
+    let big = "x".repeat(2000);
+    let got = request(addr, "POST", "/v1/chat/completions", &big, false).await;
+    assert_eq!(got.status, 413);
+
+    // A head over the limit gets 431 from hyper.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let header = format!(
+        "GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+        "y".repeat(20_000)
+    );
+    let _ = stream.write_all(header.as_bytes()).await;
+    let mut answer = vec![0u8; 64];
+    let n = stream.read(&mut answer).await.unwrap();
+    assert!(String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 431"));
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_chunked_body_over_the_limit_gets_413() {
+    let upstream = Upstream::json("{}").start().await;
+    let proxy = proxy_with(upstream.addr, |c| c.limits.max_request_body_bytes = 1024).await;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(proxy.proxy_addr)
+        .await
+        .unwrap();
+    let chunk = "z".repeat(800);
+    let raw = format!(
+        "POST /v1/x HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n320\r\n{chunk}\r\n320\r\n{chunk}\r\n0\r\n\r\n"
+    );
+    stream.write_all(raw.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn connections_over_the_limit_get_503_and_close() {
+    let upstream = Upstream::json("{}").start().await;
+    let proxy = proxy_with(upstream.addr, |c| c.limits.max_connections = 1).await;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut held = tokio::net::TcpStream::connect(proxy.proxy_addr)
+        .await
+        .unwrap();
+    held.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 512];
+    let n = held.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    let mut second = tokio::net::TcpStream::connect(proxy.proxy_addr)
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    second.read_to_end(&mut answer).await.unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.contains("\"overloaded\""));
+    drop(held);
+    proxy.shutdown().await;
+}
