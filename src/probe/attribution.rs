@@ -165,7 +165,7 @@ pub struct Attribution {
     /// the share added after metronome (sums of the positive parts over the sum of client gaps).
     pub wait_share: WaitShare,
     /// The per-stream base delay (request trip plus the least return trip), in milliseconds.
-    pub base_delay_ms: Spread,
+    pub base_delay_ms: MedianMax,
     /// Events per client read against events per upstream frame.
     pub clumping: Clumping,
     /// Context for the human-readable reports.
@@ -234,22 +234,22 @@ pub struct NotJoined {
     pub no_token_events: u64,
 }
 
-/// Summary figures of a distribution; only the ones a field uses are present in JSON
-/// (clumping: mean and p95; base delay: p50 and max).
+/// The median and the largest of a per-stream figure, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Spread {
-    /// Mean.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mean: Option<f64>,
-    /// Median.
-    #[serde(skip_serializing_if = "Option::is_none")]
+pub struct MedianMax {
+    /// Median stream.
     pub p50: Option<f64>,
-    /// 95th percentile.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub p95: Option<f64>,
     /// Largest.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max: Option<f64>,
+}
+
+/// The mean and the p95 of a count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct MeanP95 {
+    /// Mean.
+    pub mean: Option<f64>,
+    /// 95th percentile (nearest rank).
+    pub p95: Option<f64>,
 }
 
 /// Clumping: how many events arrive together at the client against how many the upstream sent
@@ -257,9 +257,9 @@ pub struct Spread {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Clumping {
     /// Events per client read (mean and p95), joined streams.
-    pub events_per_read: Spread,
+    pub events_per_read: MeanP95,
     /// Events per upstream frame (mean and p95), from the same streams' timelines.
-    pub events_per_frame: Spread,
+    pub events_per_frame: MeanP95,
 }
 
 /// What the text and HTML reports show beyond the JSON.
@@ -390,10 +390,9 @@ impl AttributionBuilder {
         };
         a.detail.client_wait_ms = ms(total);
         self.base_delays.sort_unstable();
-        a.base_delay_ms = Spread {
+        a.base_delay_ms = MedianMax {
             p50: nearest(&self.base_delays, 50).map(ms),
             max: self.base_delays.last().copied().map(ms),
-            ..Spread::default()
         };
         a.clumping = Clumping {
             events_per_read: mean_and_p95(&mut self.read_events),
@@ -407,13 +406,12 @@ fn nearest<T: Copy>(sorted: &[T], percent: u32) -> Option<T> {
     super::stats::nearest_rank(sorted, percent)
 }
 
-fn mean_and_p95(values: &mut [u32]) -> Spread {
+fn mean_and_p95(values: &mut [u32]) -> MeanP95 {
     values.sort_unstable();
     let sum: u64 = values.iter().map(|v| u64::from(*v)).sum();
-    Spread {
+    MeanP95 {
         mean: (!values.is_empty()).then(|| sum as f64 / values.len() as f64),
         p95: nearest(values, 95).map(f64::from),
-        ..Spread::default()
     }
 }
 
@@ -663,7 +661,10 @@ mod tests {
         let json = serde_json::to_value(&a).unwrap();
         assert_eq!(json["gap_ms"]["p99"]["after_metronome"], 90.0);
         assert_eq!(json["streams_not_joined"]["not_found"], 1);
-        assert!(json["clumping"]["events_per_read"].get("max").is_none());
+        assert_eq!(
+            json["clumping"]["events_per_read"],
+            serde_json::json!({"mean": 1.375, "p95": 4.0})
+        );
     }
 
     #[test]
@@ -672,6 +673,8 @@ mod tests {
         let json = serde_json::to_value(&a).unwrap();
         assert!(json["gap_ms"]["p50"].is_null());
         assert!(json["wait_share"]["after_metronome"].is_null());
+        assert!(json["clumping"]["events_per_read"]["mean"].is_null());
+        assert!(json["base_delay_ms"]["p50"].is_null());
         assert_eq!(json["streams_joined"], 0);
     }
 }
