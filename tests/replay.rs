@@ -14,7 +14,9 @@ use metronome::sim::SimConfig;
 use metronome::timeline_json::StreamTimeline;
 use tokio::net::TcpListener;
 
-const FIXTURE: &str = "tests/fixtures/timeline-stall.json";
+/// A captured `/streams/{id}` (the contract JSON): a role frame, tokens every 30 ms, a 300 ms stall,
+/// an event split across two frames, frames of two token events, and the trailer.
+const FIXTURE: &str = "tests/replay/timeline-stall.json";
 
 /// How far a replayed frame may land from its captured offset (timers, scheduling, 2 shared cores;
 /// the fixture's frames are 10 to 300 ms apart, so this still pins each one down).
