@@ -26,6 +26,9 @@ use tokio::sync::watch;
 use crate::config::{ReadinessConfig, Upstream};
 use crate::proxy::ProxyState;
 
+/// The browser beacon module (assets/metronome-beacon.js), served for convenience.
+const BEACON_MODULE: &str = include_str!("../assets/metronome-beacon.js");
+
 /// The content type of the Prometheus text exposition format.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -82,6 +85,14 @@ async fn answer(
             response
         }
         "/streams" => json(StatusCode::OK, state.registry.list_json()),
+        "/metronome-beacon.js" => {
+            let mut response = text(StatusCode::OK, BEACON_MODULE);
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/javascript; charset=utf-8"),
+            );
+            response
+        }
         path if path.starts_with("/streams/") => {
             let id = &path["/streams/".len()..];
             match state.registry.detail_json(id) {

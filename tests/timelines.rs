@@ -323,3 +323,19 @@ async fn beacons_can_be_turned_off_and_then_are_proxied() {
     );
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_admin_listener_serves_the_beacon_module() {
+    let upstream = Upstream::json("{}").start().await;
+    let proxy = proxy_to(upstream.addr).await;
+    let got = request(proxy.admin_addr, "GET", "/metronome-beacon.js", "", false).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(
+        got.headers["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    let body = String::from_utf8(got.bytes()).unwrap();
+    assert_eq!(body, include_str!("../assets/metronome-beacon.js"));
+    assert!(body.contains("metronomeFetch"));
+    proxy.shutdown().await;
+}
