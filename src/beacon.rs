@@ -42,8 +42,7 @@ pub struct Beacon {
 /// Parses and checks a beacon body: JSON of version 1, at most [`MAX_GAPS`] gaps, every time
 /// finite and between 0 and an hour. Public so that the fuzzer reaches it.
 pub fn parse(body: &[u8]) -> Result<Beacon, String> {
-    let beacon: Beacon =
-        serde_json::from_slice(body).map_err(|e| format!("not a beacon: {e}"))?;
+    let beacon: Beacon = serde_json::from_slice(body).map_err(|e| format!("not a beacon: {e}"))?;
     validate(&beacon)?;
     Ok(beacon)
 }
