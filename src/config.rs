@@ -328,7 +328,7 @@ impl Default for Config {
 impl Config {
     /// Parses and validates TOML text.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_problem(&e))?;
+        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_problem(&e, text))?;
         validate(raw)
     }
 
@@ -347,7 +347,7 @@ impl Config {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     ConfigError::one("--config", format!("cannot read {}: {e}", path.display()))
                 })?;
-                toml::from_str(&text).map_err(|e| toml_problem(&e))?
+                toml::from_str(&text).map_err(|e| toml_problem(&e, &text))?
             }
             None => RawConfig::default(),
         };
@@ -367,8 +367,20 @@ impl Config {
     }
 }
 
-fn toml_problem(e: &toml::de::Error) -> ConfigError {
-    let message = e.message().to_string();
+fn toml_problem(e: &toml::de::Error, text: &str) -> ConfigError {
+    let mut message = e.message().trim().to_string();
+    if message.is_empty() {
+        // The toml crate gives no message for some characters (a control character in a
+        // comment): name the character, so the reason is never empty.
+        let found = e
+            .span()
+            .and_then(|span| text.get(span.start..))
+            .and_then(|rest| rest.chars().next());
+        message = match found {
+            Some(c) => format!("unexpected character {c:?} (U+{:04X})", u32::from(c)),
+            None => "this is not valid TOML".to_string(),
+        };
+    }
     let key = match e.span() {
         Some(span) => format!("(at byte {})", span.start),
         None => "(file)".to_string(),
@@ -741,6 +753,15 @@ mod tests {
         let text = include_str!("../config/metronome.toml");
         let config = Config::from_toml(text).unwrap();
         assert!(!config.routes.is_empty());
+    }
+
+    #[test]
+    fn a_toml_error_always_has_a_reason() {
+        // Found by fuzzing: toml's message is empty for a control character in a comment.
+        let e = Config::from_toml("# a comment \u{1b} with ESC\n").unwrap_err();
+        assert_eq!(e.0.len(), 1);
+        assert_eq!(e.0[0].key, "(at byte 12)");
+        assert_eq!(e.0[0].reason, "unexpected character '\\u{1b}' (U+001B)");
     }
 
     #[test]
