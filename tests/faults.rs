@@ -787,3 +787,37 @@ async fn an_http2_client_with_200_concurrent_streams_on_one_connection_gets_them
     assert_eq!(upstream.stats.completed.load(Ordering::SeqCst), STREAMS);
     h.finish().await;
 }
+
+#[tokio::test]
+async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
+    // An upstream that keeps idle connections open for ever (the scripted one has no timeout):
+    // the proxy's pool must close its idle connection after 90 s, or every connection of a past
+    // burst stays open. Time is paused and moved past the timeout (the pool's timer is tokio's).
+    let upstream = Upstream::openai_chat().tokens(3).start().await;
+    let proxy = proxy_to(upstream.addr).await;
+    let got = stream_chat(proxy.proxy_addr).await;
+    assert!(got.error.is_none());
+    scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    assert_eq!(
+        upstream.stats.connections_open.load(Ordering::SeqCst),
+        1,
+        "the finished stream's connection waits in the pool"
+    );
+
+    tokio::time::pause();
+    for _ in 0..4 {
+        tokio::time::advance(Duration::from_secs(60)).await;
+        tokio::task::yield_now().await;
+    }
+    tokio::time::resume();
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.stats.connections_open.load(Ordering::SeqCst) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle upstream connection was never closed"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+    proxy.shutdown().await;
+}

@@ -24,7 +24,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -96,8 +96,11 @@ impl ProxyState {
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.enforce_http(true);
+        // The idle timeout needs a timer: without one hyper-util never evicts an idle
+        // connection, and every connection of a past burst stays open.
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .pool_timer(TokioTimer::new())
             .build(connector);
         let registry = Arc::new(StreamRegistry::new(
             config.timeline.max_streams,
