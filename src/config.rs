@@ -388,6 +388,10 @@ fn toml_problem(e: &toml::de::Error, text: &str) -> ConfigError {
     ConfigError::one(&key, message)
 }
 
+/// The longest duration a key may take: far beyond any sensible timeout, far below what would
+/// overflow a deadline.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Validates every value, collecting all problems.
 fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let mut problems = Vec::new();
@@ -408,6 +412,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             .and_then(|d| {
                 if d.is_zero() {
                     Err("must be longer than zero".to_string())
+                } else if d > MAX_DURATION {
+                    // Deadlines are `now + duration`: an absurd one would overflow the clock.
+                    Err(format!("`{text}` is longer than a year"))
                 } else {
                     Ok(d)
                 }
@@ -762,6 +769,28 @@ mod tests {
         assert_eq!(e.0.len(), 1);
         assert_eq!(e.0[0].key, "(at byte 12)");
         assert_eq!(e.0[0].reason, "unexpected character '\\u{1b}' (U+001B)");
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_not_panicked_on() {
+        // Found by inspection while writing the config fuzz target: 1e20 s does not fit a
+        // Duration (it panicked), and 1e19 s fits but overflows `Instant::now() + idle`.
+        for (text, reason) in [
+            (
+                "99999999999999999999s",
+                "`99999999999999999999s` is too long",
+            ),
+            (
+                "10000000000000000000s",
+                "`10000000000000000000s` is longer than a year",
+            ),
+        ] {
+            let e = Config::from_toml(&format!("[timeouts]\nidle = \"{text}\"\n")).unwrap_err();
+            assert_eq!(e.0.len(), 1);
+            assert_eq!(e.0[0].key, "timeouts.idle");
+            assert_eq!(e.0[0].reason, reason);
+        }
+        assert!(Config::from_toml("[timeouts]\nidle = \"8760h\"\n").is_ok());
     }
 
     #[test]

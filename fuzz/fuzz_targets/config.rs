@@ -1,6 +1,6 @@
 //! The configuration parser on arbitrary text: never panics; a refusal names at least one key;
-//! a configuration it accepts is within its documented bounds and starts (metrics, routes, the
-//! pooled client).
+//! a configuration it accepts is within its documented bounds, its durations make deadlines
+//! that do not overflow, and it starts (metrics, routes, the pooled client).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -20,6 +20,20 @@ fuzz_target!(|data: &[u8]| {
                 .routes
                 .iter()
                 .all(|r| r.name != "other" && !r.name.is_empty()));
+            // Every duration becomes a deadline `now + duration` somewhere.
+            let now = std::time::Instant::now();
+            for d in [
+                config.drain_grace,
+                config.connect_timeout,
+                config.first_byte_timeout,
+                config.idle_timeout,
+                config.stall_threshold,
+            ] {
+                assert!(
+                    now.checked_add(d).is_some(),
+                    "a deadline {d:?} away overflows"
+                );
+            }
             if let Err(e) = ProxyState::new(config) {
                 panic!("a configuration that validates does not start: {e}");
             }
