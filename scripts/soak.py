@@ -79,6 +79,8 @@ async def reset_connection(reader, writer):
 async def reset_upstream(listen):
     host, port = listen.rsplit(":", 1)
     server = await asyncio.start_server(reset_connection, host, int(port), backlog=1024)
+    bound = server.sockets[0].getsockname()
+    print(f"reset upstream listening on {bound[0]}:{bound[1]}", flush=True)
     async with server:
         await server.serve_forever()
 

@@ -37,13 +37,6 @@ else
 fi
 WORK=$(mktemp -d -t metronome-soak.XXXXXX)
 
-read -r SIM RESET PROXY ADMIN < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(4)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in socks])
-')
-
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do
@@ -53,17 +46,41 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$BIN" sim --listen "127.0.0.1:$SIM" --gap 20ms --jitter 0.3 --ttft 50ms \
+# Each process binds port 0 and logs where it listens: picking free ports first races with
+# other processes' outgoing connections, which take ports from the same ephemeral range.
+# wait_for_addr LOG PATTERN PID: the first 127.0.0.1:PORT on a log line matching PATTERN.
+wait_for_addr() {
+    local log=$1 pattern=$2 pid=$3 addr
+    for _ in $(seq 100); do
+        addr=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E "$pattern" | grep -oE '127\.0\.0\.1:[0-9]+' | head -1 || true)
+        if [[ -n $addr ]]; then
+            echo "$addr"
+            return 0
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "FAIL $log: the process exited:" >&2
+            tail -5 "$log" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+    echo "FAIL $log: no address logged" >&2
+    return 1
+}
+
+"$BIN" sim --listen 127.0.0.1:0 --gap 20ms --jitter 0.3 --ttft 50ms \
     --stall-prob 0.005 --stall 250ms >"$WORK/sim.log" 2>&1 &
 pids+=($!)
-python3 scripts/soak.py reset-upstream --listen "127.0.0.1:$RESET" >"$WORK/reset.log" 2>&1 &
+SIM=$(wait_for_addr "$WORK/sim.log" "listening on" "${pids[-1]}")
+python3 scripts/soak.py reset-upstream --listen 127.0.0.1:0 >"$WORK/reset.log" 2>&1 &
 pids+=($!)
+RESET=$(wait_for_addr "$WORK/reset.log" "listening on" "${pids[-1]}")
 
 cat >"$WORK/metronome.toml" <<TOML
 [server]
-listen = "127.0.0.1:$PROXY"
-admin = "127.0.0.1:$ADMIN"
-upstream = "http://127.0.0.1:$SIM"
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+upstream = "http://$SIM"
 drain_grace = "5s"
 [timeouts]
 idle = "10s"
@@ -74,24 +91,17 @@ match = "exact"
 [[routes]]
 name = "reset"
 path = "/reset"
-upstream = "http://127.0.0.1:$RESET"
+upstream = "http://$RESET"
 TOML
-"$BIN" serve --config "$WORK/metronome.toml" >"$WORK/serve.log" 2>&1 &
+RUST_LOG=info "$BIN" serve --config "$WORK/metronome.toml" >"$WORK/serve.log" 2>&1 &
 SERVE_PID=$!
 pids+=("$SERVE_PID")
-
-for _ in $(seq 100); do
-    if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$ADMIN/healthz', timeout=1)" 2>/dev/null &&
-        python3 -c "import socket; socket.create_connection(('127.0.0.1', $SIM), 1)" 2>/dev/null &&
-        python3 -c "import socket; socket.create_connection(('127.0.0.1', $RESET), 1)" 2>/dev/null; then
-        break
-    fi
-    sleep 0.1
-done
+PROXY=$(wait_for_addr "$WORK/serve.log" "metronome serving" "$SERVE_PID")
+ADMIN=$(sed 's/\x1b\[[0-9;]*m//g' "$WORK/serve.log" | grep "metronome serving" | grep -oE 'admin=127\.0\.0\.1:[0-9]+' | cut -d= -f2)
 
 echo "soak: $MINUTES min, $CONCURRENCY clients, proxy pid $SERVE_PID, logs in $WORK" >&2
 rc=0
-python3 scripts/soak.py drive --proxy "127.0.0.1:$PROXY" --admin "127.0.0.1:$ADMIN" \
+python3 scripts/soak.py drive --proxy "$PROXY" --admin "$ADMIN" \
     --pid "$SERVE_PID" --seconds "$((MINUTES * 60))" --concurrency "$CONCURRENCY" \
     --every "$SAMPLE_EVERY" --idle-wait "$IDLE_WAIT" --rows "$WORK/samples.csv" || rc=$?
 if grep -q "panicked" "$WORK/serve.log"; then
