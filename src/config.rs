@@ -446,7 +446,7 @@ impl Default for Config {
 impl Config {
     /// Parses and validates TOML text.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_problem(&e))?;
+        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_problem(&e, text))?;
         validate(raw)
     }
 
@@ -465,7 +465,7 @@ impl Config {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     ConfigError::one("--config", format!("cannot read {}: {e}", path.display()))
                 })?;
-                toml::from_str(&text).map_err(|e| toml_problem(&e))?
+                toml::from_str(&text).map_err(|e| toml_problem(&e, &text))?
             }
             None => RawConfig::default(),
         };
@@ -491,14 +491,30 @@ impl Config {
     }
 }
 
-fn toml_problem(e: &toml::de::Error) -> ConfigError {
-    let message = e.message().to_string();
+fn toml_problem(e: &toml::de::Error, text: &str) -> ConfigError {
+    let mut message = e.message().trim().to_string();
+    if message.is_empty() {
+        // The toml crate gives no message for some characters (a control character in a
+        // comment): name the character, so the reason is never empty.
+        let found = e
+            .span()
+            .and_then(|span| text.get(span.start..))
+            .and_then(|rest| rest.chars().next());
+        message = match found {
+            Some(c) => format!("unexpected character {c:?} (U+{:04X})", u32::from(c)),
+            None => "this is not valid TOML".to_string(),
+        };
+    }
     let key = match e.span() {
         Some(span) => format!("(at byte {})", span.start),
         None => "(file)".to_string(),
     };
     ConfigError::one(&key, message)
 }
+
+/// The longest duration a key may take: far beyond any sensible timeout, far below what would
+/// overflow a deadline.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Validates every value, collecting all problems.
 fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
@@ -520,6 +536,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             .and_then(|d| {
                 if d.is_zero() {
                     Err("must be longer than zero".to_string())
+                } else if d > MAX_DURATION {
+                    // Deadlines are `now + duration`: an absurd one would overflow the clock.
+                    Err(format!("`{text}` is longer than a year"))
                 } else {
                     Ok(d)
                 }
@@ -1026,6 +1045,37 @@ mod tests {
         assert_eq!(config.readiness.path.unwrap().as_str(), "/health");
         // terminationGracePeriodSeconds (330) covers the preStop sleep (10 s) and the drain.
         assert!(config.drain_grace + Duration::from_secs(10) < Duration::from_secs(330));
+    }
+
+    #[test]
+    fn a_toml_error_always_has_a_reason() {
+        // Found by fuzzing: toml's message is empty for a control character in a comment.
+        let e = Config::from_toml("# a comment \u{1b} with ESC\n").unwrap_err();
+        assert_eq!(e.0.len(), 1);
+        assert_eq!(e.0[0].key, "(at byte 12)");
+        assert_eq!(e.0[0].reason, "unexpected character '\\u{1b}' (U+001B)");
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_not_panicked_on() {
+        // Found by inspection while writing the config fuzz target: 1e20 s does not fit a
+        // Duration (it panicked), and 1e19 s fits but overflows `Instant::now() + idle`.
+        for (text, reason) in [
+            (
+                "99999999999999999999s",
+                "`99999999999999999999s` is too long",
+            ),
+            (
+                "10000000000000000000s",
+                "`10000000000000000000s` is longer than a year",
+            ),
+        ] {
+            let e = Config::from_toml(&format!("[timeouts]\nidle = \"{text}\"\n")).unwrap_err();
+            assert_eq!(e.0.len(), 1);
+            assert_eq!(e.0[0].key, "timeouts.idle");
+            assert_eq!(e.0[0].reason, reason);
+        }
+        assert!(Config::from_toml("[timeouts]\nidle = \"8760h\"\n").is_ok());
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if !seconds.is_finite() || seconds < 0.0 {
         return Err(format!("`{text}` is not a valid duration"));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is too long"))
 }
 
 /// Writes a duration compactly in the largest unit that keeps it readable (`850us`, `12.3ms`, `2.50s`).

@@ -93,7 +93,7 @@ pub fn meter<B>(
 ) -> EgressBody
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display + Send,
+    B::Error: std::error::Error + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(settings.buffer_frames);
     let budget = Arc::new(Semaphore::new(settings.buffer_bytes));
@@ -136,7 +136,7 @@ impl IngressReader {
     async fn run<B>(mut self, mut upstream: B)
     where
         B: Body<Data = Bytes> + Send + Unpin + 'static,
-        B::Error: std::fmt::Display + Send,
+        B::Error: std::error::Error + Send + 'static,
     {
         let idle = tokio::time::sleep(self.idle_timeout);
         tokio::pin!(idle);
@@ -158,12 +158,7 @@ impl IngressReader {
                 None => break IngressEnd::Complete,
                 Some(Err(e)) => {
                     let message = e.to_string();
-                    let kind = if message.contains("reset") || message.contains("closed") {
-                        "reset"
-                    } else {
-                        "protocol"
-                    };
-                    self.count_upstream_error(kind);
+                    self.count_upstream_error(body_failure_kind(&e));
                     failure = Some(StreamError::Upstream(message));
                     break IngressEnd::UpstreamError;
                 }
@@ -235,6 +230,39 @@ impl IngressReader {
             .with_label_values(&[self.ledger.route(), kind])
             .inc();
     }
+}
+
+/// The `kind` of an upstream body failure: `reset` when the connection was lost (reset, aborted,
+/// or closed before the body's end: hyper reports those as a body error whose cause is an I/O
+/// error, so the cause is what tells), `protocol` when the upstream sent something that is not
+/// HTTP.
+fn body_failure_kind(error: &(dyn std::error::Error + 'static)) -> &'static str {
+    use std::io::ErrorKind;
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::UnexpectedEof
+            ) {
+                return "reset";
+            }
+        }
+        if e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_incomplete_message)
+        {
+            return "reset";
+        }
+        let text = e.to_string();
+        if text.contains("reset") || text.contains("closed") {
+            return "reset";
+        }
+        next = e.source();
+    }
+    "protocol"
 }
 
 /// The client's response body of a metered stream: the upstream's frames, untouched.

@@ -25,7 +25,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -134,8 +134,11 @@ impl ProxyState {
             Some(t) => Some(Arc::new(tls::ReloadableCert::load(&t.cert, &t.key)?)),
             None => None,
         };
+        // The idle timeout needs a timer: without one hyper-util never evicts an idle
+        // connection, and every connection of a past burst stays open.
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .pool_timer(TokioTimer::new())
             .build(connector);
         let registry = Arc::new(StreamRegistry::new(
             config.timeline.max_streams,

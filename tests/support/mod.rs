@@ -54,6 +54,8 @@ pub struct Upstream {
     scripted: bool,
     echo_headers: bool,
     content_length: bool,
+    headers: Vec<(String, String)>,
+    keep_alive: bool,
 }
 
 /// What a running scripted upstream saw.
@@ -67,6 +69,11 @@ pub struct UpstreamStats {
     pub requests: AtomicUsize,
     /// Headers of the last request.
     pub last_headers: Mutex<Option<HeaderMap>>,
+    /// Data frames hyper has taken from response bodies: how far ahead of the client the
+    /// upstream got (the script task is at most one frame ahead of this).
+    pub frames_taken: AtomicUsize,
+    /// Connections accepted and not yet closed.
+    pub connections_open: AtomicUsize,
 }
 
 /// A running scripted upstream.
@@ -92,6 +99,8 @@ impl Upstream {
             scripted: false,
             echo_headers: false,
             content_length: false,
+            headers: Vec::new(),
+            keep_alive: true,
         }
     }
 
@@ -160,6 +169,19 @@ impl Upstream {
     /// Declare the body's length in `content-length` (instead of chunked encoding).
     pub fn with_content_length(mut self) -> Self {
         self.content_length = true;
+        self
+    }
+
+    /// An extra response header.
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Close each connection after its response (no keep-alive), so that no pooled connection
+    /// outlives a test's request: a count of live tasks then returns exactly to its baseline.
+    pub fn close_after_response(mut self) -> Self {
+        self.keep_alive = false;
         self
     }
 
@@ -241,15 +263,21 @@ impl Upstream {
                 let _ = stream.set_nodelay(true);
                 let script = script.clone();
                 let stats = stats2.clone();
+                stats.connections_open.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
+                    let keep_alive = script.keep_alive;
+                    let conn_stats = stats.clone();
                     let service = service_fn(move |req: Request<Incoming>| {
                         let script = script.clone();
                         let stats = stats.clone();
                         async move { Ok::<_, Infallible>(script.respond(req, stats).await) }
                     });
-                    let _ = auto::Builder::new(TokioExecutor::new())
+                    let mut builder = auto::Builder::new(TokioExecutor::new());
+                    builder.http1().keep_alive(keep_alive);
+                    let _ = builder
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
+                    conn_stats.connections_open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });
@@ -311,7 +339,7 @@ impl Upstream {
             }
             stats2.completed.fetch_add(1, Ordering::SeqCst);
         });
-        let mut response = Response::new(ScriptBody { rx });
+        let mut response = Response::new(ScriptBody { rx, stats });
         *response.status_mut() = http::StatusCode::from_u16(self.status).unwrap();
         response
             .headers_mut()
@@ -320,6 +348,12 @@ impl Upstream {
             let len = self.expected_bytes().len();
             response.headers_mut().insert("content-length", len.into());
         }
+        for (name, value) in &self.headers {
+            response.headers_mut().insert(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
         response
     }
 }
@@ -327,6 +361,7 @@ impl Upstream {
 /// The scripted upstream's body: frames from the script task.
 pub struct ScriptBody {
     rx: mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>,
+    stats: Arc<UpstreamStats>,
 }
 
 impl Body for ScriptBody {
@@ -336,7 +371,13 @@ impl Body for ScriptBody {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        self.rx.poll_recv(cx)
+        let polled = self.rx.poll_recv(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled {
+            if frame.is_data() {
+                self.stats.frames_taken.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        polled
     }
 }
 

@@ -1,0 +1,142 @@
+//! What the fuzz targets share: reading a scanner input (a small header, then the body), cutting
+//! a body into frames, and the list of token accountants to fuzz.
+
+use metronome::format::Accounting;
+use metronome::scan::{scan_all, CollectedEvents, Framing, Scanner};
+
+/// Bytes before the body in a scanner input: the bound (1), the seed of the cuts (8).
+pub const SCAN_HEADER: usize = 9;
+
+/// A scanner input: the bound on a partial event, where to cut the body, and the body.
+#[derive(Debug)]
+pub struct ScanInput<'a> {
+    /// The scanner's `max_event_bytes`: 1 to 128, or 65536 (the default).
+    pub max_event_bytes: usize,
+    /// Frame boundaries, sorted and distinct, each inside the body.
+    pub cuts: Vec<usize>,
+    /// The stream.
+    pub body: &'a [u8],
+}
+
+// === impl ScanInput ===
+
+impl<'a> ScanInput<'a> {
+    /// Reads the header; `None` for inputs shorter than it.
+    pub fn parse(data: &'a [u8]) -> Option<Self> {
+        if data.len() < SCAN_HEADER {
+            return None;
+        }
+        let bound = data[0];
+        let max_event_bytes = if bound & 0x80 == 0 {
+            usize::from(bound) + 1
+        } else {
+            64 * 1024
+        };
+        let mut seed = u64::from_le_bytes(data[1..9].try_into().ok()?) | 1;
+        let body = &data[SCAN_HEADER..];
+        let mut next = move || {
+            // xorshift64*: the fuzzer controls the seed, so it controls the cuts.
+            seed ^= seed >> 12;
+            seed ^= seed << 25;
+            seed ^= seed >> 27;
+            seed.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        };
+        let count = (next() % 33) as usize;
+        let mut cuts: Vec<usize> = (0..count)
+            .map(|_| (next() % (body.len() as u64 + 1)) as usize)
+            .filter(|c| *c > 0 && *c < body.len())
+            .collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        Some(ScanInput {
+            max_event_bytes,
+            cuts,
+            body,
+        })
+    }
+
+    /// The body cut into frames.
+    pub fn frames(&self) -> Vec<&'a [u8]> {
+        let mut frames = Vec::with_capacity(self.cuts.len() + 1);
+        let mut start = 0;
+        for &cut in &self.cuts {
+            frames.push(&self.body[start..cut]);
+            start = cut;
+        }
+        frames.push(&self.body[start..]);
+        frames
+    }
+}
+
+/// Feeds `frames` one by one to a new scanner and collects what it reports.
+pub fn scan_frames(framing: Framing, frames: &[&[u8]], max_event_bytes: usize) -> CollectedEvents {
+    let mut sink = CollectedEvents::default();
+    let mut scanner = Scanner::new(framing, max_event_bytes);
+    for frame in frames {
+        scanner.feed(frame, &mut sink);
+    }
+    scanner.finish(&mut sink);
+    sink
+}
+
+/// The scanner properties: however the body is cut (at the fuzzer's cuts, and byte by byte),
+/// the events are those of a one-shot scan; nothing reported exceeds the bound.
+pub fn check_scanner(framing: Framing, data: &[u8]) {
+    let Some(input) = ScanInput::parse(data) else {
+        return;
+    };
+    let max = input.max_event_bytes;
+    let whole = scan_all(framing, input.body, max);
+    let cut = scan_frames(framing, &input.frames(), max);
+    assert_eq!(cut, whole, "cut at {:?}, bound {max}", input.cuts);
+    if input.body.len() <= 2048 {
+        let bytewise: Vec<&[u8]> = input.body.chunks(1).collect();
+        assert_eq!(
+            scan_frames(framing, &bytewise, max),
+            whole,
+            "byte by byte, bound {max}"
+        );
+    }
+    for (kind, data, truncated) in &whole.events {
+        assert!(
+            data.len() <= max,
+            "an event of {} bytes passed the bound {max}",
+            data.len()
+        );
+        assert!(kind.len() <= 256, "an event type of {} bytes", kind.len());
+        if !truncated {
+            assert!(data.len() <= input.body.len());
+        }
+    }
+    for (name, value) in &whole.unknown_fields {
+        assert!(
+            name.len() + value.len() <= max,
+            "an unknown field passed the bound {max}"
+        );
+    }
+}
+
+/// Every accountant metronome has, each fresh: one per format, and the detector that picks one
+/// from the first events (with and without a hint from the request path).
+#[cfg(format_list)]
+pub fn accountants() -> Vec<Accounting> {
+    use metronome::format::Format;
+    let mut all: Vec<Accounting> = Format::ALL
+        .iter()
+        .map(|f| Accounting::for_format(*f))
+        .collect();
+    for framing in [Framing::Sse, Framing::Ndjson] {
+        all.push(Accounting::select(None, framing, None));
+        for hint in Format::ALL {
+            all.push(Accounting::select(None, framing, Some(hint)));
+        }
+    }
+    all
+}
+
+/// Every accountant metronome has, each fresh: today the OpenAI-compatible one. (Once
+/// `Format::ALL` and `Accounting::for_format` exist, build.rs switches to the list above.)
+#[cfg(not(format_list))]
+pub fn accountants() -> Vec<Accounting> {
+    vec![Accounting::openai()]
+}
