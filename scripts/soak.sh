@@ -13,8 +13,9 @@
 #
 # Every SAMPLE_EVERY seconds the proxy's resident set (/proc/PID/statm), open descriptors
 # (/proc/PID/fd) and stream gauge are printed. At the end it checks: resident set and descriptors
-# flat within 10% (the mean of the first steady-state minute, after a minute of warm-up, against
-# the last minute), streams_active back to 0, upstream errors only of the injected kind and
+# flat within 10% (the mean of the first steady-state minute against the last minute; steady
+# state starts once a minute has passed and 4096 streams are recorded, which fills the proxy's
+# bounded registries), streams_active back to 0, upstream errors only of the injected kind and
 # exactly one per injected reset, no 4xx/5xx, streams_total adding up to the requests sent with
 # each outcome matching what the clients did, and no panic in the proxy's log. Then, with the load
 # stopped, it waits (up to IDLE_WAIT=200 s) for the pooled upstream connections to pass their

@@ -1,7 +1,9 @@
-//! Faults, one test each: an upstream that cuts its body, speaks garbage instead of HTTP, sends
-//! bytes no accountant can read, answers a stream request with an error, compresses its stream;
-//! a client that opens 200 streams on one HTTP/2 connection. (Refused connections, resets, silent
-//! upstreams and clients that go away are in tests/proxy.rs; memory bounds in tests/memory.rs.)
+//! Faults, one test each: an upstream that cuts its body, resets its connection, speaks garbage
+//! instead of HTTP, sends bytes no accountant can read, answers a stream request with an error,
+//! compresses its stream, or keeps idle connections open for ever; a client that opens 200
+//! streams on one HTTP/2 connection. (Refused connections, a failed body, silent upstreams and
+//! clients that go away are in tests/proxy.rs; memory bounds in tests/memory.rs; a panicking
+//! stream task in tests/panics.rs. RELIABILITY.md lists them all.)
 //!
 //! Every test ends with the same checks ([`Harness::finish`]): the stream gauge is back at 0, the
 //! proxy still serves a healthy stream afterwards, no task panicked, and the runtime's count of
