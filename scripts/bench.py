@@ -343,7 +343,8 @@ class Bench:
             listen = p.metronome if path == "metronome" else p.passthrough
             admin = p.metronome_admin if path == "metronome" else p.passthrough_admin
             config = metronome_config(self.work, path, listen, admin, p.sim, path == "metronome")
-            proc = self.procs.start(path, [str(BIN), "serve", "--config", str(config)])
+            proc = self.procs.start(path, [str(BIN), "serve", "--config", str(config)],
+                                    env=self.args.metronome_env)
             wait_port(listen, proc)
             return proc, listen
         if path == "nginx":
@@ -747,12 +748,15 @@ def parse_args(argv):
     ap.add_argument("--write", action="store_true",
                     help="write the table into BENCHMARKS.md (default for a full run)")
     ap.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
+    ap.add_argument("--metronome-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment for the metronome proxies (e.g. TOKIO_WORKER_THREADS=1)")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.smoke:
         args.levels, args.paths, args.repeats = "50", "direct,metronome", 1
         args.duration, args.tokens = 10, 40
         args.no_saturation, args.no_write = True, True
+    args.metronome_env = dict(kv.split("=", 1) for kv in args.metronome_env)
     args.levels = [int(x) for x in args.levels.split(",") if x]
     args.paths = [p for p in args.paths.split(",") if p]
     for p in args.paths:
