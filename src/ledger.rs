@@ -300,8 +300,9 @@ pub struct StreamLedger {
     received: Instant,
     /// Stamped by the client connection's egress clock, possibly from another task.
     egress: Mutex<EgressLedger>,
-    /// Put here once by the ingress reader when it stops.
-    ingress: Mutex<Option<(IngressLedger, IngressEnd)>>,
+    /// Put here once by the ingress side when it stops (boxed: an empty slot costs a pointer,
+    /// not a second ingress ledger's worth of memory for the whole stream).
+    ingress: Mutex<Option<Box<(IngressLedger, IngressEnd)>>>,
     /// The stream's place among the requests in flight, held until it is recorded.
     _in_flight: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -377,7 +378,7 @@ impl StreamLedger {
 
     /// The ingress reader stopped; it hands over what it learned.
     pub fn ingress_finished(&self, ledger: IngressLedger, end: IngressEnd) {
-        *self.ingress.lock().unwrap_or_else(|e| e.into_inner()) = Some((ledger, end));
+        *self.ingress.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new((ledger, end)));
     }
 
     /// How the stream ended. It was delivered when every frame read from the upstream reached
@@ -476,7 +477,8 @@ impl Drop for StreamLedger {
             .ingress
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
-            .take();
+            .take()
+            .map(|boxed| *boxed);
         let frames_stamped = self
             .egress
             .get_mut()

@@ -257,6 +257,38 @@ fn json_report_has_exactly_the_contract_keys() {
 }
 
 #[test]
+fn detail_file_has_the_tail_in_microseconds() {
+    let server = upstream();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("detail.json");
+    let output = probe(&[
+        "--url",
+        &server.url(),
+        "-n",
+        "2",
+        "--detail",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let detail: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(detail["requests"], 2);
+    assert_eq!(detail["errors"], 0);
+    assert_eq!(detail["token_events"], 2 * 20);
+    assert_eq!(detail["gaps"], 2 * 19);
+    for key in ["p50", "p99", "p999", "max"] {
+        assert!(detail["itl_us"][key].is_f64(), "{key}: {detail}");
+        assert!(detail["ttft_us"][key].is_f64(), "{key}: {detail}");
+    }
+    // 38 gaps, 2 of them the 300 ms stall: p99.9 and max are a stall, p50 is a 20 ms gap.
+    let us = |key: &str| detail["itl_us"][key].as_f64().unwrap();
+    assert!(
+        us("p999") >= 300_000.0 && us("p999") == us("max"),
+        "{detail}"
+    );
+    assert!(us("p50") >= 20_000.0 && us("p50") < 300_000.0, "{detail}");
+}
+
+#[test]
 fn no_data_is_null_in_json() {
     let server = Upstream::sse().status(500).start_in_background();
     let dir = tempfile::tempdir().unwrap();

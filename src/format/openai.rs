@@ -47,16 +47,17 @@ impl OpenAiAccounting {
                 ..Classified::default()
             };
         }
-        let Ok(chunk) = serde_json::from_slice::<Chunk<'a>>(data) else {
+        // The walker reads the usual chunk in one pass; anything it is not sure to read exactly as
+        // serde does goes to serde, which has the last word.
+        let Some(chunk) = fast::summary(data).or_else(|| Summary::by_serde(data)) else {
             return Classified {
                 unparsed: true,
                 ..Classified::default()
             };
         };
-        let error = present(chunk.error) || is_literal(chunk.object, r#""error""#);
-        let usage_total = chunk.usage.and_then(|u| u.completion_tokens);
-        let token_event = chunk.choices.token_event;
-        let mut tokens = chunk.choices.token_ids.filter(|n| *n > 0);
+        let usage_total = chunk.usage_total;
+        let token_event = chunk.token_event;
+        let mut tokens = chunk.token_ids.filter(|n| *n > 0);
         if token_event {
             if let Some(now) = usage_total {
                 let grew = self.usage.token_event(now);
@@ -67,11 +68,42 @@ impl OpenAiAccounting {
             token_event,
             tokens,
             usage_total,
-            model: chunk.model.and_then(plain_string),
+            model: chunk.model,
             end: false,
-            error,
+            error: chunk.error,
             unparsed: false,
         }
+    }
+}
+
+/// What a chunk says, as either reader finds it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Summary<'a> {
+    /// `model`, when it is a string without escapes.
+    model: Option<&'a str>,
+    /// A non-null `error`, or `"object": "error"`.
+    error: bool,
+    /// Some choice shows the reader output.
+    token_event: bool,
+    /// The `token_ids` of all choices together, when any choice has them.
+    token_ids: Option<u32>,
+    /// `usage.completion_tokens`.
+    usage_total: Option<u64>,
+}
+
+// === impl Summary ===
+
+impl<'a> Summary<'a> {
+    /// The reference reader: serde, borrowing every field. `None` when the chunk is not valid.
+    fn by_serde(data: &'a [u8]) -> Option<Self> {
+        let chunk = serde_json::from_slice::<Chunk<'a>>(data).ok()?;
+        Some(Summary {
+            model: chunk.model.and_then(plain_string),
+            error: present(chunk.error) || is_literal(chunk.object, r#""error""#),
+            token_event: chunk.choices.token_event,
+            token_ids: chunk.choices.token_ids,
+            usage_total: chunk.usage.and_then(|u| u.completion_tokens),
+        })
     }
 }
 
@@ -210,6 +242,492 @@ struct ToolCall<'a> {
 struct Function<'a> {
     #[serde(borrow, default)]
     arguments: Option<&'a RawValue>,
+}
+
+/// A one-pass reader of OpenAI chunks, for the hot path.
+///
+/// serde's derived readers are exact but cost about 5,000 instructions on a typical 230-byte chunk
+/// (a visitor per field, UTF-8 checks per borrowed value); this walker reads the same fields in
+/// one pass over the bytes. It accepts exactly the JSON grammar serde_json accepts (strings with
+/// their escapes, numbers, literals, whitespace, no trailing commas) and returns `None` for
+/// anything it is not sure to read as serde would: escaped or repeated field names, a field of an
+/// unexpected type, a number that is not a plain unsigned integer where one is read, deep nesting,
+/// invalid UTF-8 anywhere, a non-object. `None` sends the chunk to serde, so the result is always
+/// serde's; the property test below checks that where the walker answers, serde agrees.
+mod fast {
+    use std::mem::replace;
+
+    use super::Summary;
+
+    /// Nesting the walker follows; deeper chunks go to serde (whose own limit is 128).
+    const MAX_DEPTH: u32 = 64;
+
+    /// The chunk's summary, or `None` to leave it to serde.
+    pub(super) fn summary(data: &[u8]) -> Option<Summary<'_>> {
+        // serde checks the UTF-8 of the values it borrows; checking all of it is a superset, and a
+        // chunk that fails goes to serde.
+        let text = std::str::from_utf8(data).ok()?;
+        let mut walker = Walker {
+            text,
+            bytes: data,
+            at: 0,
+            depth: 0,
+        };
+        let summary = walker.chunk()?;
+        walker.whitespace();
+        (walker.at == data.len()).then_some(summary)
+    }
+
+    /// A raw value's place in the chunk: `start..end`.
+    type Span = (usize, usize);
+
+    struct Walker<'a> {
+        text: &'a str,
+        bytes: &'a [u8],
+        at: usize,
+        depth: u32,
+    }
+
+    // === impl Walker ===
+
+    impl<'a> Walker<'a> {
+        fn whitespace(&mut self) {
+            while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.bytes.get(self.at) {
+                self.at += 1;
+            }
+        }
+
+        /// The next byte after whitespace, not consumed.
+        fn peek(&mut self) -> Option<u8> {
+            self.whitespace();
+            self.bytes.get(self.at).copied()
+        }
+
+        fn expect(&mut self, byte: u8) -> Option<()> {
+            (self.peek()? == byte).then(|| self.at += 1)
+        }
+
+        fn literal(&mut self, literal: &[u8]) -> Option<()> {
+            let end = self.at + literal.len();
+            (self.bytes.get(self.at..end)? == literal).then(|| self.at = end)
+        }
+
+        /// A string whose opening quote is next: its contents' span and whether it has escapes.
+        /// Escapes are checked as serde_json checks them; a control character is refused.
+        fn string(&mut self) -> Option<(Span, bool)> {
+            let start = self.at + 1;
+            let mut i = start;
+            let mut escaped = false;
+            loop {
+                // Eight bytes at a time up to the first that ends or escapes the string or is a
+                // control character: most of a chunk is the inside of strings.
+                if let Some(word) = self.bytes.get(i..i + 8) {
+                    let special = specials(u64::from_le_bytes(word.try_into().ok()?));
+                    if special == 0 {
+                        i += 8;
+                        continue;
+                    }
+                    i += (special.trailing_zeros() / 8) as usize;
+                }
+                match *self.bytes.get(i)? {
+                    b'"' => {
+                        self.at = i + 1;
+                        return Some(((start, i), escaped));
+                    }
+                    b'\\' => {
+                        escaped = true;
+                        match *self.bytes.get(i + 1)? {
+                            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => i += 2,
+                            b'u' => {
+                                let hex = self.bytes.get(i + 2..i + 6)?;
+                                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                                    return None;
+                                }
+                                i += 6;
+                            }
+                            _ => return None,
+                        }
+                    }
+                    0..=0x1f => return None,
+                    _ => i += 1,
+                }
+            }
+        }
+
+        /// A number, by the JSON grammar: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
+        fn number(&mut self) -> Option<()> {
+            let b = self.bytes;
+            let digit = |i: usize| b.get(i).is_some_and(u8::is_ascii_digit);
+            let mut i = self.at;
+            if b.get(i) == Some(&b'-') {
+                i += 1;
+            }
+            match *b.get(i)? {
+                b'0' => {
+                    i += 1;
+                    if digit(i) {
+                        return None;
+                    }
+                }
+                b'1'..=b'9' => {
+                    while digit(i) {
+                        i += 1;
+                    }
+                }
+                _ => return None,
+            }
+            if b.get(i) == Some(&b'.') {
+                i += 1;
+                let first = i;
+                while digit(i) {
+                    i += 1;
+                }
+                if i == first {
+                    return None;
+                }
+            }
+            if let Some(b'e' | b'E') = b.get(i) {
+                i += 1;
+                if let Some(b'+' | b'-') = b.get(i) {
+                    i += 1;
+                }
+                let first = i;
+                while digit(i) {
+                    i += 1;
+                }
+                if i == first {
+                    return None;
+                }
+            }
+            self.at = i;
+            Some(())
+        }
+
+        /// Any value, skipped; its span.
+        fn value(&mut self) -> Option<Span> {
+            let first = self.peek()?;
+            let start = self.at;
+            match first {
+                b'"' => {
+                    self.string()?;
+                }
+                b'{' => self.object(|w, _| w.value().map(drop))?,
+                b'[' => self.array(|w| w.value().map(drop))?,
+                b't' => self.literal(b"true")?,
+                b'f' => self.literal(b"false")?,
+                b'n' => self.literal(b"null")?,
+                b'-' | b'0'..=b'9' => self.number()?,
+                _ => return None,
+            }
+            Some((start, self.at))
+        }
+
+        /// An `Option<&RawValue>`: `null` is `None`, anything else its span.
+        fn optional(&mut self) -> Option<Option<Span>> {
+            if self.peek()? == b'n' {
+                self.literal(b"null")?;
+                return Some(None);
+            }
+            self.value().map(Some)
+        }
+
+        /// `null`, or else an object read by `read`, or else not for the walker.
+        fn null_or_object(&mut self, read: impl FnOnce(&mut Self) -> Option<()>) -> Option<()> {
+            match self.peek()? {
+                b'n' => self.literal(b"null"),
+                b'{' => read(self),
+                _ => None,
+            }
+        }
+
+        /// `null`, or else an array whose elements `element` reads, or else not for the walker.
+        fn null_or_array(&mut self, element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+            match self.peek()? {
+                b'n' => self.literal(b"null"),
+                b'[' => self.array(element),
+                _ => None,
+            }
+        }
+
+        /// An object: `member` gets each field name (without escapes) and reads its value.
+        fn object(
+            &mut self,
+            mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>,
+        ) -> Option<()> {
+            self.expect(b'{')?;
+            self.depth += 1;
+            if self.depth > MAX_DEPTH {
+                return None;
+            }
+            if self.peek()? == b'}' {
+                self.at += 1;
+                self.depth -= 1;
+                return Some(());
+            }
+            loop {
+                if self.peek()? != b'"' {
+                    return None;
+                }
+                let ((start, end), escaped) = self.string()?;
+                if escaped {
+                    return None;
+                }
+                self.expect(b':')?;
+                let bytes = self.bytes;
+                member(self, &bytes[start..end])?;
+                match self.peek()? {
+                    b',' => self.at += 1,
+                    b'}' => {
+                        self.at += 1;
+                        self.depth -= 1;
+                        return Some(());
+                    }
+                    _ => return None,
+                }
+            }
+        }
+
+        /// An array: `element` reads each element.
+        fn array(&mut self, mut element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+            self.expect(b'[')?;
+            self.depth += 1;
+            if self.depth > MAX_DEPTH {
+                return None;
+            }
+            if self.peek()? == b']' {
+                self.at += 1;
+                self.depth -= 1;
+                return Some(());
+            }
+            loop {
+                element(self)?;
+                match self.peek()? {
+                    b',' => self.at += 1,
+                    b']' => {
+                        self.at += 1;
+                        self.depth -= 1;
+                        return Some(());
+                    }
+                    _ => return None,
+                }
+            }
+        }
+
+        fn raw(&self, (start, end): Span) -> &'a [u8] {
+            &self.bytes[start..end]
+        }
+
+        /// The top-level chunk; fields as in `Chunk`.
+        fn chunk(&mut self) -> Option<Summary<'a>> {
+            if self.peek()? != b'{' {
+                return None; // serde also reads a struct from an array
+            }
+            let mut s = Summary::default();
+            let mut seen = [false; 5];
+            let text = self.text;
+            self.object(|w, name| {
+                let field = match name {
+                    b"model" => 0,
+                    b"object" => 1,
+                    b"error" => 2,
+                    b"choices" => 3,
+                    b"usage" => 4,
+                    _ => return w.value().map(drop),
+                };
+                if replace(&mut seen[field], true) {
+                    return None; // serde refuses a repeated field
+                }
+                match field {
+                    0 => {
+                        if let Some((start, end)) = w.optional()? {
+                            s.model = plain_string(text.get(start..end)?);
+                        }
+                    }
+                    1 => {
+                        if let Some(span) = w.optional()? {
+                            s.error |= w.raw(span) == br#""error""#;
+                        }
+                    }
+                    2 => s.error |= w.optional()?.is_some(),
+                    3 => w.null_or_array(|w| {
+                        let (shows, ids) = w.choice()?;
+                        s.token_event |= shows;
+                        if let Some(n) = ids {
+                            s.token_ids = Some(s.token_ids.unwrap_or(0).saturating_add(n));
+                        }
+                        Some(())
+                    })?,
+                    _ => w.null_or_object(|w| {
+                        s.usage_total = w.usage()?;
+                        Some(())
+                    })?,
+                }
+                Some(())
+            })?;
+            Some(s)
+        }
+
+        /// One element of `choices`: whether it shows output, and its `token_ids` count.
+        fn choice(&mut self) -> Option<(bool, Option<u32>)> {
+            if self.peek()? != b'{' {
+                return None;
+            }
+            let mut seen = [false; 3];
+            let (mut shows, mut ids) = (false, None);
+            self.object(|w, name| {
+                let field = match name {
+                    b"delta" => 0,
+                    b"text" => 1,
+                    b"token_ids" => 2,
+                    _ => return w.value().map(drop),
+                };
+                if replace(&mut seen[field], true) {
+                    return None;
+                }
+                match field {
+                    0 => w.null_or_object(|w| {
+                        shows |= w.delta()?;
+                        Some(())
+                    })?,
+                    1 => {
+                        if let Some(span) = w.optional()? {
+                            shows |= non_empty_string(w.raw(span));
+                        }
+                    }
+                    _ => {
+                        if w.peek()? == b'[' {
+                            let mut n: u32 = 0;
+                            w.array(|w| {
+                                w.value()?;
+                                n = n.saturating_add(1);
+                                Some(())
+                            })?;
+                            ids = Some(n);
+                        } else {
+                            w.null_or_array(|_| None)?;
+                        }
+                    }
+                }
+                Some(())
+            })?;
+            Some((shows, ids))
+        }
+
+        /// A `delta`: whether it shows output.
+        fn delta(&mut self) -> Option<bool> {
+            let mut seen = [false; 4];
+            let mut shows = false;
+            self.object(|w, name| {
+                let field = match name {
+                    b"content" => 0,
+                    b"reasoning_content" => 1,
+                    b"reasoning" => 2,
+                    b"tool_calls" => 3,
+                    _ => return w.value().map(drop),
+                };
+                if replace(&mut seen[field], true) {
+                    return None;
+                }
+                if field < 3 {
+                    if let Some(span) = w.optional()? {
+                        shows |= non_empty_string(w.raw(span));
+                    }
+                    return Some(());
+                }
+                w.null_or_array(|w| {
+                    if w.peek()? != b'{' {
+                        return None;
+                    }
+                    shows |= w.tool_call()?;
+                    Some(())
+                })
+            })?;
+            Some(shows)
+        }
+
+        /// One tool call: whether its `function.arguments` has text.
+        fn tool_call(&mut self) -> Option<bool> {
+            let (mut seen, mut arguments) = (false, false);
+            self.object(|w, name| {
+                if name != b"function" {
+                    return w.value().map(drop);
+                }
+                if replace(&mut seen, true) {
+                    return None;
+                }
+                w.null_or_object(|w| {
+                    arguments = w.function()?;
+                    Some(())
+                })
+            })?;
+            Some(arguments)
+        }
+
+        /// A tool call's `function`: whether `arguments` has text.
+        fn function(&mut self) -> Option<bool> {
+            let (mut seen, mut arguments) = (false, false);
+            self.object(|w, name| {
+                if name != b"arguments" {
+                    return w.value().map(drop);
+                }
+                if replace(&mut seen, true) {
+                    return None;
+                }
+                if let Some(span) = w.optional()? {
+                    arguments = non_empty_string(w.raw(span));
+                }
+                Some(())
+            })?;
+            Some(arguments)
+        }
+
+        /// `usage`: its `completion_tokens`, when a plain unsigned integer (or null / absent).
+        fn usage(&mut self) -> Option<Option<u64>> {
+            let (mut seen, mut total) = (false, None);
+            self.object(|w, name| {
+                if name != b"completion_tokens" {
+                    return w.value().map(drop);
+                }
+                if replace(&mut seen, true) {
+                    return None;
+                }
+                if let Some(span) = w.optional()? {
+                    let digits = w.raw(span);
+                    if !digits.iter().all(u8::is_ascii_digit) {
+                        return None; // a sign, fraction or exponent: serde decides
+                    }
+                    total = Some(std::str::from_utf8(digits).ok()?.parse::<u64>().ok()?);
+                }
+                Some(())
+            })?;
+            Some(total)
+        }
+    }
+
+    /// The bytes of `word` (little-endian) that end or escape a string or are control
+    /// characters, as the high bit of each: the classic zero-byte test on `word ^ '"'` and
+    /// `word ^ '\\'`, and the less-than test on `word < 0x20`. Borrows only run upwards, so the
+    /// lowest bit set marks the first such byte exactly (higher ones may be false alarms).
+    fn specials(word: u64) -> u64 {
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        const HIGH: u64 = 0x8080_8080_8080_8080;
+        let zero = |v: u64| v.wrapping_sub(ONES) & !v;
+        let quote = zero(word ^ (ONES * u64::from(b'"')));
+        let backslash = zero(word ^ (ONES * u64::from(b'\\')));
+        let control = word.wrapping_sub(ONES * 0x20) & !word;
+        (quote | backslash | control) & HIGH
+    }
+
+    /// As `json::plain_string` on the raw text: a string without escapes, unquoted.
+    fn plain_string(raw: &str) -> Option<&str> {
+        let inner = raw.strip_prefix('"')?.strip_suffix('"')?;
+        (!inner.contains('\\')).then_some(inner)
+    }
+
+    /// As `json::non_empty_string` on the raw text.
+    fn non_empty_string(raw: &[u8]) -> bool {
+        raw.len() > 2 && raw[0] == b'"'
+    }
 }
 
 #[cfg(test)]
@@ -358,5 +876,143 @@ mod tests {
             r#"{"choices":[{"index":0,"delta":{"content":"x"},"token_ids":null}]}"#,
         );
         assert_eq!(none.tokens, None);
+    }
+    /// Where the walker answers, serde answers the same; serde is the reference.
+    fn agrees(data: &str) -> Option<Summary<'_>> {
+        let fast = fast::summary(data.as_bytes());
+        if let Some(fast) = fast {
+            assert_eq!(Some(fast), Summary::by_serde(data.as_bytes()), "{data}");
+        }
+        fast
+    }
+
+    #[test]
+    fn the_walker_reads_every_fixture_chunk_as_serde_does() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+        let mut read = 0;
+        for name in [
+            "openai_chat_vllm.sse",
+            "openai_chat_crlf_e2e.sse",
+            "openai_completions_n2.sse",
+            "openai_continuous_usage.sse",
+            "openai_error_midstream.sse",
+            "openai_token_ids.sse",
+            "tgi_v1_chat.sse",
+        ] {
+            let text = std::fs::read_to_string(format!("{dir}/{name}")).unwrap();
+            for line in text.lines() {
+                let Some(data) = line.strip_prefix("data:") else {
+                    continue;
+                };
+                let data = data.trim();
+                if !data.starts_with('{') {
+                    continue;
+                }
+                assert!(agrees(data).is_some(), "{name}: the walker declined {data}");
+                read += 1;
+            }
+        }
+        assert!(read > 20, "{read}");
+    }
+
+    #[test]
+    fn the_walker_declines_what_it_cannot_read_exactly() {
+        for data in [
+            r#"{"model":"a","model":"b","choices":[]}"#,
+            r#"{"mod\u0065l":"a","choices":[]}"#,
+            r#"{"choices":{}}"#,
+            r#"{"choices":[null]}"#,
+            r#"{"choices":[{"delta":[]}]}"#,
+            r#"{"choices":[{"token_ids":{}}]}"#,
+            r#"{"usage":{"completion_tokens":-1}}"#,
+            r#"{"usage":{"completion_tokens":1.0}}"#,
+            r#"{"usage":{"completion_tokens":1e2}}"#,
+            r#"{"usage":{"completion_tokens":18446744073709551616}}"#,
+            r#"{"choices":[],}"#,
+            r#"{"choices":[1,]}"#,
+            r#"{"id":"a\x"}"#,
+            "{\"id\":\"a\u{1}\"}",
+            r#"{"id":01}"#,
+            r#"{"id":1.}"#,
+            r#"{"id":-}"#,
+            r#"{"id":tru}"#,
+            r#"{"choices":[]} x"#,
+            r#"["m"]"#,
+            r#"{"choices":[{"delta":{"content":"x"},"delta":null}]}"#,
+        ] {
+            assert_eq!(fast::summary(data.as_bytes()), None, "{data}");
+        }
+        let deep = format!(r#"{{"x":{}1{}}}"#, "[".repeat(100), "]".repeat(100));
+        assert_eq!(fast::summary(deep.as_bytes()), None);
+        assert_eq!(fast::summary(b"{\"id\":\"\xff\",\"choices\":[]}"), None);
+    }
+
+    #[test]
+    fn the_walker_agrees_on_edge_cases_it_reads() {
+        for data in [
+            r#" { "model" : "m" , "choices" : [ { "delta" : { "content" : "x" } } ] } "#,
+            r#"{"model":"a\"b","choices":[]}"#,
+            r#"{"model":null,"object":"error"}"#,
+            r#"{"model":3,"error":{"message":"x"}}"#,
+            r#"{"error":null,"choices":null,"usage":null}"#,
+            r#"{"choices":[{"delta":null,"text":"\u00e9"}]}"#,
+            r#"{"choices":[{"delta":{"content":"","tool_calls":[{"function":{"arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":null},{"id":"x"}]}}]}"#,
+            r#"{"choices":[{"delta":{"content":"a"},"token_ids":[1,[2],{"a":3},"4",null]}]}"#,
+            r#"{"choices":[{"token_ids":null}],"usage":{"completion_tokens":0,"x":[1e-3,-0.5E+7]}}"#,
+            r#"{"x":{"y":[true,false,null,"\\\/\b\f\n\r\t\uABCD"]},"choices":[]}"#,
+            r#"{"choices":[{"delta":{"reasoning":"r"}},{"delta":{"reasoning_content":""}}]}"#,
+        ] {
+            assert!(agrees(data).is_some(), "declined {data}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+        /// Random edits of real chunks: wherever the walker answers, serde answers the same.
+        #[test]
+        fn the_walker_never_disagrees_with_serde(
+            base in 0usize..4,
+            edits in proptest::collection::vec((0usize..400, 0usize..3, 0usize..24), 0..4),
+        ) {
+            const BASES: [&str; 4] = [
+                r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" Hi"},"logprobs":null,"finish_reason":null}]}"#,
+                r#"{"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":40,"total_tokens":45}}"#,
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{\"a"}}]},"token_ids":[1,2]}]}"#,
+                r#"{"object":"text_completion","choices":[{"index":0,"text":"a\nb","finish_reason":null},{"index":1,"text":""}],"error":null}"#,
+            ];
+            const PIECES: [&str; 24] = [
+                "{", "}", "[", "]", ",", ":", "\"", "\\", " ", "null", "1", "-", ".", "e", "0",
+                "\"model\"", "\"choices\"", "\"delta\"", "\"content\"", "\"usage\"",
+                "\"token_ids\"", "\"error\"", "\u{e9}", "\"\"",
+            ];
+            let mut data = BASES[base].to_string();
+            for (at, op, piece) in edits {
+                let mut at = at % (data.len() + 1);
+                while !data.is_char_boundary(at) {
+                    at -= 1;
+                }
+                match op {
+                    0 => data.insert_str(at, PIECES[piece]),
+                    1 => {
+                        let mut end = (at + 1 + piece % 8).min(data.len());
+                        while !data.is_char_boundary(end) {
+                            end += 1;
+                        }
+                        data.replace_range(at..end, "");
+                    }
+                    _ => {
+                        let mut end = (at + 1).min(data.len());
+                        while !data.is_char_boundary(end) {
+                            end += 1;
+                        }
+                        data.replace_range(at..end, PIECES[piece]);
+                    }
+                }
+            }
+            if let Some(fast) = fast::summary(data.as_bytes()) {
+                proptest::prop_assert_eq!(Some(fast), Summary::by_serde(data.as_bytes()), "{}", data);
+            }
+        }
     }
 }

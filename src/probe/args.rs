@@ -111,6 +111,11 @@ pub struct OutputArgs {
     #[arg(long)]
     pub html: Option<PathBuf>,
 
+    /// Write the figures beyond the JSON contract to this file as JSON: ITL and TTFT at p50, p99,
+    /// p99.9 and max in microseconds, token events, gaps and errors by kind (for benchmarks).
+    #[arg(long, value_name = "FILE")]
+    pub detail: Option<PathBuf>,
+
     /// A gate such as `itl_p99<250ms` or `tps_p50>10` (repeatable, comma-separable). Any failed
     /// gate makes the exit code 1.
     #[arg(long = "assert")]

@@ -47,7 +47,7 @@ pub use gates::{evaluate, parse_gates, Gate, GateError, GateOutcome, Metric, Op}
 pub use join::{attribute_run, AdminUrl, AdminUrlError};
 pub use report_html::render_html;
 pub use report_text::render_text;
-pub use stats::{summarize, Report, Verdict};
+pub use stats::{detail_json, summarize, Report, Verdict};
 pub use stream::{Read, StreamError, StreamRecord};
 
 /// Exit code when a gate fails.
@@ -88,6 +88,15 @@ pub async fn run(args: ProbeArgs) -> ExitCode {
     print!("{}", render_text(&report));
     if let Some(path) = &args.output.json {
         let json = match serde_json::to_string_pretty(&report) {
+            Ok(json) => json + "\n",
+            Err(e) => return usage(&e),
+        };
+        if let Err(e) = write_file(path, &json) {
+            return usage(&e);
+        }
+    }
+    if let Some(path) = &args.output.detail {
+        let json = match serde_json::to_string_pretty(&detail_json(&report)) {
             Ok(json) => json + "\n",
             Err(e) => return usage(&e),
         };

@@ -159,6 +159,36 @@ pub struct ReportDetail {
     pub error_examples: BTreeMap<&'static str, String>,
     /// From the first start to the last stream's end.
     pub wall_time: Duration,
+    /// ITL at p50, p99, p99.9 and max (the tail a benchmark compares).
+    pub itl_tail: Tail,
+    /// TTFT at p50, p99, p99.9 and max.
+    pub ttft_tail: Tail,
+}
+
+/// p50, p99, p99.9 and max of a set of durations, exact (nearest rank).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tail {
+    /// Median.
+    pub p50: Option<Duration>,
+    /// 99th percentile.
+    pub p99: Option<Duration>,
+    /// 99.9th percentile.
+    pub p999: Option<Duration>,
+    /// Largest sample.
+    pub max: Option<Duration>,
+}
+
+// === impl Tail ===
+
+impl Tail {
+    fn of(sorted: &[Duration]) -> Self {
+        Tail {
+            p50: nearest_rank(sorted, 50),
+            p99: nearest_rank(sorted, 99),
+            p999: nearest_rank_per_mille(sorted, 999),
+            max: nearest_rank(sorted, 100),
+        }
+    }
 }
 
 /// Computes the report of a run. Gaps above `stall_threshold` are stalls.
@@ -204,6 +234,8 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
     detail.stalls = gaps.iter().filter(|g| **g > stall_threshold).count() as u64;
     detail.clumped_gaps = gaps.iter().take_while(|g| g.is_zero()).count() as u64;
     detail.streams_with_tps = tps.len() as u64;
+    detail.itl_tail = Tail::of(&gaps);
+    detail.ttft_tail = Tail::of(&ttfts);
     detail.streams_with_jank = stream_janks.len() as u64;
 
     let tokens_per_second = TokensPerSecond {
@@ -239,6 +271,17 @@ pub fn nearest_rank<T: Copy>(sorted: &[T], percent: u32) -> Option<T> {
     }
     let percent = percent.min(100) as usize;
     let rank = (percent * n).div_ceil(100).max(1);
+    sorted.get(rank - 1).copied()
+}
+
+/// Like [`nearest_rank`] in thousandths: the sample of rank ⌈per_mille·n/1000⌉ (p99.9 is 999).
+pub fn nearest_rank_per_mille<T: Copy>(sorted: &[T], per_mille: u32) -> Option<T> {
+    let n = sorted.len();
+    if n == 0 {
+        return None;
+    }
+    let per_mille = per_mille.min(1000) as usize;
+    let rank = (per_mille * n).div_ceil(1000).max(1);
     sorted.get(rank - 1).copied()
 }
 
@@ -281,6 +324,33 @@ fn quantiles_ms(sorted: &[Duration]) -> Quantiles {
         p99: ms(99),
         max: ms(100),
     }
+}
+
+/// The figures beyond the JSON contract, for `--detail FILE`: the tails a benchmark compares
+/// (in microseconds, to the nanosecond), counts, and errors by kind.
+pub fn detail_json(report: &Report) -> serde_json::Value {
+    let us = |d: Option<Duration>| d.map(|d| d.as_nanos() as f64 / 1e3);
+    let tail = |t: &Tail| {
+        serde_json::json!({
+            "p50": us(t.p50),
+            "p99": us(t.p99),
+            "p999": us(t.p999),
+            "max": us(t.max),
+        })
+    };
+    let d = &report.detail;
+    serde_json::json!({
+        "requests": report.requests,
+        "errors": report.errors,
+        "errors_by_kind": d.errors_by_kind,
+        "error_examples": d.error_examples,
+        "token_events": d.token_events,
+        "gaps": d.gaps,
+        "clumped_gaps": d.clumped_gaps,
+        "wall_time_s": d.wall_time.as_secs_f64(),
+        "itl_us": tail(&d.itl_tail),
+        "ttft_us": tail(&d.ttft_tail),
+    })
 }
 
 /// Milliseconds, rounded to the microsecond (finer is below what the clock and the OS resolve).
@@ -332,6 +402,11 @@ mod tests {
         assert_eq!(nearest_rank(&v, 5), Some(10));
         assert_eq!(nearest_rank(&[7], 99), Some(7));
         assert_eq!(nearest_rank::<u32>(&[], 50), None);
+        let v: Vec<u32> = (1..=2000).collect();
+        assert_eq!(nearest_rank_per_mille(&v, 999), Some(1998));
+        assert_eq!(nearest_rank_per_mille(&v, 1000), Some(2000));
+        assert_eq!(nearest_rank_per_mille(&[7], 999), Some(7));
+        assert_eq!(nearest_rank_per_mille::<u32>(&[], 999), None);
     }
 
     #[test]

@@ -326,6 +326,12 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         }
     };
     let (listen, admin) = (config.listen, config.admin);
+    // Signal handlers go in before the listeners answer: a SIGTERM or SIGHUP that comes right
+    // after start must drain or reload, not kill the process with the default action.
+    let terminated = termination();
+    #[cfg(unix)]
+    let _hangup_handler =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let handle = match ProxyHandle::start(config).await {
         Ok(handle) => handle,
         Err(e) => {
@@ -339,7 +345,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         upstream = %handle.state.config.upstream,
         "metronome serving"
     );
-    reload::reload_on_sighup(&handle.state, &args, wait_for_termination()).await;
+    reload::reload_on_sighup(&handle.state, &args, terminated).await;
     tracing::info!(
         grace = ?handle.state.config.drain_grace,
         "draining in-flight streams"
@@ -351,23 +357,23 @@ pub async fn run(args: ServeArgs) -> ExitCode {
 
 /// Resolves on SIGTERM or Ctrl-C.
 pub async fn wait_for_termination() {
+    termination().await
+}
+
+/// Registers for SIGTERM at once (so a signal that comes before the returned future is first
+/// polled is not lost, nor does it kill the process) and resolves on SIGTERM or Ctrl-C.
+pub fn termination() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        #[cfg(unix)]
+        if let Some(mut term) = term {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
             }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+            return;
         }
-    }
-    #[cfg(not(unix))]
-    {
         let _ = tokio::signal::ctrl_c().await;
     }
 }

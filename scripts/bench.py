@@ -1,0 +1,875 @@
+#!/usr/bin/env python3
+"""The proxy benchmark of issue 7: what metronome costs next to the proxies operators already run.
+
+One sim upstream at a steady cadence; `metronome probe` as an open-loop client; five paths side by
+side, interleaved in every repeat so that the machine's load falls on all of them alike:
+
+  direct       probe -> sim
+  metronome    probe -> metronome (metering on, the defaults) -> sim
+  nginx        probe -> nginx (proxy_buffering off, keep-alive upstream) -> sim
+  haproxy      probe -> HAProxy (mode http, http-no-delay) -> sim
+  passthrough  probe -> metronome with metering.enabled = false -> sim
+
+Per path and level: client ITL p50 / p99 / p99.9 and TTFT p50 / p99 inflation against direct (per
+repeat, then the median), CPU seconds of the proxy's processes per million token events (from
+/proc), the ratio to nginx, resident memory per open stream (steady-state RSS minus the idle RSS,
+over the streams in flight), errors; for metronome also its own proxy delay (egress - ingress)
+from its histogram. Then the saturation figure: metronome on one core (taskset, one tokio worker),
+sim and probe on the other, the event rate raised until p99 inflation reaches 1 ms.
+
+Every process is started in its own session and killed on exit. Everything is on 127.0.0.1.
+Run through scripts/bench.sh, which builds the release binary and installs nginx and HAProxy.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "target" / "release" / "metronome"
+PATHS = ["direct", "metronome", "nginx", "haproxy", "passthrough"]
+PROXIES = [p for p in PATHS if p != "direct"]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+MARK_BEGIN = "<!-- scripts/bench.sh: begin -->"
+MARK_END = "<!-- scripts/bench.sh: end -->"
+
+
+def log(message):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def loadavg():
+    return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+class Processes:
+    """Every process the benchmark starts, each in its own session, so that one kill ends it and
+    its children (nginx workers). Nothing else is ever signalled."""
+
+    def __init__(self, work):
+        self.work = work
+        self.running = []
+
+    def start(self, name, argv, env=None, cpus=None):
+        if cpus is not None:
+            argv = ["taskset", "-c", cpus] + list(argv)
+        out = open(self.work / f"{name}.log", "ab")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
+        out.close()
+        proc.bench_name = name
+        self.running.append(proc)
+        return proc
+
+    def stop(self, proc, timeout=10):
+        if proc not in self.running:
+            return
+        self.running.remove(proc)
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        else:
+            # The leader exited; children of its session may live on.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def stop_all(self):
+        for proc in list(reversed(self.running)):
+            self.stop(proc, timeout=5)
+
+
+def wait_port(port, proc, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.bench_name} exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{proc.bench_name}: nothing listens on 127.0.0.1:{port}")
+
+
+def port_free(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+# --- /proc -------------------------------------------------------------------------------------
+
+
+def tree(pid):
+    """pid and its descendants (nginx: master and workers)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry))
+        except (OSError, IndexError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def cpu_seconds(pids):
+    """utime + stime of the processes (every thread, living or exited), in seconds."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError):
+            pass
+    return total / CLK_TCK
+
+
+def rss_kib(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * PAGE_KIB
+        except (OSError, IndexError):
+            pass
+    return total
+
+
+class Sampler(threading.Thread):
+    """Samples the RSS of a process tree every `interval` seconds, with the time since `t0`."""
+
+    def __init__(self, pids, t0, interval=0.5):
+        super().__init__(daemon=True)
+        self.pids, self.t0, self.interval = pids, t0, interval
+        self.samples = []
+        self.halt = threading.Event()
+
+    def run(self):
+        while not self.halt.is_set():
+            self.samples.append((time.monotonic() - self.t0, rss_kib(self.pids)))
+            self.halt.wait(self.interval)
+
+    def between(self, start, end):
+        return [rss for t, rss in self.samples if start <= t <= end]
+
+
+# --- the paths ---------------------------------------------------------------------------------
+
+
+class Ports:
+    def __init__(self, base):
+        self.sim = base
+        self.metronome, self.metronome_admin = base + 1, base + 2
+        self.nginx = base + 3
+        self.haproxy = base + 4
+        self.passthrough, self.passthrough_admin = base + 5, base + 6
+        self.sat_sim, self.sat_metronome, self.sat_admin = base + 7, base + 8, base + 9
+
+    def all(self):
+        return list(range(self.sim, self.sat_admin + 1))
+
+
+def metronome_config(work, name, listen, admin, upstream, metering):
+    path = work / f"{name}.toml"
+    path.write_text(
+        f"""[server]
+listen = "127.0.0.1:{listen}"
+admin = "127.0.0.1:{admin}"
+upstream = "http://127.0.0.1:{upstream}"
+drain_grace = "1s"
+
+[readiness]
+check_upstream = false
+
+[metering]
+enabled = {"true" if metering else "false"}
+"""
+    )
+    return path
+
+
+def nginx_config(work, listen, upstream, nofile):
+    root = work / "nginx"
+    for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    path = work / "nginx.conf"
+    path.write_text(
+        f"""# The usual SSE setup: no response buffering, HTTP/1.1 keep-alive to the upstream.
+worker_processes auto;
+daemon off;
+user root;
+pid {root}/nginx.pid;
+error_log {root}/error.log warn;
+worker_rlimit_nofile {nofile};
+events {{
+    worker_connections {nofile};
+    multi_accept on;
+}}
+http {{
+    access_log off;
+    client_body_temp_path {root}/client_body;
+    proxy_temp_path {root}/proxy;
+    fastcgi_temp_path {root}/fastcgi;
+    uwsgi_temp_path {root}/uwsgi;
+    scgi_temp_path {root}/scgi;
+    keepalive_timeout 300s;
+    keepalive_requests 1000000;
+    upstream sim {{
+        server 127.0.0.1:{upstream};
+        keepalive 4096;
+        keepalive_requests 1000000;
+        keepalive_timeout 300s;
+    }}
+    server {{
+        listen 127.0.0.1:{listen} backlog=4096;
+        location / {{
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 300s;
+        }}
+    }}
+}}
+"""
+    )
+    return path
+
+
+def haproxy_config(work, listen, upstream, maxconn):
+    path = work / "haproxy.cfg"
+    path.write_text(
+        f"""# mode http with keep-alive on both sides; http-no-delay so that no event waits for more data.
+global
+    maxconn {maxconn}
+    nbthread {os.cpu_count() or 1}
+
+defaults
+    mode http
+    option http-no-delay
+    timeout connect 5s
+    timeout client 300s
+    timeout server 300s
+    timeout http-keep-alive 300s
+    timeout tunnel 300s
+    http-reuse always
+
+frontend fe
+    bind 127.0.0.1:{listen} backlog 4096
+    maxconn {maxconn}
+    default_backend sim
+
+backend sim
+    server sim 127.0.0.1:{upstream}
+"""
+    )
+    return path
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(args.work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.procs = Processes(self.work)
+        self.ports = Ports(args.base_port)
+        self.nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.sim = None
+
+    # --- lifecycle ---
+
+    def start_sim(self, port, gap, cpus=None, env=None):
+        proc = self.procs.start(
+            f"sim-{port}",
+            [str(BIN), "sim", "--listen", f"127.0.0.1:{port}", "--gap", gap,
+             "--ttft", self.args.ttft, "--drain", "1s"],
+            env=env,
+            cpus=cpus,
+        )
+        wait_port(port, proc)
+        return proc
+
+    def start_proxy(self, path):
+        p, a = self.ports, self.args
+        if path == "direct":
+            return None, p.sim
+        if path in ("metronome", "passthrough"):
+            listen = p.metronome if path == "metronome" else p.passthrough
+            admin = p.metronome_admin if path == "metronome" else p.passthrough_admin
+            config = metronome_config(self.work, path, listen, admin, p.sim, path == "metronome")
+            proc = self.procs.start(path, [str(BIN), "serve", "--config", str(config)],
+                                    env=self.args.metronome_env)
+            wait_port(listen, proc)
+            return proc, listen
+        if path == "nginx":
+            config = nginx_config(self.work, p.nginx, p.sim, self.nofile)
+            proc = self.procs.start("nginx", ["nginx", "-c", str(config), "-p", str(self.work)])
+            wait_port(p.nginx, proc)
+            return proc, p.nginx
+        if path == "haproxy":
+            maxconn = max(1000, (self.nofile - 200) // 2)
+            config = haproxy_config(self.work, p.haproxy, p.sim, maxconn)
+            proc = self.procs.start("haproxy", ["haproxy", "-db", "-f", str(config)])
+            wait_port(p.haproxy, proc)
+            return proc, p.haproxy
+        raise ValueError(path)
+
+    def probe(self, name, port, rate, duration, cap, tokens, cpus=None, env=None):
+        json_path = self.work / f"{name}.json"
+        detail_path = self.work / f"{name}.detail.json"
+        argv = [
+            str(BIN), "probe", "--url", f"http://127.0.0.1:{port}",
+            "--rate", f"{rate:.6g}", "--duration", f"{duration}s", "--concurrency", str(cap),
+            "--max-tokens", str(tokens), "--timeout", "120s",
+            "--json", str(json_path), "--detail", str(detail_path),
+        ]
+        if cpus is not None:
+            argv = ["taskset", "-c", cpus] + argv
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        with open(self.work / f"{name}.probe.log", "wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env,
+                                    start_new_session=True)
+            proc.bench_name = name
+            self.procs.running.append(proc)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            self.procs.running.remove(proc)
+        if proc.returncode not in (0, 1):
+            raise RuntimeError(f"probe {name} failed ({proc.returncode}); see {out.name}")
+        detail = json.loads(detail_path.read_text())
+        detail["probe_cpu_s"] = usage.ru_utime + usage.ru_stime
+        return detail
+
+    # --- one path at one level ---
+
+    def run_path(self, path, level, repeat, streams, cap):
+        a = self.args
+        stream_s = a.ttft_s + a.tokens * a.gap_s
+        rate = streams / stream_s
+        name = f"L{level}-r{repeat}-{path}"
+        proc, port = self.start_proxy(path)
+        pids = tree(proc.pid) if proc else []
+        time.sleep(0.5)
+        load_before = loadavg()
+        sim_pids = [self.sim.pid]
+        rss0 = rss_kib(pids) if pids else None
+        cpu0, sim_cpu0 = cpu_seconds(pids), cpu_seconds(sim_pids)
+        t0 = time.monotonic()
+        sampler = Sampler(pids, t0) if pids else None
+        if sampler:
+            sampler.start()
+        detail = self.probe(name, port, rate, a.duration, cap, a.tokens)
+        wall = time.monotonic() - t0
+        cpu1, sim_cpu1 = cpu_seconds(pids), cpu_seconds(sim_pids)
+        if sampler:
+            sampler.halt.set()
+            sampler.join()
+        result = {
+            "path": path, "level": level, "repeat": repeat, "streams": streams, "rate": rate,
+            "load_before": load_before, "load_after": loadavg(), "wall_s": wall,
+            "requests": detail["requests"], "errors": detail["errors"],
+            "errors_by_kind": detail["errors_by_kind"],
+            "error_examples": detail.get("error_examples", {}),
+            "token_events": detail["token_events"],
+            "itl_us": detail["itl_us"], "ttft_us": detail["ttft_us"],
+            "probe_cpu_s": detail["probe_cpu_s"], "sim_cpu_s": sim_cpu1 - sim_cpu0,
+        }
+        if pids:
+            result["cpu_s"] = cpu1 - cpu0
+            # Steady state: every stream started since one stream length ago is still running.
+            steady = sampler.between(stream_s + 1.0, a.duration - 0.5)
+            result["rss0_kib"] = rss0
+            result["rss_steady_kib"] = statistics.median(steady) if steady else None
+            result["rss_max_kib"] = max((r for _, r in sampler.samples), default=None)
+        if path in ("metronome", "passthrough"):
+            admin = self.ports.metronome_admin if path == "metronome" else self.ports.passthrough_admin
+            result.update(scrape_metronome(admin))
+        if proc:
+            self.procs.stop(proc)
+        (self.work / f"{name}.result.json").write_text(json.dumps(result, indent=1))
+        return result
+
+    def run_levels(self):
+        a = self.args
+        results = []
+        limit = max(1, (self.nofile - 300) // 2)
+        for level in a.levels:
+            streams = min(level, limit)
+            if streams < level:
+                log(f"level {level}: a proxy holds two sockets per stream and the open-file limit "
+                    f"is {self.nofile}, so this level runs {streams} streams")
+            cap = min(math.ceil(streams * 1.05) + 5, max(streams, (self.nofile - 100) // 2))
+            for repeat in range(a.repeats):
+                # Rotate the order so that no path always runs first after a quiet spell.
+                order = a.paths[repeat % len(a.paths):] + a.paths[:repeat % len(a.paths)]
+                if "direct" in order:
+                    order.remove("direct")
+                    order.insert(0, "direct")
+                for path in order:
+                    log(f"level {level} repeat {repeat + 1}/{a.repeats}: {path} "
+                        f"({streams} streams, load {loadavg()})")
+                    r = self.run_path(path, level, repeat, streams, cap)
+                    results.append(r)
+                    log(f"  {path}: {r['token_events']} token events, errors {r['errors']}, "
+                        f"ITL p99 {fmt_us(r['itl_us']['p99'])}, cpu {r.get('cpu_s', 0):.2f}s, "
+                        f"rss {r.get('rss_steady_kib')} KiB")
+        return results
+
+    # --- saturation ---
+
+    def saturation(self):
+        """metronome on CPU 0 with one tokio worker; sim and probe on CPU 1. The event rate rises
+        until metronome's p99 ITL inflation over direct reaches 1 ms, errors appear, or the
+        generators (one core) can no longer hold the cadence on the direct path."""
+        a = self.args
+        p = self.ports
+        one = {"TOKIO_WORKER_THREADS": "1"}
+        gap_s = a.sat_gap_s
+        stream_s = a.ttft_s + a.sat_tokens * gap_s
+        sim = self.start_sim(p.sat_sim, a.sat_gap, cpus="1", env=one)
+        config = metronome_config(self.work, "saturation", p.sat_metronome, p.sat_admin, p.sat_sim, True)
+        steps = []
+        try:
+            for rate in a.sat_rates:
+                streams = max(1, round(rate * gap_s))
+                if streams > (self.nofile - 300) // 2:
+                    break
+                cap = math.ceil(streams * 1.05) + 5
+                srate = streams / stream_s
+                step = {"events_per_s": streams / gap_s, "streams": streams, "load_before": loadavg()}
+                for path in ("direct", "metronome"):
+                    proc = None
+                    port = p.sat_sim
+                    if path == "metronome":
+                        proc = self.procs.start("saturation-metronome",
+                                                [str(BIN), "serve", "--config", str(config)],
+                                                env=one, cpus="0")
+                        wait_port(p.sat_metronome, proc)
+                        port = p.sat_metronome
+                        time.sleep(0.3)
+                    pids = tree(proc.pid) if proc else []
+                    cpu0 = cpu_seconds(pids)
+                    t0 = time.monotonic()
+                    d = self.probe(f"sat-{streams}-{path}", port, srate, a.sat_duration, cap,
+                                   a.sat_tokens, cpus="1", env=one)
+                    wall = time.monotonic() - t0
+                    step[path] = {"itl_us": d["itl_us"], "errors": d["errors"],
+                                  "token_events": d["token_events"], "wall_s": wall}
+                    if proc:
+                        step[path]["cpu_s"] = cpu_seconds(pids) - cpu0
+                        step[path]["core_busy"] = step[path]["cpu_s"] / wall
+                        self.procs.stop(proc)
+                step["load_after"] = loadavg()
+                direct, metro = step["direct"], step["metronome"]
+                step["p99_inflation_us"] = metro["itl_us"]["p99"] - direct["itl_us"]["p99"]
+                # The generators hold the cadence when the direct median gap stays within 10%.
+                step["generator_ok"] = direct["itl_us"]["p50"] <= gap_s * 1e6 * 1.10
+                steps.append(step)
+                log(f"saturation {step['events_per_s']:.0f} events/s ({streams} streams): p99 "
+                    f"inflation {step['p99_inflation_us']:.0f} µs, metronome core "
+                    f"{metro['core_busy'] * 100:.0f}% busy, errors {direct['errors']}/{metro['errors']}, "
+                    f"direct p50 {fmt_us(direct['itl_us']['p50'])}, load {step['load_after']}")
+                if (step["p99_inflation_us"] >= 1000 or metro["errors"] or direct["errors"]
+                        or not step["generator_ok"]):
+                    break
+        finally:
+            self.procs.stop(sim)
+        return steps
+
+
+def scrape_metronome(admin):
+    """metronome's own view: proxy delay quantiles from its histogram, stream outcomes."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError as e:
+        return {"scrape_error": str(e)}
+    buckets = {}
+    outcomes = {}
+    for line in text.splitlines():
+        m = re.match(r'metronome_proxy_delay_seconds_bucket\{(.*)\} (\S+)', line)
+        if m:
+            le = re.search(r'le="([^"]+)"', m.group(1)).group(1)
+            bound = math.inf if le == "+Inf" else float(le)
+            buckets[bound] = buckets.get(bound, 0) + float(m.group(2))
+        m = re.match(r'metronome_streams_total\{(.*)\} (\S+)', line)
+        if m:
+            outcome = re.search(r'outcome="([^"]+)"', m.group(1)).group(1)
+            outcomes[outcome] = outcomes.get(outcome, 0) + float(m.group(2))
+    out = {"stream_outcomes": outcomes}
+    if buckets:
+        bounds = sorted(buckets)
+        out["proxy_delay_us"] = {
+            q: quantile_from_buckets(bounds, buckets, frac)
+            for q, frac in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
+        }
+    return out
+
+
+def quantile_from_buckets(bounds, cumulative, q):
+    """histogram_quantile: linear within the bucket, in µs."""
+    total = cumulative[bounds[-1]]
+    if total == 0:
+        return None
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for b in bounds:
+        c = cumulative[b]
+        if c >= rank:
+            if math.isinf(b):
+                return prev_bound * 1e6
+            width = c - prev_count
+            frac = (rank - prev_count) / width if width else 0
+            return (prev_bound + (b - prev_bound) * frac) * 1e6
+        prev_bound, prev_count = b, c
+    return prev_bound * 1e6
+
+
+# --- summary -----------------------------------------------------------------------------------
+
+
+def fmt_us(v):
+    if v is None:
+        return "-"
+    return f"{v / 1000:.2f} ms" if abs(v) >= 1000 else f"{v:.0f} µs"
+
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(results, paths):
+    """Per level and path: medians over repeats; inflation is per repeat against that repeat's
+    direct run, then the median."""
+    by_level = {}
+    for r in results:
+        by_level.setdefault(r["level"], []).append(r)
+    rows = []
+    for level, runs in sorted(by_level.items()):
+        direct = {r["repeat"]: r for r in runs if r["path"] == "direct"}
+        per_path = {}
+        for path in paths:
+            mine = [r for r in runs if r["path"] == path]
+            if not mine:
+                continue
+            row = {"level": level, "path": path, "streams": mine[0]["streams"],
+                   "repeats": len(mine),
+                   "errors": sum(r["errors"] for r in mine),
+                   "requests": sum(r["requests"] for r in mine),
+                   "token_events": med([r["token_events"] for r in mine]),
+                   "loads": [r["load_before"] for r in mine]}
+            for key in ("p50", "p99", "p999"):
+                row[f"itl_{key}"] = med([r["itl_us"][key] for r in mine])
+            for key in ("p50", "p99"):
+                row[f"ttft_{key}"] = med([r["ttft_us"][key] for r in mine])
+            if path != "direct" and direct:
+                for key in ("p50", "p99", "p999"):
+                    row[f"itl_{key}_infl"] = med([r["itl_us"][key] - direct[r["repeat"]]["itl_us"][key]
+                                                  for r in mine if r["repeat"] in direct])
+                for key in ("p50", "p99"):
+                    row[f"ttft_{key}_infl"] = med([r["ttft_us"][key] - direct[r["repeat"]]["ttft_us"][key]
+                                                   for r in mine if r["repeat"] in direct])
+            if "cpu_s" in mine[0]:
+                row["cpu_per_m"] = med([r["cpu_s"] / r["token_events"] * 1e6
+                                        for r in mine if r["token_events"]])
+                row["rss_per_stream_kib"] = med([(r["rss_steady_kib"] - r["rss0_kib"]) / r["streams"]
+                                                 for r in mine if r.get("rss_steady_kib")])
+                row["rss0_kib"] = med([r["rss0_kib"] for r in mine])
+            if any("proxy_delay_us" in r for r in mine):
+                row["delay_p99"] = med([r["proxy_delay_us"]["p99"] for r in mine if "proxy_delay_us" in r])
+                row["delay_p50"] = med([r["proxy_delay_us"]["p50"] for r in mine if "proxy_delay_us" in r])
+            row["sim_cpu_per_m"] = med([r["sim_cpu_s"] / r["token_events"] * 1e6
+                                        for r in mine if r["token_events"]])
+            row["probe_cpu_per_m"] = med([r["probe_cpu_s"] / r["token_events"] * 1e6
+                                          for r in mine if r["token_events"]])
+            per_path[path] = row
+        nginx = per_path.get("nginx", {}).get("cpu_per_m")
+        for row in per_path.values():
+            if row.get("cpu_per_m") is not None and nginx:
+                row["cpu_ratio_nginx"] = row["cpu_per_m"] / nginx
+            rows.append(row)
+    return rows
+
+
+def signed_us(v):
+    if v is None:
+        return "-"
+    return f"{v:+.0f}"
+
+
+def table(rows):
+    head = ("| level (streams) | path | ITL p50 / p99 / p99.9 | TTFT p50 / p99 | CPU s per M events "
+            "| vs nginx | RSS per stream | metronome proxy delay p50 / p99 | errors |")
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        level = f"{r['level']:,}" + (f" ({r['streams']:,})" if r["streams"] != r["level"] else "")
+        if r["path"] == "direct":
+            itl = " / ".join(f"{r[f'itl_{k}'] / 1000:.2f}" for k in ("p50", "p99", "p999")) + " ms"
+            ttft = " / ".join(f"{r[f'ttft_{k}'] / 1000:.1f}" for k in ("p50", "p99")) + " ms"
+        else:
+            itl = " / ".join(signed_us(r.get(f"itl_{k}_infl")) for k in ("p50", "p99", "p999")) + " µs"
+            ttft = " / ".join(signed_us(r.get(f"ttft_{k}_infl")) for k in ("p50", "p99")) + " µs"
+        cpu = f"{r['cpu_per_m']:.2f}" if r.get("cpu_per_m") is not None else "-"
+        ratio = f"{r['cpu_ratio_nginx']:.2f}" if r.get("cpu_ratio_nginx") is not None else "-"
+        rss = f"{r['rss_per_stream_kib']:.1f} KiB" if r.get("rss_per_stream_kib") is not None else "-"
+        delay = (f"{r['delay_p50']:.0f} / {r['delay_p99']:.0f} µs"
+                 if r.get("delay_p99") is not None else "-")
+        lines.append(f"| {level} | {r['path']} | {itl} | {ttft} | {cpu} | {ratio} | {rss} | {delay} "
+                     f"| {r['errors']} of {r['requests']} |")
+    return "\n".join(lines)
+
+
+def generators_table(rows):
+    lines = ["| level | path | sim CPU s per M events | probe CPU s per M events | load average before each run |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['level']:,} | {r['path']} | {r['sim_cpu_per_m']:.2f} | "
+                     f"{r['probe_cpu_per_m']:.2f} | {'; '.join(r['loads'])} |")
+    return "\n".join(lines)
+
+
+def saturation_table(steps):
+    lines = ["| events/s offered | streams | direct ITL p50 / p99 | metronome ITL p99 inflation "
+             "| metronome core busy | errors (direct / metronome) | load average |",
+             "|---|---|---|---|---|---|---|"]
+    for s in steps:
+        d, m = s["direct"], s["metronome"]
+        lines.append(
+            f"| {s['events_per_s']:,.0f} | {s['streams']:,} | {d['itl_us']['p50'] / 1000:.2f} / "
+            f"{d['itl_us']['p99'] / 1000:.2f} ms | {s['p99_inflation_us']:+.0f} µs | "
+            f"{m['core_busy'] * 100:.0f}% | {d['errors']} / {m['errors']} | {s['load_before']} |")
+    return "\n".join(lines)
+
+
+def saturation_figure(steps):
+    passing = [s for s in steps if s["p99_inflation_us"] < 1000 and not s["metronome"]["errors"]
+               and not s["direct"]["errors"] and s["generator_ok"]]
+    if not passing:
+        return None
+    best = max(passing, key=lambda s: s["events_per_s"])
+    busy = best["metronome"]["core_busy"]
+    return {
+        "events_per_s": best["events_per_s"],
+        "core_busy": busy,
+        "per_core_projection": best["events_per_s"] / busy if busy > 0 else None,
+        "limited_by": ("metronome" if best is not steps[-1] and steps[-1]["generator_ok"]
+                       else "the generators (sim and probe on one core)"),
+    }
+
+
+def machine():
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True).stdout.strip()
+    nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip()
+    haproxy = subprocess.run(["haproxy", "-v"], capture_output=True, text=True).stdout.split("\n")[0]
+    return (f"{os.cpu_count()} vCPU ({cpu}), {mem:.0f} GiB, Linux {platform.release()}, {rustc}, "
+            f"{nginx.replace('nginx version: ', '')}, {haproxy.split(' - ')[0]}")
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--levels", default="100,1000,10000", help="concurrent streams per level")
+    ap.add_argument("--paths", default=",".join(PATHS), help="subset of " + ",".join(PATHS))
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per level (medians)")
+    ap.add_argument("--duration", type=float, default=25, help="seconds the probe starts streams")
+    ap.add_argument("--tokens", type=int, default=200, help="token events per stream")
+    ap.add_argument("--gap", default="50ms", help="the sim's steady gap (50ms = 20 events/s)")
+    ap.add_argument("--ttft", default="100ms", help="the sim's time to first token")
+    ap.add_argument("--smoke", action="store_true",
+                    help="50 streams for 10 s, direct and metronome only; fails on any error")
+    ap.add_argument("--no-saturation", action="store_true", help="skip the one-core saturation run")
+    ap.add_argument("--saturation-only", action="store_true", help="only the saturation run")
+    ap.add_argument("--sat-rates", default="25000,50000,75000,100000,125000,150000,200000,250000",
+                    help="events per second offered in the saturation run")
+    ap.add_argument("--sat-gap", default="10ms", help="the sim's gap in the saturation run")
+    ap.add_argument("--sat-tokens", type=int, default=500, help="token events per saturation stream")
+    ap.add_argument("--sat-duration", type=float, default=12, help="seconds per saturation step")
+    ap.add_argument("--base-port", type=int, default=27400)
+    ap.add_argument("--work", default=None, help="directory for configs, logs and raw results")
+    ap.add_argument("--write", action="store_true",
+                    help="write the table into BENCHMARKS.md (default for a full run)")
+    ap.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
+    ap.add_argument("--metronome-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment for the metronome proxies (e.g. TOKIO_WORKER_THREADS=1)")
+    ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.levels, args.paths, args.repeats = "50", "direct,metronome", 1
+        args.duration, args.tokens = 10, 40
+        args.no_saturation, args.no_write = True, True
+    args.metronome_env = dict(kv.split("=", 1) for kv in args.metronome_env)
+    args.levels = [int(x) for x in args.levels.split(",") if x]
+    args.paths = [p for p in args.paths.split(",") if p]
+    for p in args.paths:
+        if p not in PATHS:
+            ap.error(f"unknown path {p}")
+    args.sat_rates = [int(x) for x in args.sat_rates.split(",") if x]
+    args.gap_s = parse_duration(args.gap)
+    args.ttft_s = parse_duration(args.ttft)
+    args.sat_gap_s = parse_duration(args.sat_gap)
+    if args.work is None:
+        args.work = tempfile.mkdtemp(prefix="metronome-bench-")
+    return args
+
+
+def parse_duration(text):
+    m = re.fullmatch(r"([0-9.]+)(ms|s)", text)
+    if not m:
+        raise SystemExit(f"bad duration {text}")
+    return float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+
+
+def write_benchmarks(section):
+    path = ROOT / "BENCHMARKS.md"
+    text = path.read_text()
+    block = f"{MARK_BEGIN}\n{section.rstrip()}\n{MARK_END}"
+    if MARK_BEGIN in text and MARK_END in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        _, tail = rest.split(MARK_END, 1)
+        text = head + block + tail
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def main(argv):
+    args = parse_args(argv)
+    if not BIN.exists():
+        raise SystemExit(f"{BIN} is missing: run cargo build --release (scripts/bench.sh does)")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    bench = Bench(args)
+    for port in bench.ports.all():
+        if not port_free(port):
+            raise SystemExit(f"127.0.0.1:{port} is in use; pick another --base-port")
+
+    def on_signal(signum, _frame):
+        bench.procs.stop_all()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    started = time.strftime("%Y-%m-%d %H:%M")
+    load_start = loadavg()
+    log(f"work directory {bench.work}; open-file limit {bench.nofile}; load {load_start}")
+    rows, steps = [], []
+    try:
+        if not args.saturation_only:
+            bench.sim = bench.start_sim(bench.ports.sim, args.gap)
+            results = bench.run_levels()
+            bench.procs.stop(bench.sim)
+            (bench.work / "results.json").write_text(json.dumps(results, indent=1))
+            rows = summarize(results, args.paths)
+        if not args.no_saturation:
+            steps = bench.saturation()
+            (bench.work / "saturation.json").write_text(json.dumps(steps, indent=1))
+    finally:
+        bench.procs.stop_all()
+    load_end = loadavg()
+
+    out = []
+    command = args.command or ("scripts/bench.sh " + " ".join(argv)).strip()
+    out.append(f"Run {started}, `{command}`; load average {load_start} at the start, {load_end} at the end.")
+    out.append(f"Machine: {machine()}. Open-file limit {bench.nofile}.")
+    if rows:
+        out.append("")
+        out.append(table(rows))
+        out.append("")
+        out.append("Generators and load (the sim and the probe share the same two cores):")
+        out.append("")
+        out.append(generators_table(rows))
+    if steps:
+        out.append("")
+        out.append("Saturation: metronome on CPU 0 with one tokio worker, sim and probe on CPU 1, "
+                   f"streams at {args.sat_gap} gaps:")
+        out.append("")
+        out.append(saturation_table(steps))
+        fig = saturation_figure(steps)
+        out.append("")
+        if fig:
+            proj = fig["per_core_projection"]
+            out.append(f"Highest rate with p99 inflation under 1 ms: **{fig['events_per_s']:,.0f} events/s**, "
+                       f"metronome's core {fig['core_busy'] * 100:.0f}% busy "
+                       f"(one full core at this cost: {proj:,.0f} events/s); limited by {fig['limited_by']}.")
+        else:
+            out.append("No step kept p99 inflation under 1 ms.")
+    report = "\n".join(out)
+    print(report)
+    (bench.work / "report.md").write_text(report + "\n")
+    if (args.write or not args.no_write) and not args.smoke:
+        write_benchmarks(report)
+        log("BENCHMARKS.md updated")
+    failures = [r for r in rows if r["errors"]]
+    if args.smoke:
+        for r in rows:
+            log(f"smoke {r['path']}: {r['requests']} streams, {r['token_events']} token events, "
+                f"{r['errors']} errors")
+        if failures or not rows or any(r["token_events"] == 0 for r in rows):
+            log("smoke FAILED")
+            return 1
+        log("smoke passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
