@@ -362,6 +362,14 @@ impl Upstream {
             .authority()
             .cloned()
             .ok_or_else(|| format!("`{text}` has no host"))?;
+        if authority.as_str().contains('@') {
+            // It would be logged and echoed in error answers, and hyper does not send it anyway.
+            return Err(
+                "credentials in an upstream URL are not supported (they would reach the logs); \
+                 send them as request headers"
+                    .to_string(),
+            );
+        }
         if uri.query().is_some() {
             return Err(format!("`{text}`: an upstream URL cannot have a query"));
         }
@@ -1177,6 +1185,13 @@ path = "/d"
             let ConfigError(problems) = Config::from_toml(text).unwrap_err();
             assert_eq!(problems[0].key, key, "{text}");
         }
+    }
+
+    #[test]
+    fn an_upstream_url_with_credentials_is_refused_without_echoing_them() {
+        let err = Upstream::parse("http://user:hunter2@10.0.0.1:8000").unwrap_err();
+        assert!(err.contains("credentials"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
     }
 
     #[test]
