@@ -52,9 +52,19 @@ WORK=$(mktemp -d)
 chmod 755 "$WORK"
 PIDS=()
 cleanup() {
+  local status=$?
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  # Chromium's helper processes are not in PIDS; they name the work directory in their command
+  # line (--user-data-dir) and may still be writing there for a moment.
+  pkill -f -- "$WORK" 2>/dev/null || true
   wait 2>/dev/null || true
-  if [ -n "${KEEP_WORK:-}" ]; then echo "work directory kept: $WORK"; else rm -rf "$WORK"; fi
+  if [ -n "${KEEP_WORK:-}" ]; then
+    echo "work directory kept: $WORK"
+  else
+    rm -rf "$WORK" 2>/dev/null || { sleep 1; rm -rf "$WORK" 2>/dev/null || true; }
+  fi
+  # The checks decide the exit status, never the clean-up.
+  exit "$status"
 }
 trap cleanup EXIT
 ( sleep "$TIMEOUT"; echo "FAIL e2e-edge: still running after ${TIMEOUT}s"; kill -TERM $$ ) 2>/dev/null &
