@@ -743,7 +743,8 @@ def parse_args(argv):
     ap.add_argument("--sat-gap", default="10ms", help="the sim's gap in the saturation run")
     ap.add_argument("--sat-tokens", type=int, default=500, help="token events per saturation stream")
     ap.add_argument("--sat-duration", type=float, default=12, help="seconds per saturation step")
-    ap.add_argument("--base-port", type=int, default=27400)
+    ap.add_argument("--base-port", type=int, default=None,
+                    help="first of ten loopback ports to use (default: the first free range from 27400)")
     ap.add_argument("--work", default=None, help="directory for configs, logs and raw results")
     ap.add_argument("--write", action="store_true",
                     help="write the table into BENCHMARKS.md (default for a full run)")
@@ -798,6 +799,14 @@ def main(argv):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if args.base_port is None:
+        # The first range of ten free loopback ports from 27400 (another run may hold one).
+        for base in range(27400, 40000, 100):
+            if all(port_free(p) for p in Ports(base).all()):
+                args.base_port = base
+                break
+        else:
+            raise SystemExit("no free range of loopback ports between 27400 and 40000")
     bench = Bench(args)
     for port in bench.ports.all():
         if not port_free(port):
