@@ -45,7 +45,10 @@ pub async fn serve(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        // One HTTP/2 connection may carry as many streams as metronome takes requests (hyper's
+        // default is 200); `limits.max_requests` still bounds them all together.
+        .max_concurrent_streams(u32::try_from(limits.max_requests).unwrap_or(u32::MAX));
     let acceptor = match &state.tls {
         Some(cert) => match tls::server_config(cert.clone()) {
             Ok(config) => Some(TlsAcceptor::from(config)),
