@@ -451,21 +451,24 @@ class Bench:
     def run_levels(self):
         a = self.args
         results = []
-        limit = max(1, (self.nofile - 300) // 2)
+        # A proxy holds two sockets per stream, plus idle pooled upstream connections while
+        # streams come and go; keep a margin under the open-file limit.
+        limit = max(1, (self.nofile - 1000) // 2)
         for level in a.levels:
             streams = min(level, limit)
             if streams < level:
                 log(f"level {level}: a proxy holds two sockets per stream and the open-file limit "
                     f"is {self.nofile}, so this level runs {streams} streams")
-            cap = min(math.ceil(streams * 1.05) + 5, max(streams, (self.nofile - 100) // 2))
-            for repeat in range(a.repeats):
+            cap = min(math.ceil(streams * 1.05) + 5, limit + 100)
+            repeats = a.repeats if level < 5000 else min(a.repeats, a.large_repeats)
+            for repeat in range(repeats):
                 # Rotate the order so that no path always runs first after a quiet spell.
                 order = a.paths[repeat % len(a.paths):] + a.paths[:repeat % len(a.paths)]
                 if "direct" in order:
                     order.remove("direct")
                     order.insert(0, "direct")
                 for path in order:
-                    log(f"level {level} repeat {repeat + 1}/{a.repeats}: {path} "
+                    log(f"level {level} repeat {repeat + 1}/{repeats}: {path} "
                         f"({streams} streams, load {loadavg()})")
                     r = self.run_path(path, level, repeat, streams, cap)
                     results.append(r)
@@ -846,6 +849,8 @@ def parse_args(argv):
     ap.add_argument("--levels", default="100,1000,10000", help="concurrent streams per level")
     ap.add_argument("--paths", default=",".join(PATHS), help="subset of " + ",".join(PATHS))
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per level (medians)")
+    ap.add_argument("--large-repeats", type=int, default=1,
+                    help="repeats for levels of 5,000 streams and more (each takes minutes)")
     ap.add_argument("--duration", type=float, default=25, help="seconds the probe starts streams")
     ap.add_argument("--tokens", type=int, default=200, help="token events per stream")
     ap.add_argument("--gap", default="50ms", help="the sim's steady gap (50ms = 20 events/s)")
@@ -855,7 +860,7 @@ def parse_args(argv):
     ap.add_argument("--no-saturation", action="store_true", help="skip the one-core saturation run")
     ap.add_argument("--saturation-only", action="store_true",
                     help="only the saturation run (and the hold run unless --hold 0)")
-    ap.add_argument("--sat-rates", default="25000,50000,75000,100000,125000,150000,200000,250000",
+    ap.add_argument("--sat-rates", default="20000,40000,60000,80000,100000,150000,200000,250000",
                     help="events per second offered in the saturation run")
     ap.add_argument("--sat-gap", default="10ms", help="the sim's gap in the saturation run")
     ap.add_argument("--sat-tokens", type=int, default=500, help="token events per saturation stream")
