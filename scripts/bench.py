@@ -183,6 +183,16 @@ def rss_kib(pids):
     return total
 
 
+def open_fds(pids):
+    total = 0
+    for pid in pids:
+        try:
+            total += len(os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            pass
+    return total
+
+
 class Sampler(threading.Thread):
     """Samples the RSS of a process tree every `interval` seconds, with the time since `t0`."""
 
@@ -190,11 +200,13 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.pids, self.t0, self.interval = pids, t0, interval
         self.samples = []
+        self.peak_fds = 0
         self.halt = threading.Event()
 
     def run(self):
         while not self.halt.is_set():
             self.samples.append((time.monotonic() - self.t0, rss_kib(self.pids)))
+            self.peak_fds = max(self.peak_fds, open_fds(self.pids))
             self.halt.wait(self.interval)
 
     def between(self, start, end):
@@ -436,6 +448,7 @@ class Bench:
             result["rss0_kib"] = rss0
             result["rss_steady_kib"] = statistics.median(steady) if steady else None
             result["rss_max_kib"] = max((r for _, r in sampler.samples), default=None)
+            result["peak_fds"] = sampler.peak_fds
         if path in ("metronome", "passthrough", BASELINE):
             admin = {
                 "metronome": self.ports.metronome_admin,
@@ -453,7 +466,7 @@ class Bench:
         results = []
         # A proxy holds two sockets per stream, plus idle pooled upstream connections while
         # streams come and go; keep a margin under the open-file limit.
-        limit = max(1, (self.nofile - 1000) // 2)
+        limit = max(1, (self.nofile - 2000) // 2)
         for level in a.levels:
             streams = min(level, limit)
             if streams < level:
@@ -462,11 +475,11 @@ class Bench:
             cap = min(math.ceil(streams * 1.05) + 5, limit + 100)
             repeats = a.repeats if level < 5000 else min(a.repeats, a.large_repeats)
             for repeat in range(repeats):
-                # Rotate the order so that no path always runs first after a quiet spell.
-                order = a.paths[repeat % len(a.paths):] + a.paths[:repeat % len(a.paths)]
-                if "direct" in order:
-                    order.remove("direct")
-                    order.insert(0, "direct")
+                # Direct first (the others are compared with it), then the proxies in an order
+                # rotated every repeat, so that no proxy always runs first after a quiet spell.
+                proxies = [p for p in a.paths if p != "direct"]
+                shift = repeat % max(1, len(proxies))
+                order = (["direct"] if "direct" in a.paths else []) + proxies[shift:] + proxies[:shift]
                 for path in order:
                     log(f"level {level} repeat {repeat + 1}/{repeats}: {path} "
                         f"({streams} streams, load {loadavg()})")
@@ -524,7 +537,7 @@ class Bench:
                     steady = sampler.between(stream_s + 1.0, a.hold_duration - 0.5)
                     r["rss0_kib"] = rss0
                     r["rss_steady_kib"] = statistics.median(steady) if steady else None
-                    r["peak_fds"] = None
+                    r["peak_fds"] = sampler.peak_fds
                     r.update(scrape_metronome(p.hold_admin))
                     self.procs.stop(proc)
                 results[path] = r
@@ -884,6 +897,9 @@ def parse_args(argv):
                          "the commit before a change, side by side with this one")
     ap.add_argument("--metronome-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for the metronome proxies (e.g. TOKIO_WORKER_THREADS=1)")
+    ap.add_argument("--combine", action="append", default=[], metavar="DIR",
+                    help="add the results of an earlier run's work directory (levels not run now, "
+                         "and its hold and saturation runs if not run now) to the report")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.smoke:
@@ -960,13 +976,13 @@ def main(argv):
     load_start = loadavg()
     log(f"work directory {bench.work}; open-file limit {bench.nofile}; load {load_start}")
     rows, steps, held = [], [], None
+    results = []
     try:
         if not args.saturation_only:
             bench.sim = bench.start_sim(bench.ports.sim, args.gap)
             results = bench.run_levels()
             bench.procs.stop(bench.sim)
             (bench.work / "results.json").write_text(json.dumps(results, indent=1))
-            rows = summarize(results, args.paths)
         if args.hold:
             held = bench.hold()
         if not args.no_saturation:
@@ -975,6 +991,21 @@ def main(argv):
     finally:
         bench.procs.stop_all()
     load_end = loadavg()
+    for earlier in args.combine:
+        earlier = Path(earlier)
+        done = {r["level"] for r in results}
+        for f in sorted(earlier.glob("L*-r*-*.result.json")):
+            r = json.loads(f.read_text())
+            if r["level"] not in done:
+                results.append(r)
+        if held is None and (earlier / "hold.json").exists():
+            held = json.loads((earlier / "hold.json").read_text())
+        if not steps and (earlier / "saturation.json").exists():
+            steps = json.loads((earlier / "saturation.json").read_text())
+    if results:
+        paths = [p for p in PATHS[:2] + [BASELINE] + PATHS[2:]
+                 if any(r["path"] == p for r in results)]
+        rows = summarize(results, paths)
 
     out = []
     command = args.command or ("scripts/bench.sh " + " ".join(argv)).strip()
