@@ -314,6 +314,10 @@ impl Shared {
             let ledger = meter.finish(Instant::now(), self.ledger.metrics());
             self.ledger.ingress_finished(ledger, end);
         }
+        // A parked reader task has nothing left to read: let it end and let go of the stream.
+        if let Some(waker) = state.reader_waker.take() {
+            waker.wake();
+        }
     }
 
     /// The frame goes to hyper now: register it with the connection's egress clock.
@@ -363,6 +367,7 @@ impl Standby for Shared {
 /// The reader task: reads the upstream while it is its turn, queueing frames up to the buffer's
 /// bound, and ends with the upstream or when the client goes away.
 async fn read_ahead(shared: Arc<Shared>) {
+    let _exit = WakeEgressOnExit(shared.clone());
     poll_fn(|cx| {
         let Some(mut guard) = shared.lock() else {
             return Poll::Ready(());
@@ -379,7 +384,13 @@ async fn read_ahead(shared: Arc<Shared>) {
                 return Poll::Pending;
             }
             let read = match shared.read(state, cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    // Also kept here, not only in the upstream: should the egress body take the
+                    // reading back (and with it the upstream's waker) and then end, the task must
+                    // still be woken to let go of the stream.
+                    set_waker(&mut state.reader_waker, cx);
+                    return Poll::Pending;
+                }
                 Poll::Ready(read) => read,
             };
             match read {
@@ -396,6 +407,24 @@ async fn read_ahead(shared: Arc<Shared>) {
         }
     })
     .await
+}
+
+/// Wakes the egress body when the reader task ends, however it ends. Should the task panic (the
+/// lock is then poisoned) or be cancelled, the egress body sees it at once and aborts the response
+/// (`ReaderGone`) instead of waiting for a frame that will never come.
+struct WakeEgressOnExit(Arc<Shared>);
+
+impl Drop for WakeEgressOnExit {
+    fn drop(&mut self) {
+        let mut state = self
+            .0
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(waker) = state.egress_waker.take() {
+            waker.wake();
+        }
+    }
 }
 
 /// Keeps `cx`'s waker in `slot`, cloning only when it changed.
