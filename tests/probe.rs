@@ -335,6 +335,23 @@ mod against_the_sim {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn http2_streams_are_measured_alike() {
+        let sim = start(SimConfig {
+            gap: ms(5),
+            ttft: ms(5),
+            ..SimConfig::default()
+        })
+        .await;
+        let mut config = probe_config(&sim, 6, 6, 10);
+        config.http2 = true;
+        let (run, report) = probe(&config).await;
+        assert_eq!((report.requests, report.errors), (6, 0));
+        assert_eq!(report.detail.gaps, 6 * 9);
+        assert!(run.streams.iter().all(|s| s.usage_tokens == Some(10)));
+        sim.shutdown().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_placed_stall_is_one_of_39_gaps() {
         let sim = start(SimConfig {
             gap: ms(20),

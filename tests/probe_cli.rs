@@ -285,7 +285,8 @@ fn detail_file_has_the_tail_in_microseconds() {
         us("p999") >= 300_000.0 && us("p999") == us("max"),
         "{detail}"
     );
-    assert!(us("p50") >= 20_000.0 && us("p50") < 300_000.0, "{detail}");
+    // A gap can read a little under 20 ms when the frame before it was late: a generous margin.
+    assert!(us("p50") >= 10_000.0 && us("p50") < 200_000.0, "{detail}");
 }
 
 #[test]

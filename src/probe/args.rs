@@ -68,6 +68,11 @@ pub struct LoadArgs {
     /// Give up on a stream after this long (from sending it to its last byte).
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     pub timeout: Duration,
+
+    /// Speak HTTP/2 without TLS (prior knowledge): every stream shares one connection, so
+    /// thousands of streams need no more than a few sockets.
+    #[arg(long)]
+    pub http2: bool,
 }
 
 /// The request every stream sends.
@@ -201,6 +206,8 @@ pub struct ProbeConfig {
     pub headers: HeaderMap,
     /// Per-stream limit, from sending the request to the end of its body.
     pub timeout: Duration,
+    /// HTTP/2 with prior knowledge instead of HTTP/1.1.
+    pub http2: bool,
     /// A gap longer than this is a stall.
     pub stall_threshold: Duration,
     /// The response header whose value is kept as the stream's ID.
@@ -258,6 +265,7 @@ impl ProbeConfig {
             body: chat_body(model, "Write a short story about a metronome.", 64),
             headers,
             timeout: Duration::from_secs(120),
+            http2: false,
             stall_threshold: Duration::from_millis(200),
             stream_id_header: HeaderName::from_static(STREAM_ID_HEADER),
         })
@@ -315,6 +323,7 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
             body,
             headers,
             timeout: load_args.timeout,
+            http2: load_args.http2,
             stall_threshold: args.output.stall_threshold,
             stream_id_header: HeaderName::from_static(STREAM_ID_HEADER),
         })

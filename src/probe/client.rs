@@ -123,6 +123,7 @@ fn build_client(config: &ProbeConfig) -> Result<HttpClient, ProbeError> {
     connector.set_connect_timeout(Some(config.timeout));
     Ok(Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(usize::MAX)
+        .http2_only(config.http2)
         .build(connector))
 }
 

@@ -152,6 +152,11 @@ fn describe(config: &ProbeConfig) -> String {
         } => format!("open loop, {rate}/s, at most {cap} in flight"),
         Load::Open { rate, .. } => format!("open loop, {rate}/s"),
     };
+    let load = if config.http2 {
+        format!("{load}, HTTP/2")
+    } else {
+        load
+    };
     let stop = match config.stop {
         Stop::Requests(n) => format!("{n} streams"),
         Stop::After(d) => format!("streams for {}", crate::units::format_duration(d)),

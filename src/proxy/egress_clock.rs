@@ -9,12 +9,16 @@
 //! the very write that carries the frame's last bytes (the few bytes of chunk framing make it at
 //! most that much early on a partial write); on HTTP/2, bytes of other streams on the connection
 //! count too, so a stamp can only be early, never late. One clock read per socket write.
+//!
+//! The clock also tells the connection's metered streams when the socket refuses a write: hyper
+//! stops polling their bodies until it drains, so their reader tasks must read the upstream
+//! meanwhile (see `metered`).
 
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -35,8 +39,26 @@ struct PendingFrame {
     seq: Option<u32>,
 }
 
+/// The HTTP version a client connection speaks, as its first bytes tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Not known (yet).
+    Unknown,
+    /// HTTP/1.0 or 1.1: one response at a time, written as hyper polls its body.
+    Http1,
+    /// HTTP/2: responses can be held back by flow control while the socket takes other bytes.
+    Http2,
+}
+
+/// A metered stream that reads its upstream from its egress body while the client keeps up and
+/// must be told when the socket refuses a write.
+pub trait Standby: Send + Sync {
+    /// The client's socket refused a write: hyper will not poll the body until it drains.
+    fn client_blocked(self: Arc<Self>);
+}
+
 /// Per-connection count of bytes written to the client socket and the frames waiting for it.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct EgressClock {
     /// Bytes the socket has accepted so far.
     written: AtomicU64,
@@ -46,6 +68,21 @@ pub struct EgressClock {
     pending: Mutex<VecDeque<PendingFrame>>,
     /// `pending.len()`, readable without the lock: most writes find nothing to stamp.
     pending_len: AtomicUsize,
+    /// The connection's protocol (`Protocol` as a number), set by the listener.
+    protocol: AtomicU8,
+    /// Streams to tell when the socket refuses a write (HTTP/1.x: at most a few, mostly ended).
+    standby: Mutex<Vec<Weak<dyn Standby>>>,
+}
+
+impl std::fmt::Debug for EgressClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressClock")
+            .field("written", &self.written)
+            .field("writes", &self.writes)
+            .field("pending_len", &self.pending_len)
+            .field("protocol", &self.protocol())
+            .finish_non_exhaustive()
+    }
 }
 
 // === impl EgressClock ===
@@ -112,6 +149,43 @@ impl EgressClock {
     pub fn bytes_written(&self) -> u64 {
         self.written.load(Ordering::Acquire)
     }
+
+    /// The connection's protocol, as far as known.
+    pub fn protocol(&self) -> Protocol {
+        match self.protocol.load(Ordering::Acquire) {
+            1 => Protocol::Http1,
+            2 => Protocol::Http2,
+            _ => Protocol::Unknown,
+        }
+    }
+
+    /// The listener learned the connection's protocol.
+    pub fn set_protocol(&self, protocol: Protocol) {
+        let n = match protocol {
+            Protocol::Unknown => 0,
+            Protocol::Http1 => 1,
+            Protocol::Http2 => 2,
+        };
+        self.protocol.store(n, Ordering::Release);
+    }
+
+    /// Tells `stream` when the socket refuses a write, for as long as it lives.
+    pub fn register(&self, stream: Weak<dyn Standby>) {
+        let mut standby = self.standby.lock().unwrap_or_else(|e| e.into_inner());
+        standby.retain(|s| s.strong_count() > 0);
+        standby.push(stream);
+    }
+
+    /// The socket refused a write: tell the streams still open.
+    fn blocked(&self) {
+        let streams: Vec<_> = {
+            let standby = self.standby.lock().unwrap_or_else(|e| e.into_inner());
+            standby.iter().filter_map(Weak::upgrade).collect()
+        };
+        for stream in streams {
+            stream.client_blocked();
+        }
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -151,8 +225,10 @@ impl<T: AsyncWrite> AsyncWrite for EgressIo<T> {
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
         let result = this.inner.poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = result {
-            this.clock.wrote(n);
+        match result {
+            Poll::Ready(Ok(n)) => this.clock.wrote(n),
+            Poll::Pending => this.clock.blocked(),
+            Poll::Ready(Err(_)) => {}
         }
         result
     }
@@ -164,8 +240,10 @@ impl<T: AsyncWrite> AsyncWrite for EgressIo<T> {
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
         let result = this.inner.poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = result {
-            this.clock.wrote(n);
+        match result {
+            Poll::Ready(Ok(n)) => this.clock.wrote(n),
+            Poll::Pending => this.clock.blocked(),
+            Poll::Ready(Err(_)) => {}
         }
         result
     }

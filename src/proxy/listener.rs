@@ -4,20 +4,26 @@
 //! Connections beyond `limits.max_connections` are answered 503 and closed at once; request heads
 //! beyond `limits.max_header_bytes` are answered 431 by hyper.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::task::AtomicWaker;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use tokio::io::AsyncWriteExt;
+use hyper_util::server::graceful::GracefulConnection;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
-use super::egress_clock::{EgressClock, EgressIo};
+use super::egress_clock::{EgressClock, EgressIo, Protocol};
 use super::forward::{handle, Connection};
 use super::ProxyState;
 use crate::tls;
@@ -42,7 +48,10 @@ pub async fn serve(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        // One HTTP/2 connection may carry as many streams as metronome takes requests (hyper's
+        // default is 200); `limits.max_requests` still bounds them all together.
+        .max_concurrent_streams(u32::try_from(limits.max_requests).unwrap_or(u32::MAX));
     let acceptor = match &state.tls {
         Some(cert) => match tls::server_config(cert.clone()) {
             Ok(config) => Some(TlsAcceptor::from(config)),
@@ -54,7 +63,7 @@ pub async fn serve(
         None => None,
     };
     let connections = Arc::new(Semaphore::new(limits.max_connections));
-    let graceful = GracefulShutdown::new();
+    let drain = Arc::new(Drain::default());
     tokio::pin!(shutdown);
     loop {
         let (mut stream, remote) = tokio::select! {
@@ -91,7 +100,7 @@ pub async fn serve(
         let state = state.clone();
         let builder = builder.clone();
         let acceptor = acceptor.clone();
-        let watcher = graceful.watcher();
+        let watcher = drain.clone();
         tokio::spawn(async move {
             let _permit = permit;
             match acceptor {
@@ -115,7 +124,7 @@ pub async fn serve(
     drop(listener);
     let grace = state.config.drain_grace;
     tokio::select! {
-        _ = graceful.shutdown() => tracing::debug!("all connections drained"),
+        _ = drain.shutdown() => tracing::debug!("all connections drained"),
         _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "drain grace over; closing the remaining connections"),
     }
 }
@@ -124,18 +133,203 @@ pub async fn serve(
 async fn serve_connection<I>(
     io: I,
     builder: &auto::Builder<TokioExecutor>,
-    watcher: Watcher,
+    watcher: Arc<Drain>,
     state: Arc<ProxyState>,
     connection: Connection,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let remote = connection.remote;
+    let io = Sniff::new(io, connection.clock.clone());
     let service = service_fn(move |request| handle(request, state.clone(), connection.clone()));
     let conn = builder
         .serve_connection(TokioIo::new(io), service)
         .into_owned();
-    if let Err(e) = watcher.watch(conn).await {
+    if let Err(e) = Drain::watch(&watcher, conn).await {
         tracing::debug!(error = %e, %remote, "client connection ended with an error");
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The connection's IO as hyper reads it (after TLS): its first bytes tell the egress clock
+    /// whether the client speaks HTTP/2 (the `PRI * HTTP/2.0` preface) or HTTP/1.x, as hyper's
+    /// own detection decides.
+    struct Sniff<I> {
+        #[pin]
+        inner: I,
+        clock: Option<Arc<EgressClock>>,
+    }
+}
+
+// === impl Sniff ===
+
+impl<I> Sniff<I> {
+    fn new(inner: I, clock: Arc<EgressClock>) -> Self {
+        Sniff {
+            inner,
+            clock: Some(clock),
+        }
+    }
+}
+
+impl<I: AsyncRead> AsyncRead for Sniff<I> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.project();
+        let before = buf.filled().len();
+        let result = this.inner.poll_read(cx, buf);
+        if this.clock.is_some() && buf.filled().len() > before {
+            let first = &buf.filled()[before..];
+            // A first read shorter than "PRI" that could begin the preface stays undecided:
+            // such a connection is metered the HTTP/2 way, which is right for both.
+            let preface = b"PRI".starts_with(&first[..first.len().min(3)]);
+            if let Some(clock) = this.clock.take() {
+                clock.set_protocol(if preface {
+                    Protocol::Http2
+                } else {
+                    Protocol::Http1
+                });
+            }
+        }
+        result
+    }
+}
+
+impl<I: AsyncWrite> AsyncWrite for Sniff<I> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.project().inner.poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.project().inner.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+}
+
+/// Asks every open connection to finish gracefully, and waits for them. Each connection has its
+/// own flag and waker, so polling a connection touches only its own state: hyper-util's
+/// `GracefulShutdown` polls a channel shared by every connection on every poll, a lock taken
+/// for every frame of every stream.
+#[derive(Default)]
+struct Drain {
+    /// Set once shutdown began: a connection watched from then on stops at once.
+    draining: AtomicBool,
+    /// The connections open now, by number.
+    open: Mutex<HashMap<u64, Weak<StopSignal>>>,
+    next: AtomicU64,
+    /// Told when the last connection closes during shutdown.
+    all_closed: tokio::sync::Notify,
+}
+
+/// One connection's request to stop.
+#[derive(Default)]
+struct StopSignal {
+    stop: AtomicBool,
+    waker: AtomicWaker,
+}
+
+// === impl Drain ===
+
+impl Drain {
+    fn open(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Weak<StopSignal>>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Serves `conn` until it ends; on shutdown, it finishes its requests and closes.
+    fn watch<C: GracefulConnection>(drain: &Arc<Drain>, conn: C) -> Watched<C> {
+        let signal = Arc::new(StopSignal::default());
+        let id = drain.next.fetch_add(1, Ordering::Relaxed);
+        drain.open().insert(id, Arc::downgrade(&signal));
+        if drain.draining.load(Ordering::Acquire) {
+            signal.stop.store(true, Ordering::Release);
+        }
+        Watched {
+            conn,
+            signal,
+            drain: drain.clone(),
+            id,
+            stopping: false,
+        }
+    }
+
+    /// Tells every connection to stop and waits until all have closed.
+    async fn shutdown(&self) {
+        self.draining.store(true, Ordering::Release);
+        let signals: Vec<_> = self.open().values().filter_map(Weak::upgrade).collect();
+        for signal in signals {
+            signal.stop.store(true, Ordering::Release);
+            signal.waker.wake();
+        }
+        loop {
+            let closed = self.all_closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if self.open().is_empty() {
+                return;
+            }
+            closed.await;
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A connection served until it ends, stopping gracefully when the drain asks.
+    struct Watched<C> {
+        #[pin]
+        conn: C,
+        signal: Arc<StopSignal>,
+        drain: Arc<Drain>,
+        id: u64,
+        stopping: bool,
+    }
+
+    impl<C> PinnedDrop for Watched<C> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            let mut open = this.drain.open();
+            open.remove(this.id);
+            if open.is_empty() {
+                this.drain.all_closed.notify_waiters();
+            }
+        }
+    }
+}
+
+impl<C: GracefulConnection> Future for Watched<C> {
+    type Output = C::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if !*this.stopping {
+            // Waker first, then the flag: a stop set in between is seen now or wakes us.
+            this.signal.waker.register(cx.waker());
+            if this.signal.stop.load(Ordering::Acquire) {
+                *this.stopping = true;
+                this.conn.as_mut().graceful_shutdown();
+            }
+        }
+        this.conn.poll(cx)
     }
 }

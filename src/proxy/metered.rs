@@ -1,36 +1,47 @@
-//! The metered body: an ingress reader task and the egress body it feeds.
+//! The metered body: the egress body reads, stamps and scans the upstream's frames, and a reader
+//! task takes over while the client cannot take them.
 //!
-//! The ingress reader polls the upstream body as soon as bytes arrive, stamps each frame, scans it
-//! for events and hands the very same `Bytes` on through a buffer bounded in bytes and frames.
-//! Because it runs as its own task, a client that reads slowly does not delay the ingress stamps:
-//! they keep the upstream's cadence until the buffer bound is hit and backpressure reaches the
-//! upstream. The egress body gives hyper each frame untouched and registers it with the
-//! connection's egress clock, which stamps it when its bytes reach the socket.
+//! While the client keeps up, hyper polls the egress body as soon as the connection can take
+//! more, so the body reads the upstream itself: a frame that arrives wakes the client
+//! connection's task directly, which stamps it (one clock read), scans it and hands hyper the very
+//! same `Bytes`, as a plain proxy would, with no task or channel in between. The connection's
+//! egress clock then stamps the frame when its bytes reach the socket.
 //!
-//! When the client goes away, hyper drops the egress body; the reader sees its channel close and
-//! drops the upstream body at once, which closes the upstream connection, so the inference server
-//! stops generating. When the upstream fails, the reader passes the error on and the egress body
-//! returns it, so hyper aborts the response instead of ending it as if it were complete.
+//! A client that reads slowly makes the socket refuse a write; hyper then stops polling the body.
+//! The egress clock sees that refusal and hands the stream to its ingress reader task, which keeps
+//! reading the upstream at the upstream's cadence, stamping and scanning each frame and queueing
+//! it, up to the buffer's bound in bytes and frames; then backpressure reaches the upstream. When
+//! hyper polls the body again it takes the queued frames in order, and once the queue is empty it
+//! reads the upstream itself again. On HTTP/2 (and a connection whose protocol is not known), where
+//! a stream can be held back by flow control without the socket refusing anything, the reader task
+//! always does the reading.
+//!
+//! When the client goes away, hyper drops the egress body, which drops the upstream body at once:
+//! the upstream connection closes and the inference server stops generating. When the upstream
+//! fails or goes silent, the body returns the error, so hyper aborts the response instead of
+//! ending it as if it were complete.
 
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Sleep;
 
-use super::egress_clock::EgressClock;
+use super::egress_clock::{EgressClock, Protocol, Standby};
 use super::BoxError;
 use crate::format::Accounting;
 use crate::ledger::{IngressEnd, StreamLedger};
 use crate::meter::IngressMeter;
 use crate::scan::{Framing, Scanner};
 
-/// A frame on its way from the ingress reader to the egress body.
+/// A frame read from the upstream, stamped and scanned.
 #[derive(Debug)]
 struct MeteredFrame {
     bytes: Bytes,
@@ -39,18 +50,22 @@ struct MeteredFrame {
     token_events: u32,
     /// Place in the stream's timeline, when kept there.
     seq: Option<u32>,
-    /// Buffer budget the frame holds until it is handed to hyper.
-    permits: u32,
 }
 
+/// What the reader task queued while the client could not take it.
 #[derive(Debug)]
-enum Message {
+enum Queued {
     Data(MeteredFrame),
     Trailers(HeaderMap),
-    Error(StreamError),
-    /// The upstream body ended cleanly. A channel that closes without it (a reader that
-    /// panicked) aborts the response rather than ending it as if complete.
-    End,
+}
+
+/// How the upstream body ended, told to the client once every frame before it went out.
+#[derive(Debug)]
+enum Ending {
+    /// Cleanly.
+    Complete,
+    /// With an error or a timeout: the response is aborted.
+    Failed(StreamError),
 }
 
 /// Why a metered stream was aborted, as the client connection sees it.
@@ -82,8 +97,67 @@ pub struct MeterSettings {
     pub idle_timeout: Duration,
 }
 
-/// Starts metering an upstream body: spawns its ingress reader and returns the egress body that
-/// the client's response carries.
+/// The upstream body, its error turned into its message and its `kind` label (only when it fails).
+type Upstream = Pin<Box<dyn Body<Data = Bytes, Error = (String, &'static str)> + Send>>;
+
+/// Who reads the upstream now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// The egress body, whenever hyper polls it: the client keeps up.
+    Egress,
+    /// The reader task: the client cannot take more, or the protocol needs it (HTTP/2).
+    Reader,
+}
+
+/// Everything about one stream's upstream side, shared by the egress body, the reader task and
+/// the connection's egress clock. Each takes the lock for the length of one poll, so it is never
+/// contended while the client keeps up (only the egress body takes it).
+struct Shared {
+    state: Mutex<State>,
+    ledger: Arc<StreamLedger>,
+    clock: Arc<EgressClock>,
+    buffer_bytes: usize,
+    buffer_frames: usize,
+    idle_timeout: Duration,
+    /// HTTP/1.x: the egress body may read the upstream itself.
+    inline: bool,
+}
+
+struct State {
+    /// `None` once the upstream ended or the client went away.
+    upstream: Option<Upstream>,
+    /// The ingress side of the ledger; `None` once handed to the stream ledger.
+    meter: Option<IngressMeter>,
+    reading: Reading,
+    /// Frames the reader task read while the client could not take them, in order.
+    queue: VecDeque<Queued>,
+    /// Their bytes, against `buffer_bytes`.
+    queued_bytes: usize,
+    /// How the upstream ended, once it did; delivered after the queue.
+    ending: Option<Ending>,
+    /// When the last frame (or the stream) began, for the idle timeout.
+    last_read: Instant,
+    /// Fires at the idle deadline; moved on lazily, not per frame.
+    idle: Pin<Box<Sleep>>,
+    /// The client connection's task, when the egress body waits.
+    egress_waker: Option<Waker>,
+    /// The reader task, when it waits (for its turn, or for room in the queue).
+    reader_waker: Option<Waker>,
+    reader_spawned: bool,
+    /// The egress body was dropped: the client is gone.
+    closed: bool,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("inline", &self.inline)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts metering an upstream body and returns the egress body that the client's response
+/// carries.
 pub fn meter<B>(
     upstream: B,
     settings: &MeterSettings,
@@ -95,132 +169,167 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::error::Error + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel(settings.buffer_frames);
-    let budget = Arc::new(Semaphore::new(settings.buffer_bytes));
-    let reader = IngressReader {
-        tx,
-        budget: budget.clone(),
-        budget_max: settings.buffer_bytes,
-        ledger: ledger.clone(),
-        meter: IngressMeter::new(
-            Scanner::new(settings.framing, settings.max_event_bytes),
-            accounting,
-            ledger.received(),
-            ledger.max_frames(),
-        ),
-        idle_timeout: settings.idle_timeout,
-    };
-    tokio::spawn(reader.run(upstream));
-    EgressBody {
-        rx,
-        budget,
+    let meter = IngressMeter::new(
+        Scanner::new(settings.framing, settings.max_event_bytes),
+        accounting,
+        ledger.received(),
+        ledger.max_frames(),
+    );
+    let inline = clock.protocol() == Protocol::Http1;
+    let now = Instant::now();
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            upstream: Some(Box::pin(
+                upstream.map_err(|e| (e.to_string(), body_failure_kind(&e))),
+            )),
+            meter: Some(meter),
+            reading: if inline {
+                Reading::Egress
+            } else {
+                Reading::Reader
+            },
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            ending: None,
+            last_read: now,
+            idle: Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
+                now + settings.idle_timeout,
+            ))),
+            egress_waker: None,
+            reader_waker: None,
+            reader_spawned: !inline,
+            closed: false,
+        }),
         ledger,
-        clock,
+        clock: clock.clone(),
+        buffer_bytes: settings.buffer_bytes,
+        buffer_frames: settings.buffer_frames,
+        idle_timeout: settings.idle_timeout,
+        inline,
+    });
+    if inline {
+        let standby: Arc<dyn Standby> = shared.clone();
+        clock.register(Arc::downgrade(&standby));
+    } else {
+        tokio::spawn(read_ahead(shared.clone()));
+    }
+    EgressBody {
+        shared,
         ended: false,
     }
 }
 
-/// Reads the upstream body; owns the ingress side of the ledger.
-struct IngressReader {
-    tx: mpsc::Sender<Message>,
-    budget: Arc<Semaphore>,
-    budget_max: usize,
-    ledger: Arc<StreamLedger>,
-    meter: IngressMeter,
-    idle_timeout: Duration,
+/// What one read of the upstream gave.
+enum Read {
+    Data(MeteredFrame),
+    Trailers(HeaderMap),
+    /// The upstream ended (cleanly or not): `State::ending` says how.
+    Ended,
 }
 
-// === impl IngressReader ===
+// === impl Shared ===
 
-impl IngressReader {
-    async fn run<B>(mut self, mut upstream: B)
-    where
-        B: Body<Data = Bytes> + Send + Unpin + 'static,
-        B::Error: std::error::Error + Send + 'static,
-    {
-        let idle = tokio::time::sleep(self.idle_timeout);
-        tokio::pin!(idle);
-        let mut failure = None;
-        let end = loop {
-            idle.as_mut()
-                .reset(tokio::time::Instant::now() + self.idle_timeout);
-            let next = tokio::select! {
-                biased;
-                _ = self.tx.closed() => break IngressEnd::ClientGone,
-                _ = &mut idle => {
-                    self.count_upstream_error("timeout");
-                    failure = Some(StreamError::Idle(self.idle_timeout));
-                    break IngressEnd::UpstreamTimeout;
-                }
-                frame = upstream.frame() => frame,
+impl Shared {
+    fn lock(&self) -> Option<MutexGuard<'_, State>> {
+        // A poisoned lock means a reader task panicked mid-frame.
+        self.state.lock().ok()
+    }
+
+    /// Reads the upstream's next frame, stamping and scanning it; on its end, hands the ingress
+    /// ledger over. Waits with `cx` (the egress body's or the reader task's).
+    fn read(&self, state: &mut State, cx: &mut Context<'_>) -> Poll<Read> {
+        loop {
+            let Some(upstream) = state.upstream.as_mut() else {
+                return Poll::Ready(Read::Ended);
             };
-            let frame = match next {
-                None => break IngressEnd::Complete,
-                Some(Err(e)) => {
-                    let message = e.to_string();
-                    self.count_upstream_error(body_failure_kind(&e));
-                    failure = Some(StreamError::Upstream(message));
-                    break IngressEnd::UpstreamError;
+            let frame = match upstream.as_mut().poll_frame(cx) {
+                Poll::Pending => return self.poll_idle(state, cx),
+                Poll::Ready(None) => {
+                    self.finish(state, IngressEnd::Complete, Ending::Complete);
+                    return Poll::Ready(Read::Ended);
                 }
-                Some(Ok(frame)) => frame,
+                Poll::Ready(Some(Err((message, kind)))) => {
+                    self.count_upstream_error(kind);
+                    let ending = Ending::Failed(StreamError::Upstream(message));
+                    self.finish(state, IngressEnd::UpstreamError, ending);
+                    return Poll::Ready(Read::Ended);
+                }
+                Poll::Ready(Some(Ok(frame))) => frame,
             };
             let bytes = match frame.into_data() {
                 Ok(bytes) => bytes,
-                Err(frame) => {
-                    if let Ok(trailers) = frame.into_trailers() {
-                        if self.tx.send(Message::Trailers(trailers)).await.is_err() {
-                            break IngressEnd::ClientGone;
-                        }
-                    }
-                    continue;
-                }
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => return Poll::Ready(Read::Trailers(trailers)),
+                    Err(_) => continue,
+                },
             };
             if bytes.is_empty() {
                 continue;
             }
             let at = Instant::now();
-            let metered = self.scan(bytes, at);
-            let permits = metered.permits;
-            let acquired = tokio::select! {
-                biased;
-                _ = self.tx.closed() => break IngressEnd::ClientGone,
-                permit = self.budget.acquire_many(permits) => permit,
+            state.last_read = at;
+            let Some(meter) = state.meter.as_mut() else {
+                continue; // cannot happen: the meter outlives the upstream
             };
-            match acquired {
-                Ok(permit) => permit.forget(),
-                Err(_) => break IngressEnd::ClientGone,
-            }
-            if self.tx.send(Message::Data(metered)).await.is_err() {
-                break IngressEnd::ClientGone;
-            }
-        };
-        drop(upstream); // closes the upstream connection now if the stream did not finish
-                        // Waits for buffer room like any frame: an error must reach the client, or it would
-                        // see a clean end. Fails at once if the client is gone.
-        let last = match (end, failure) {
-            (_, Some(e)) => Some(Message::Error(e)),
-            (IngressEnd::Complete, None) => Some(Message::End),
-            _ => None,
-        };
-        if let Some(last) = last {
-            let _ = self.tx.send(last).await;
+            let counts = meter.frame(&bytes, at, self.ledger.metrics());
+            return Poll::Ready(Read::Data(MeteredFrame {
+                bytes,
+                ingress: at,
+                events: counts.events,
+                token_events: counts.token_events,
+                seq: counts.seq,
+            }));
         }
-        let ledger = self.meter.finish(Instant::now(), self.ledger.metrics());
-        self.ledger.ingress_finished(ledger, end);
     }
 
-    /// Meters one frame; the bytes pass through untouched.
-    fn scan(&mut self, bytes: Bytes, at: Instant) -> MeteredFrame {
-        let counts = self.meter.frame(&bytes, at, self.ledger.metrics());
-        let permits = bytes.len().min(self.budget_max).min(u32::MAX as usize) as u32;
-        MeteredFrame {
-            bytes,
-            ingress: at,
-            events: counts.events,
-            token_events: counts.token_events,
-            seq: counts.seq,
-            permits,
+    /// The upstream has nothing now: has it been silent for too long? The timer is moved on only
+    /// when it fires, not per frame.
+    fn poll_idle(&self, state: &mut State, cx: &mut Context<'_>) -> Poll<Read> {
+        loop {
+            if state.idle.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let deadline = state.last_read + self.idle_timeout;
+            if Instant::now() >= deadline {
+                self.count_upstream_error("timeout");
+                let ending = Ending::Failed(StreamError::Idle(self.idle_timeout));
+                self.finish(state, IngressEnd::UpstreamTimeout, ending);
+                return Poll::Ready(Read::Ended);
+            }
+            state
+                .idle
+                .as_mut()
+                .reset(tokio::time::Instant::from_std(deadline));
         }
+    }
+
+    /// The upstream side is over: drop the upstream body (closing its connection if unfinished)
+    /// and hand the ingress ledger to the stream ledger, once.
+    fn finish(&self, state: &mut State, end: IngressEnd, ending: Ending) {
+        state.upstream = None;
+        if state.ending.is_none() && end != IngressEnd::ClientGone {
+            state.ending = Some(ending);
+        }
+        if let Some(meter) = state.meter.take() {
+            let ledger = meter.finish(Instant::now(), self.ledger.metrics());
+            self.ledger.ingress_finished(ledger, end);
+        }
+        // A parked reader task has nothing left to read: let it end and let go of the stream.
+        if let Some(waker) = state.reader_waker.take() {
+            waker.wake();
+        }
+    }
+
+    /// The frame goes to hyper now: register it with the connection's egress clock.
+    fn handoff(&self, frame: &MeteredFrame) {
+        self.clock.handoff(
+            frame.bytes.len(),
+            &self.ledger,
+            frame.ingress,
+            frame.events,
+            frame.token_events,
+            frame.seq,
+        );
     }
 
     fn count_upstream_error(&self, kind: &str) {
@@ -229,6 +338,100 @@ impl IngressReader {
             .upstream_errors
             .with_label_values(&[self.ledger.route(), kind])
             .inc();
+    }
+}
+
+impl Standby for Shared {
+    /// The client's socket refused a write: hyper will not poll the egress body until it drains,
+    /// so the reader task reads the upstream meanwhile.
+    fn client_blocked(self: Arc<Self>) {
+        let Some(mut state) = self.lock() else {
+            return;
+        };
+        if state.closed || state.upstream.is_none() || state.reading == Reading::Reader {
+            return;
+        }
+        state.reading = Reading::Reader;
+        if state.reader_spawned {
+            if let Some(waker) = state.reader_waker.take() {
+                waker.wake();
+            }
+        } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            state.reader_spawned = true;
+            drop(state);
+            runtime.spawn(read_ahead(self));
+        }
+    }
+}
+
+/// The reader task: reads the upstream while it is its turn, queueing frames up to the buffer's
+/// bound, and ends with the upstream or when the client goes away.
+async fn read_ahead(shared: Arc<Shared>) {
+    let _exit = WakeEgressOnExit(shared.clone());
+    poll_fn(|cx| {
+        let Some(mut guard) = shared.lock() else {
+            return Poll::Ready(());
+        };
+        let state = &mut *guard;
+        loop {
+            if state.closed || state.upstream.is_none() {
+                return Poll::Ready(());
+            }
+            let full = state.queued_bytes >= shared.buffer_bytes
+                || state.queue.len() >= shared.buffer_frames;
+            if state.reading == Reading::Egress || full {
+                set_waker(&mut state.reader_waker, cx);
+                return Poll::Pending;
+            }
+            let read = match shared.read(state, cx) {
+                Poll::Pending => {
+                    // Also kept here, not only in the upstream: should the egress body take the
+                    // reading back (and with it the upstream's waker) and then end, the task must
+                    // still be woken to let go of the stream.
+                    set_waker(&mut state.reader_waker, cx);
+                    return Poll::Pending;
+                }
+                Poll::Ready(read) => read,
+            };
+            match read {
+                Read::Data(frame) => {
+                    state.queued_bytes += frame.bytes.len();
+                    state.queue.push_back(Queued::Data(frame));
+                }
+                Read::Trailers(trailers) => state.queue.push_back(Queued::Trailers(trailers)),
+                Read::Ended => {}
+            }
+            if let Some(waker) = state.egress_waker.take() {
+                waker.wake();
+            }
+        }
+    })
+    .await
+}
+
+/// Wakes the egress body when the reader task ends, however it ends. Should the task panic (the
+/// lock is then poisoned) or be cancelled, the egress body sees it at once and aborts the response
+/// (`ReaderGone`) instead of waiting for a frame that will never come.
+struct WakeEgressOnExit(Arc<Shared>);
+
+impl Drop for WakeEgressOnExit {
+    fn drop(&mut self) {
+        let mut state = self
+            .0
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(waker) = state.egress_waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// Keeps `cx`'s waker in `slot`, cloning only when it changed.
+fn set_waker(slot: &mut Option<Waker>, cx: &Context<'_>) {
+    match slot {
+        Some(waker) if waker.will_wake(cx.waker()) => {}
+        _ => *slot = Some(cx.waker().clone()),
     }
 }
 
@@ -268,11 +471,17 @@ fn body_failure_kind(error: &(dyn std::error::Error + 'static)) -> &'static str 
 /// The client's response body of a metered stream: the upstream's frames, untouched.
 #[derive(Debug)]
 pub struct EgressBody {
-    rx: mpsc::Receiver<Message>,
-    budget: Arc<Semaphore>,
-    ledger: Arc<StreamLedger>,
-    clock: Arc<EgressClock>,
+    shared: Arc<Shared>,
     ended: bool,
+}
+
+/// Ends the body (`ended` is its flag) the way the upstream ended.
+fn end(ended: &mut bool, ending: Ending) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    *ended = true;
+    Poll::Ready(match ending {
+        Ending::Complete => None,
+        Ending::Failed(e) => Some(Err(Box::new(e))),
+    })
 }
 
 impl Body for EgressBody {
@@ -280,43 +489,92 @@ impl Body for EgressBody {
     type Error = BoxError;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.ended {
+        let this = self.get_mut();
+        if this.ended {
             return Poll::Ready(None);
         }
-        let message = ready!(self.rx.poll_recv(cx));
-        Poll::Ready(match message {
-            Some(Message::Data(frame)) => {
-                self.budget.add_permits(frame.permits as usize);
-                self.clock.handoff(
-                    frame.bytes.len(),
-                    &self.ledger,
-                    frame.ingress,
-                    frame.events,
-                    frame.token_events,
-                    frame.seq,
-                );
-                Some(Ok(Frame::data(frame.bytes)))
+        let shared = &*this.shared;
+        let Some(mut guard) = shared.lock() else {
+            return end(&mut this.ended, Ending::Failed(StreamError::ReaderGone));
+        };
+        let state = &mut *guard;
+        // First what the reader task queued while the client could not take it, in order.
+        if let Some(queued) = state.queue.pop_front() {
+            return Poll::Ready(Some(Ok(match queued {
+                Queued::Data(frame) => {
+                    state.queued_bytes -= frame.bytes.len();
+                    if let Some(waker) = state.reader_waker.take() {
+                        waker.wake(); // there is room again
+                    }
+                    shared.handoff(&frame);
+                    Frame::data(frame.bytes)
+                }
+                Queued::Trailers(trailers) => Frame::trailers(trailers),
+            })));
+        }
+        if let Some(ending) = state.ending.take() {
+            return end(&mut this.ended, ending);
+        }
+        if !shared.inline {
+            if state.upstream.is_none() {
+                // The reader task stopped without an ending: it was cancelled.
+                return end(&mut this.ended, Ending::Failed(StreamError::ReaderGone));
             }
-            Some(Message::Trailers(trailers)) => Some(Ok(Frame::trailers(trailers))),
-            Some(Message::Error(e)) => {
-                self.ended = true;
-                Some(Err(Box::new(e)))
+            set_waker(&mut state.egress_waker, cx);
+            return Poll::Pending;
+        }
+        // hyper polls: the client keeps up, so read the upstream here.
+        state.reading = Reading::Egress;
+        match shared.read(state, cx) {
+            Poll::Pending => {
+                // Kept for the reader task, should the client block before the next frame.
+                set_waker(&mut state.egress_waker, cx);
+                Poll::Pending
             }
-            Some(Message::End) => {
-                self.ended = true;
-                None
+            Poll::Ready(Read::Data(frame)) => {
+                shared.handoff(&frame);
+                Poll::Ready(Some(Ok(Frame::data(frame.bytes))))
             }
-            None => {
-                self.ended = true;
-                Some(Err(Box::new(StreamError::ReaderGone)))
+            Poll::Ready(Read::Trailers(trailers)) => {
+                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
             }
-        })
+            Poll::Ready(Read::Ended) => {
+                let ending = state
+                    .ending
+                    .take()
+                    .unwrap_or(Ending::Failed(StreamError::ReaderGone));
+                end(&mut this.ended, ending)
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
         self.ended
+    }
+}
+
+impl Drop for EgressBody {
+    /// hyper is done with the body. With a `content-length` it never asks for the end: an
+    /// upstream that has given all its bytes is complete. Otherwise, if the upstream is still
+    /// open, the client went away, so the upstream request is dropped now and the stream counts
+    /// as cancelled.
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        let Some(mut state) = shared.lock() else {
+            return;
+        };
+        state.closed = true;
+        state.queue.clear();
+        let end = match &state.upstream {
+            Some(upstream) if upstream.is_end_stream() => IngressEnd::Complete,
+            _ => IngressEnd::ClientGone,
+        };
+        shared.finish(&mut state, end, Ending::Complete);
+        if let Some(waker) = state.reader_waker.take() {
+            waker.wake();
+        }
     }
 }
