@@ -29,11 +29,6 @@ enum Command {
     Demo(metronome::demo::DemoArgs),
 }
 
-/// mimalloc instead of the system allocator: hyper and tokio allocate and free small blocks on
-/// every frame, across threads; see BENCHMARKS.md for what it saves.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     metronome::telemetry::init_logging();

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Instructions metronome's proxy process executes per token event, counted by valgrind's callgrind:
+# a figure that does not move with the machine's load, so a change can be judged on a noisy machine
+# where CPU seconds cannot. User space only (the kernel's share of a frame, the loopback TCP work,
+# is the same for every proxy and is not counted).
+#
+#   scripts/instructions-per-event.sh [BIN ...]        # default: target/release/metronome
+#
+# For each binary: the sim (native, not measured) streams at a 2 ms cadence; the proxy runs under
+# callgrind; the probe (native) runs two loads of different sizes through it, and the difference
+# between the two runs' instruction counts divided by the difference in token events is the
+# per-event cost, so start-up and shut-down cancel out. Metering on (the defaults) and off.
+# Prints a table. Everything is on 127.0.0.1; every process it starts is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+command -v valgrind >/dev/null 2>&1 || {
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
+}
+[ $# -gt 0 ] || { cargo build --release --quiet; set -- target/release/metronome; }
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+wait_port() {
+  for _ in $(seq 1 400); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on 127.0.0.1:$1" >&2
+  return 1
+}
+
+# One proxy under callgrind, `requests` streams of 100 token events through it, 20 at a time.
+# Prints "<instructions> <token events>".
+measure() {
+  local bin=$1 metering=$2 requests=$3 sim_port=$4
+  local port admin out
+  port=$(free_port)
+  admin=$(free_port)
+  cat >"$work/m.toml" <<EOF
+[server]
+listen = "127.0.0.1:$port"
+admin = "127.0.0.1:$admin"
+upstream = "http://127.0.0.1:$sim_port"
+drain_grace = "1s"
+
+[readiness]
+check_upstream = false
+
+[metering]
+enabled = $metering
+EOF
+  out="$work/callgrind.$metering.$requests.out"
+  TOKIO_WORKER_THREADS=2 valgrind --tool=callgrind --callgrind-out-file="$out" \
+    "$bin" serve --config "$work/m.toml" >"$work/proxy.log" 2>&1 &
+  local proxy=$!
+  wait_port "$port"
+  "$bin" probe --url "http://127.0.0.1:$port" --concurrency 20 --requests "$requests" \
+    --max-tokens 100 --timeout 120s --detail "$work/probe.json" >/dev/null 2>&1 || true
+  kill -TERM "$proxy"
+  wait "$proxy" || true
+  local ir events
+  ir=$(grep -m1 '^summary:' "$out" | awk '{print $2}')
+  events=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["errors"] == 0, d; print(d["token_events"])' "$work/probe.json")
+  echo "$ir $events"
+}
+
+printf '| binary | metering | instructions per token event | token events (large - small run) |\n'
+printf '|---|---|---|---|\n'
+for bin in "$@"; do
+  sim_port=$(free_port)
+  "$bin" sim --listen "127.0.0.1:$sim_port" --gap 2ms --ttft 5ms >"$work/sim.log" 2>&1 &
+  sim=$!
+  pids+=("$sim")
+  wait_port "$sim_port"
+  for metering in true false; do
+    read -r ir_small ev_small < <(measure "$bin" "$metering" 20 "$sim_port")
+    read -r ir_large ev_large < <(measure "$bin" "$metering" 120 "$sim_port")
+    python3 - "$bin" "$metering" "$ir_small" "$ev_small" "$ir_large" "$ev_large" <<'EOF'
+import sys
+bin_, metering, ir_s, ev_s, ir_l, ev_l = sys.argv[1:]
+d_ir, d_ev = int(ir_l) - int(ir_s), int(ev_l) - int(ev_s)
+per = d_ir / d_ev if d_ev else float("nan")
+print(f"| {bin_} | {'on' if metering == 'true' else 'off'} | {per:,.0f} | {d_ev:,} |")
+EOF
+  done
+  kill "$sim" 2>/dev/null || true
+  wait "$sim" 2>/dev/null || true
+done
