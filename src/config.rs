@@ -199,6 +199,7 @@ struct RawTimeouts {
     first_byte: String,
     idle: String,
     tls_handshake: String,
+    client_idle: String,
 }
 
 impl Default for RawTimeouts {
@@ -208,6 +209,7 @@ impl Default for RawTimeouts {
             first_byte: "300s".into(),
             idle: "120s".into(),
             tls_handshake: "10s".into(),
+            client_idle: "300s".into(),
         }
     }
 }
@@ -433,6 +435,10 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// How long a client may take to finish the TLS handshake.
     pub tls_handshake_timeout: Duration,
+    /// How long a client connection may wait for its next request (and take to send a request
+    /// head) before metronome closes it: longer than the keep-alive timeout of whatever sits in
+    /// front, so that metronome never closes a connection the client is about to reuse.
+    pub client_idle_timeout: Duration,
     /// Routes, in the order they are tried.
     pub routes: Vec<RouteConfig>,
     /// The upstream check behind `/readyz`.
@@ -571,6 +577,11 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let tls_handshake_timeout = duration(
         "timeouts.tls_handshake",
         &raw.timeouts.tls_handshake,
+        &mut problem,
+    );
+    let client_idle_timeout = duration(
+        "timeouts.client_idle",
+        &raw.timeouts.client_idle,
         &mut problem,
     );
     let stall_threshold = duration(
@@ -886,6 +897,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         idle_timeout,
         stall_threshold,
         tls_handshake_timeout,
+        client_idle_timeout,
         readiness,
     ) {
         (
@@ -898,6 +910,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             Some(idle_timeout),
             Some(stall_threshold),
             Some(tls_handshake_timeout),
+            Some(client_idle_timeout),
             Some(readiness),
         ) if problems.is_empty() => Ok(Config {
             listen,
@@ -925,6 +938,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             upstream_tls,
             limits: raw.limits,
             tls_handshake_timeout,
+            client_idle_timeout,
             routes,
             readiness,
         }),

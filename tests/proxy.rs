@@ -567,3 +567,63 @@ async fn with_metering_off_streams_pass_through_unmeasured() {
     );
     proxy.shutdown().await;
 }
+
+/// One request on a fresh keep-alive connection to the proxy; returns the connection's sender and
+/// the task that drives it (it ends when the proxy closes the connection).
+async fn keep_alive_connection(
+    proxy: &metronome::proxy::ProxyHandle,
+) -> (
+    hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+) {
+    use http_body_util::BodyExt;
+    let tcp = tokio::net::TcpStream::connect(proxy.proxy_addr)
+        .await
+        .unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let response = sender.send_request(json_request()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    response.into_body().collect().await.unwrap();
+    (sender, conn)
+}
+
+fn json_request() -> http::Request<http_body_util::Full<Bytes>> {
+    http::Request::get("/v1/models")
+        .header("host", "metronome.test")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_idle_client_connection_is_closed_after_client_idle_and_kept_before() {
+    let upstream = Upstream::json("{\"data\":[]}").start().await;
+
+    // timeouts.client_idle = 1s: a connection idle for longer is closed by the proxy.
+    let proxy = proxy_with(upstream.addr, |c| {
+        c.client_idle_timeout = Duration::from_secs(1)
+    })
+    .await;
+    let (_sender, conn) = keep_alive_connection(&proxy).await;
+    let closed = tokio::time::timeout(Duration::from_secs(10), conn).await;
+    assert!(
+        closed.is_ok(),
+        "the proxy keeps a connection idle for 10 s open with client_idle = 1s"
+    );
+    proxy.shutdown().await;
+
+    // The default (300 s): a connection idle for 2 s still takes the next request.
+    let proxy = proxy_with(upstream.addr, |_| {}).await;
+    let (mut sender, conn) = keep_alive_connection(&proxy).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !conn.is_finished(),
+        "the proxy closed an idle connection after 2 s"
+    );
+    let response = sender.send_request(json_request()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    proxy.shutdown().await;
+}

@@ -43,7 +43,8 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
+        // hyper times both the idle wait for the next request and the reading of its head.
+        .header_read_timeout(state.config.client_idle_timeout)
         .max_buf_size(limits.max_header_bytes.max(8192));
     builder
         .http2()
