@@ -247,12 +247,32 @@ pub struct ProxyHandle {
     admin_task: JoinHandle<()>,
 }
 
+/// Connections the kernel may hold completed but not yet accepted on the proxy listener (capped by
+/// `net.core.somaxconn`). tokio's `TcpListener::bind` asks for 1,024; a burst of new streams
+/// beyond that while metronome is busy overflows the queue, and the client's connection then
+/// waits for the kernel's SYN-ACK retries (seconds) or is reset. 4,096 is what nginx and HAProxy
+/// are commonly given.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the proxy listener with [`LISTEN_BACKLOG`].
+fn bind_proxy_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does on Unix: a restart may bind while old connections linger.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 // === impl ProxyHandle ===
 
 impl ProxyHandle {
     /// Binds both listeners of `config` and starts serving.
     pub async fn start(config: Config) -> std::io::Result<Self> {
-        let proxy_listener = TcpListener::bind(config.listen).await?;
+        let proxy_listener = bind_proxy_listener(config.listen)?;
         let admin_listener = TcpListener::bind(config.admin).await?;
         let state = Arc::new(ProxyState::new(config).map_err(std::io::Error::other)?);
         Ok(Self::serve(proxy_listener, admin_listener, state))
