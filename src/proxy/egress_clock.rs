@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -39,17 +39,6 @@ struct PendingFrame {
     seq: Option<u32>,
 }
 
-/// The HTTP version a client connection speaks, as its first bytes tell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    /// Not known (yet).
-    Unknown,
-    /// HTTP/1.0 or 1.1: one response at a time, written as hyper polls its body.
-    Http1,
-    /// HTTP/2: responses can be held back by flow control while the socket takes other bytes.
-    Http2,
-}
-
 /// A metered stream that reads its upstream from its egress body while the client keeps up and
 /// must be told when the socket refuses a write.
 pub trait Standby: Send + Sync {
@@ -68,8 +57,6 @@ pub struct EgressClock {
     pending: Mutex<VecDeque<PendingFrame>>,
     /// `pending.len()`, readable without the lock: most writes find nothing to stamp.
     pending_len: AtomicUsize,
-    /// The connection's protocol (`Protocol` as a number), set by the listener.
-    protocol: AtomicU8,
     /// Streams to tell when the socket refuses a write (HTTP/1.x: at most a few, mostly ended).
     standby: Mutex<Vec<Weak<dyn Standby>>>,
 }
@@ -80,7 +67,6 @@ impl std::fmt::Debug for EgressClock {
             .field("written", &self.written)
             .field("writes", &self.writes)
             .field("pending_len", &self.pending_len)
-            .field("protocol", &self.protocol())
             .finish_non_exhaustive()
     }
 }
@@ -148,25 +134,6 @@ impl EgressClock {
     /// Bytes written to the socket so far.
     pub fn bytes_written(&self) -> u64 {
         self.written.load(Ordering::Acquire)
-    }
-
-    /// The connection's protocol, as far as known.
-    pub fn protocol(&self) -> Protocol {
-        match self.protocol.load(Ordering::Acquire) {
-            1 => Protocol::Http1,
-            2 => Protocol::Http2,
-            _ => Protocol::Unknown,
-        }
-    }
-
-    /// The listener learned the connection's protocol.
-    pub fn set_protocol(&self, protocol: Protocol) {
-        let n = match protocol {
-            Protocol::Unknown => 0,
-            Protocol::Http1 => 1,
-            Protocol::Http2 => 2,
-        };
-        self.protocol.store(n, Ordering::Release);
     }
 
     /// Tells `stream` when the socket refuses a write, for as long as it lives.

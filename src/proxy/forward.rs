@@ -118,6 +118,9 @@ pub async fn handle(
     let request_id = bounded_header(request.headers(), "x-request-id");
     // Known before the request moves on; with the response's framing it hints at the API.
     let path_format = Format::from_path(request.uri().path());
+    // HTTP/1.x writes one response at a time, as hyper polls its body; on HTTP/2 flow control can
+    // hold a stream back while the socket takes other streams' bytes.
+    let client_http1 = request.version() < http::Version::HTTP_2;
     let route = state
         .router()
         .route(request.method(), request.uri().path())
@@ -263,6 +266,7 @@ pub async fn handle(
         buffer_bytes: config.buffer_bytes,
         buffer_frames: config.buffer_frames,
         idle_timeout: config.idle_timeout,
+        client_http1,
     };
     let body = meter(
         body,

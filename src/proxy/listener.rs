@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -18,12 +17,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
-use super::egress_clock::{EgressClock, EgressIo, Protocol};
+use super::egress_clock::{EgressClock, EgressIo};
 use super::forward::{handle, Connection};
 use super::ProxyState;
 use crate::tls;
@@ -141,91 +140,12 @@ async fn serve_connection<I>(
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let remote = connection.remote;
-    let io = Sniff::new(io, connection.clock.clone());
     let service = service_fn(move |request| handle(request, state.clone(), connection.clone()));
     let conn = builder
         .serve_connection(TokioIo::new(io), service)
         .into_owned();
     if let Err(e) = Drain::watch(&watcher, conn).await {
         tracing::debug!(error = %e, %remote, "client connection ended with an error");
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The connection's IO as hyper reads it (after TLS): its first bytes tell the egress clock
-    /// whether the client speaks HTTP/2 (the `PRI * HTTP/2.0` preface) or HTTP/1.x, as hyper's
-    /// own detection decides.
-    struct Sniff<I> {
-        #[pin]
-        inner: I,
-        clock: Option<Arc<EgressClock>>,
-    }
-}
-
-// === impl Sniff ===
-
-impl<I> Sniff<I> {
-    fn new(inner: I, clock: Arc<EgressClock>) -> Self {
-        Sniff {
-            inner,
-            clock: Some(clock),
-        }
-    }
-}
-
-impl<I: AsyncRead> AsyncRead for Sniff<I> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.project();
-        let before = buf.filled().len();
-        let result = this.inner.poll_read(cx, buf);
-        if this.clock.is_some() && buf.filled().len() > before {
-            let first = &buf.filled()[before..];
-            // A first read shorter than "PRI" that could begin the preface stays undecided:
-            // such a connection is metered the HTTP/2 way, which is right for both.
-            let preface = b"PRI".starts_with(&first[..first.len().min(3)]);
-            if let Some(clock) = this.clock.take() {
-                clock.set_protocol(if preface {
-                    Protocol::Http2
-                } else {
-                    Protocol::Http1
-                });
-            }
-        }
-        result
-    }
-}
-
-impl<I: AsyncWrite> AsyncWrite for Sniff<I> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_shutdown(cx)
     }
 }
 

@@ -12,7 +12,7 @@
 //! reading the upstream at the upstream's cadence, stamping and scanning each frame and queueing
 //! it, up to the buffer's bound in bytes and frames; then backpressure reaches the upstream. When
 //! hyper polls the body again it takes the queued frames in order, and once the queue is empty it
-//! reads the upstream itself again. On HTTP/2 (and a connection whose protocol is not known), where
+//! reads the upstream itself again. On HTTP/2 (the request's version says it), where
 //! a stream can be held back by flow control without the socket refusing anything, the reader task
 //! always does the reading.
 //!
@@ -34,7 +34,7 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tokio::time::Sleep;
 
-use super::egress_clock::{EgressClock, Protocol, Standby};
+use super::egress_clock::{EgressClock, Standby};
 use super::BoxError;
 use crate::format::Accounting;
 use crate::ledger::{IngressEnd, StreamLedger};
@@ -95,6 +95,9 @@ pub struct MeterSettings {
     pub buffer_frames: usize,
     /// Longest silence between upstream frames.
     pub idle_timeout: Duration,
+    /// The client speaks HTTP/1.x, so the egress body may read the upstream itself; on HTTP/2
+    /// the reader task always reads.
+    pub client_http1: bool,
 }
 
 /// The upstream body, its error turned into its message and its `kind` label (only when it fails).
@@ -175,7 +178,7 @@ where
         ledger.received(),
         ledger.max_frames(),
     );
-    let inline = clock.protocol() == Protocol::Http1;
+    let inline = settings.client_http1;
     let now = Instant::now();
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
