@@ -71,6 +71,30 @@ struct Harness {
 
 const CHAT: (&str, &str) = ("route", "chat");
 
+/// Waits for the one stream of a test to be recorded and checks that it ended as an upstream
+/// error, with exactly one upstream error, of `kind`; returns the scrape for further checks.
+async fn one_upstream_error(h: &Harness, kind: &str) -> Metrics {
+    let m = scrape_until(&h.proxy, |m| {
+        m.get("metronome_streams_total", &[CHAT]).is_some()
+    })
+    .await;
+    assert_eq!(
+        m.value(
+            "metronome_streams_total",
+            &[CHAT, ("outcome", "upstream_error")]
+        ),
+        1.0
+    );
+    assert_eq!(m.value("metronome_streams_total", &[CHAT]), 1.0);
+    assert_eq!(
+        m.value("metronome_upstream_errors_total", &[CHAT, ("kind", kind)]),
+        1.0,
+        "one upstream error of kind {kind}"
+    );
+    assert_eq!(m.value("metronome_upstream_errors_total", &[CHAT]), 1.0);
+    m
+}
+
 async fn harness(upstream: SocketAddr, adjust: impl FnOnce(&mut Config)) -> Harness {
     count_panics();
     let healthy = Upstream::openai_chat()
@@ -345,27 +369,7 @@ async fn an_upstream_body_cut_before_the_terminal_chunk_aborts_the_client_respon
         "a cut body must not reach the client as a complete response"
     );
 
-    let m = scrape_until(&h.proxy, |m| {
-        m.get("metronome_streams_total", &[CHAT]).is_some()
-    })
-    .await;
-    assert_eq!(
-        m.value(
-            "metronome_streams_total",
-            &[CHAT, ("outcome", "upstream_error")]
-        ),
-        1.0
-    );
-    assert_eq!(m.value("metronome_streams_total", &[CHAT]), 1.0);
-    assert_eq!(
-        m.value(
-            "metronome_upstream_errors_total",
-            &[CHAT, ("kind", "reset")]
-        ),
-        1.0,
-        "a body cut short is a reset"
-    );
-    assert_eq!(m.value("metronome_upstream_errors_total", &[CHAT]), 1.0);
+    let m = one_upstream_error(&h, "reset").await;
     // The two whole events were metered: one gap between them.
     assert_eq!(
         m.value(
@@ -399,25 +403,7 @@ async fn an_upstream_tcp_reset_mid_stream_is_counted_as_a_reset() {
     assert_eq!(got.status, 200);
     assert_eq!(got.bytes(), [e1, e2].concat());
     assert!(got.error.is_some(), "the client response is aborted");
-    let m = scrape_until(&h.proxy, |m| {
-        m.get("metronome_streams_total", &[CHAT]).is_some()
-    })
-    .await;
-    assert_eq!(
-        m.value(
-            "metronome_streams_total",
-            &[CHAT, ("outcome", "upstream_error")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        m.value(
-            "metronome_upstream_errors_total",
-            &[CHAT, ("kind", "reset")]
-        ),
-        1.0
-    );
-    assert_eq!(m.value("metronome_upstream_errors_total", &[CHAT]), 1.0);
+    one_upstream_error(&h, "reset").await;
     raw_connections_closed(&upstream).await;
     h.finish().await;
 }
@@ -488,25 +474,7 @@ async fn an_upstream_that_sends_garbage_mid_body_aborts_the_client_response() {
         "the response is aborted, not completed"
     );
 
-    let m = scrape_until(&h.proxy, |m| {
-        m.get("metronome_streams_total", &[CHAT]).is_some()
-    })
-    .await;
-    assert_eq!(
-        m.value(
-            "metronome_streams_total",
-            &[CHAT, ("outcome", "upstream_error")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        m.value(
-            "metronome_upstream_errors_total",
-            &[CHAT, ("kind", "protocol")]
-        ),
-        1.0
-    );
-    assert_eq!(m.value("metronome_upstream_errors_total", &[CHAT]), 1.0);
+    one_upstream_error(&h, "protocol").await;
     // The proxy lets go of a connection that spoke garbage (the raw upstream holds it open
     // until then).
     raw_connections_closed(&upstream).await;
