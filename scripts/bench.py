@@ -10,12 +10,15 @@ side, interleaved in every repeat so that the machine's load falls on all of the
   haproxy      probe -> HAProxy (mode http, http-no-delay) -> sim
   passthrough  probe -> metronome with metering.enabled = false -> sim
 
+and on request (--paths): shared, metronome with server.threading = "shared" (one work-stealing
+pool instead of an event loop per core).
+
 Per path and level: client ITL p50 / p99 / p99.9 and TTFT p50 / p99 inflation against direct (per
 repeat, then the median), CPU seconds of the proxy's processes per million token events (from
 /proc), the ratio to nginx, resident memory per open stream (steady-state RSS minus the idle RSS,
 over the streams in flight), errors; for metronome also its own proxy delay (egress - ingress)
-from its histogram. Then the saturation figure: metronome on one core (taskset, one tokio worker),
-sim and probe on the other, the event rate raised until p99 inflation reaches 1 ms.
+from its histogram. Then the saturation figure: metronome on one core (taskset, so one worker) and
+nginx alike, sim and probe on the other, the event rate raised until p99 inflation reaches 1 ms.
 
 Every process is started in its own session and killed on exit. Everything is on 127.0.0.1.
 Run through scripts/bench.sh, which builds the release binary and installs nginx and HAProxy.
@@ -44,6 +47,8 @@ BIN = ROOT / "target" / "release" / "metronome"
 PATHS = ["direct", "metronome", "nginx", "haproxy", "passthrough"]
 # With --baseline BIN: metronome as another build (say, before a change), metering on.
 BASELINE = "metronome-before"
+# Only with --paths: metronome on one work-stealing pool (server.threading = "shared").
+SHARED = "shared"
 PROXIES = [p for p in PATHS if p != "direct"]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -226,12 +231,14 @@ class Ports:
         self.sat_sim, self.sat_metronome, self.sat_admin = base + 7, base + 8, base + 9
         self.baseline, self.baseline_admin = base + 10, base + 11
         self.hold_sim, self.hold_metronome, self.hold_admin = base + 12, base + 13, base + 14
+        self.shared, self.shared_admin = base + 15, base + 16
+        self.sat_nginx = base + 17
 
     def all(self):
-        return list(range(self.sim, self.hold_admin + 1))
+        return list(range(self.sim, self.sat_nginx + 1))
 
 
-def metronome_config(work, name, listen, admin, upstream, metering):
+def metronome_config(work, name, listen, admin, upstream, metering, threading="per_core"):
     path = work / f"{name}.toml"
     path.write_text(
         f"""[server]
@@ -239,6 +246,7 @@ listen = "127.0.0.1:{listen}"
 admin = "127.0.0.1:{admin}"
 upstream = "http://127.0.0.1:{upstream}"
 drain_grace = "1s"
+threading = "{threading}"
 
 [readiness]
 check_upstream = false
@@ -250,14 +258,14 @@ enabled = {"true" if metering else "false"}
     return path
 
 
-def nginx_config(work, listen, upstream, nofile):
-    root = work / "nginx"
+def nginx_config(work, listen, upstream, nofile, name="nginx", workers="auto"):
+    root = work / name
     for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    path = work / "nginx.conf"
+    path = work / f"{name}.conf"
     path.write_text(
         f"""# The usual SSE setup: no response buffering, HTTP/1.1 keep-alive to the upstream.
-worker_processes auto;
+worker_processes {workers};
 daemon off;
 user root;
 pid {root}/nginx.pid;
@@ -355,13 +363,15 @@ class Bench:
         p, a = self.ports, self.args
         if path == "direct":
             return None, p.sim
-        if path in ("metronome", "passthrough", BASELINE):
+        if path in ("metronome", "passthrough", BASELINE, SHARED):
             listen, admin = {
                 "metronome": (p.metronome, p.metronome_admin),
                 "passthrough": (p.passthrough, p.passthrough_admin),
                 BASELINE: (p.baseline, p.baseline_admin),
+                SHARED: (p.shared, p.shared_admin),
             }[path]
-            config = metronome_config(self.work, path, listen, admin, p.sim, path != "passthrough")
+            config = metronome_config(self.work, path, listen, admin, p.sim, path != "passthrough",
+                                      "shared" if path == SHARED else "per_core")
             binary = self.args.baseline if path == BASELINE else str(BIN)
             proc = self.procs.start(path, [binary, "serve", "--config", str(config)],
                                     env=self.args.metronome_env)
@@ -449,11 +459,12 @@ class Bench:
             result["rss_steady_kib"] = statistics.median(steady) if steady else None
             result["rss_max_kib"] = max((r for _, r in sampler.samples), default=None)
             result["peak_fds"] = sampler.peak_fds
-        if path in ("metronome", "passthrough", BASELINE):
+        if path in ("metronome", "passthrough", BASELINE, SHARED):
             admin = {
                 "metronome": self.ports.metronome_admin,
                 "passthrough": self.ports.passthrough_admin,
                 BASELINE: self.ports.baseline_admin,
+                SHARED: self.ports.shared_admin,
             }[path]
             result.update(scrape_metronome(admin))
         if proc:
@@ -563,6 +574,9 @@ class Bench:
         stream_s = a.ttft_s + a.sat_tokens * gap_s
         sim = self.start_sim(p.sat_sim, a.sat_gap, cpus="1", env=one, coalesce=a.sat_coalesce)
         config = metronome_config(self.work, "saturation", p.sat_metronome, p.sat_admin, p.sat_sim, True)
+        # nginx alike on the same core, one worker process: what a proxy that parses nothing costs.
+        nginx = (nginx_config(self.work, p.sat_nginx, p.sat_sim, self.nofile, "saturation-nginx", 1)
+                 if a.sat_nginx else None)
         steps = []
         try:
             for rate in a.sat_rates:
@@ -574,7 +588,7 @@ class Bench:
                 srate = streams / stream_s
                 step = {"events_per_s": streams * a.sat_coalesce / gap_s, "streams": streams,
                         "coalesce": a.sat_coalesce, "load_before": loadavg()}
-                for path in ("direct", "metronome"):
+                for path in ("direct", "metronome") + (("nginx",) if nginx else ()):
                     proc = None
                     port = p.sat_sim
                     if path == "metronome":
@@ -583,6 +597,13 @@ class Bench:
                                                 env=one, cpus="0")
                         wait_port(p.sat_metronome, proc)
                         port = p.sat_metronome
+                        time.sleep(0.3)
+                    elif path == "nginx":
+                        proc = self.procs.start("saturation-nginx",
+                                                ["nginx", "-c", str(nginx), "-p", str(self.work)],
+                                                cpus="0")
+                        wait_port(p.sat_nginx, proc)
+                        port = p.sat_nginx
                         time.sleep(0.3)
                     pids = tree(proc.pid) if proc else []
                     cpu0 = cpu_seconds(pids)
@@ -596,7 +617,8 @@ class Bench:
                     if proc:
                         step[path]["cpu_s"] = cpu_seconds(pids) - cpu0
                         step[path]["core_busy"] = step[path]["cpu_s"] / wall
-                        step[path].update(scrape_metronome(p.sat_admin))
+                        if path == "metronome":
+                            step[path].update(scrape_metronome(p.sat_admin))
                         self.procs.stop(proc)
                 step["load_after"] = loadavg()
                 direct, metro = step["direct"], step["metronome"]
@@ -625,9 +647,11 @@ def passes(step):
             and not step["direct"]["errors"])
 
 
-def cpu_per_event_us(step):
-    m = step["metronome"]
-    return m["cpu_s"] / m["token_events"] * 1e6 if m["token_events"] else None
+def cpu_per_event_us(step, path="metronome"):
+    m = step.get(path)
+    if not m or "cpu_s" not in m or not m["token_events"]:
+        return None
+    return m["cpu_s"] / m["token_events"] * 1e6
 
 
 def scrape_metronome(admin):
@@ -806,18 +830,21 @@ def hold_report(held, args):
 
 def saturation_table(steps):
     lines = ["| events/s offered | streams | metronome proxy delay p50 / p99 | client ITL p99: direct, "
-             "inflation through metronome | metronome core busy | CPU µs per event | errors (direct / "
-             "metronome) | load average |",
-             "|---|---|---|---|---|---|---|---|"]
+             "inflation through metronome | metronome core busy | CPU µs per event | nginx on the same "
+             "core: CPU µs per event, p99 inflation | errors (direct / metronome) | load average |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in steps:
         d, m = s["direct"], s["metronome"]
         delay = m.get("proxy_delay_us") or {}
         per_event = cpu_per_event_us(s) or 0.0
+        nginx_cost = cpu_per_event_us(s, "nginx")
+        nginx = (f"{nginx_cost:.1f}, {s['nginx']['itl_us']['p99'] - d['itl_us']['p99']:+.0f} µs"
+                 if nginx_cost else "-")
         lines.append(
             f"| {s['events_per_s']:,.0f} | {s['streams']:,} | {fmt_us(delay.get('p50'))} / "
             f"{fmt_us(delay.get('p99'))} | {d['itl_us']['p99'] / 1000:.2f} ms, "
             f"{s['p99_inflation_us']:+.0f} µs | {m['core_busy'] * 100:.0f}% | "
-            f"{per_event:.1f} | {d['errors']} / {m['errors']} | {s['load_before']} |")
+            f"{per_event:.1f} | {nginx} | {d['errors']} / {m['errors']} | {s['load_before']} |")
     return "\n".join(lines)
 
 
@@ -828,11 +855,14 @@ def saturation_figure(steps):
     held = [s for s in steps if s["generator_ok"] and cpu_per_event_us(s)] or steps
     top = max(held, key=lambda s: s["events_per_s"])
     cost = cpu_per_event_us(top)
+    nginx_cost = cpu_per_event_us(top, "nginx")
     return {
         "passing": max((s["events_per_s"] for s in passing), default=None),
         "top": top["events_per_s"],
         "cost_us": cost,
         "per_core": 1e6 / cost if cost else None,
+        "nginx_cost_us": nginx_cost,
+        "nginx_per_core": 1e6 / nginx_cost if nginx_cost else None,
         "generators_gave_out": not steps[-1]["generator_ok"],
     }
 
@@ -860,7 +890,8 @@ def machine():
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default="100,1000,10000", help="concurrent streams per level")
-    ap.add_argument("--paths", default=",".join(PATHS), help="subset of " + ",".join(PATHS))
+    ap.add_argument("--paths", default=",".join(PATHS),
+                    help="subset of " + ",".join(PATHS + [SHARED]))
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per level (medians)")
     ap.add_argument("--large-repeats", type=int, default=1,
                     help="repeats for levels of 5,000 streams and more (each takes minutes)")
@@ -878,6 +909,8 @@ def parse_args(argv):
     ap.add_argument("--sat-gap", default="10ms", help="the sim's gap in the saturation run")
     ap.add_argument("--sat-tokens", type=int, default=500, help="token events per saturation stream")
     ap.add_argument("--sat-duration", type=float, default=12, help="seconds per saturation step")
+    ap.add_argument("--no-sat-nginx", dest="sat_nginx", action="store_false",
+                    help="leave nginx out of the saturation run")
     ap.add_argument("--sat-coalesce", type=int, default=1,
                     help="token events per frame in the saturation run (the sim's --coalesce)")
     ap.add_argument("--hold", type=int, default=10000,
@@ -896,7 +929,7 @@ def parse_args(argv):
                     help=f"also run another metronome binary (path {BASELINE}), e.g. a build of "
                          "the commit before a change, side by side with this one")
     ap.add_argument("--metronome-env", action="append", default=[], metavar="KEY=VALUE",
-                    help="environment for the metronome proxies (e.g. TOKIO_WORKER_THREADS=1)")
+                    help="environment for the metronome proxies (e.g. RUST_LOG=debug)")
     ap.add_argument("--combine", action="append", default=[], metavar="DIR",
                     help="add the results of an earlier run's work directory (levels not run now, "
                          "and its hold and saturation runs if not run now) to the report")
@@ -910,7 +943,7 @@ def parse_args(argv):
     args.levels = [int(x) for x in args.levels.split(",") if x]
     args.paths = [p for p in args.paths.split(",") if p]
     for p in args.paths:
-        if p not in PATHS:
+        if p not in PATHS + [SHARED]:
             ap.error(f"unknown path {p}")
     if args.baseline:
         if not Path(args.baseline).exists():
@@ -1003,7 +1036,7 @@ def main(argv):
         if not steps and (earlier / "saturation.json").exists():
             steps = json.loads((earlier / "saturation.json").read_text())
     if results:
-        paths = [p for p in PATHS[:2] + [BASELINE] + PATHS[2:]
+        paths = [p for p in PATHS[:2] + [BASELINE, SHARED] + PATHS[2:]
                  if any(r["path"] == p for r in results)]
         rows = summarize(results, paths)
 
@@ -1023,7 +1056,8 @@ def main(argv):
         out.append(hold_report(held, args))
     if steps:
         out.append("")
-        out.append("Saturation: metronome on CPU 0 with one tokio worker, sim and probe on CPU 1, "
+        out.append("Saturation: metronome on CPU 0 (so one worker), then nginx with one worker process "
+                   "on CPU 0, sim and probe on CPU 1, "
                    f"streams at {args.sat_gap} gaps, {args.sat_coalesce} token event(s) per frame; "
                    "the criterion is metronome's own p99 proxy delay under 1 ms:")
         out.append("")
@@ -1041,6 +1075,9 @@ def main(argv):
                        f"event, so one full core forwards about **{fig['per_core']:,.0f} events/s**"
                        + ("; the generators on one core could go no faster."
                           if fig["generators_gave_out"] else "."))
+        if fig.get("nginx_per_core"):
+            out.append(f"nginx on the same core at the same step: {fig['nginx_cost_us']:.1f} µs per "
+                       f"event, about **{fig['nginx_per_core']:,.0f} events/s** per full core.")
     report = "\n".join(out)
     print(report)
     (bench.work / "report.md").write_text(report + "\n")

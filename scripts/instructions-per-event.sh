@@ -5,6 +5,8 @@
 # is the same for every proxy and is not counted).
 #
 #   scripts/instructions-per-event.sh [BIN ...]        # default: target/release/metronome
+#   THREADING="per_core shared" scripts/instructions-per-event.sh   # server.threading values to
+#                                                                   # measure (default: per_core)
 #
 # For each binary: the sim (native, not measured) streams at a 2 ms cadence; the proxy runs under
 # callgrind; the probe (native) runs two loads of different sizes through it, and the difference
@@ -44,7 +46,7 @@ wait_port() {
 # One proxy under callgrind, `requests` streams of 100 token events through it, 20 at a time.
 # Prints "<instructions> <token events>".
 measure() {
-  local bin=$1 metering=$2 requests=$3 sim_port=$4
+  local bin=$1 metering=$2 requests=$3 sim_port=$4 threading=$5
   local port admin out
   port=$(free_port)
   admin=$(free_port)
@@ -54,6 +56,7 @@ listen = "127.0.0.1:$port"
 admin = "127.0.0.1:$admin"
 upstream = "http://127.0.0.1:$sim_port"
 drain_grace = "1s"
+threading = "$threading"
 
 [readiness]
 check_upstream = false
@@ -76,24 +79,26 @@ EOF
   echo "$ir $events"
 }
 
-printf '| binary | metering | instructions per token event | token events (large - small run) |\n'
-printf '|---|---|---|---|\n'
+printf '| binary | threading | metering | instructions per token event | token events (large - small run) |\n'
+printf '|---|---|---|---|---|\n'
 for bin in "$@"; do
   sim_port=$(free_port)
   "$bin" sim --listen "127.0.0.1:$sim_port" --gap 2ms --ttft 5ms >"$work/sim.log" 2>&1 &
   sim=$!
   pids+=("$sim")
   wait_port "$sim_port"
-  for metering in true false; do
-    read -r ir_small ev_small < <(measure "$bin" "$metering" 20 "$sim_port")
-    read -r ir_large ev_large < <(measure "$bin" "$metering" 120 "$sim_port")
-    python3 - "$bin" "$metering" "$ir_small" "$ev_small" "$ir_large" "$ev_large" <<'EOF'
+  for threading in ${THREADING:-per_core}; do
+    for metering in true false; do
+      read -r ir_small ev_small < <(measure "$bin" "$metering" 20 "$sim_port" "$threading")
+      read -r ir_large ev_large < <(measure "$bin" "$metering" 120 "$sim_port" "$threading")
+      python3 - "$bin" "$threading" "$metering" "$ir_small" "$ev_small" "$ir_large" "$ev_large" <<'EOF'
 import sys
-bin_, metering, ir_s, ev_s, ir_l, ev_l = sys.argv[1:]
+bin_, threading, metering, ir_s, ev_s, ir_l, ev_l = sys.argv[1:]
 d_ir, d_ev = int(ir_l) - int(ir_s), int(ev_l) - int(ev_s)
 per = d_ir / d_ev if d_ev else float("nan")
-print(f"| {bin_} | {'on' if metering == 'true' else 'off'} | {per:,.0f} | {d_ev:,} |")
+print(f"| {bin_} | {threading} | {'on' if metering == 'true' else 'off'} | {per:,.0f} | {d_ev:,} |")
 EOF
+    done
   done
   kill "$sim" 2>/dev/null || true
   wait "$sim" 2>/dev/null || true

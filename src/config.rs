@@ -179,6 +179,8 @@ struct RawServer {
     admin: String,
     upstream: String,
     drain_grace: String,
+    workers: u64,
+    threading: String,
 }
 
 impl Default for RawServer {
@@ -188,6 +190,8 @@ impl Default for RawServer {
             admin: "0.0.0.0:9464".into(),
             upstream: "http://127.0.0.1:8000".into(),
             drain_grace: "30s".into(),
+            workers: 0,
+            threading: "per_core".into(),
         }
     }
 }
@@ -401,6 +405,10 @@ pub struct Config {
     pub upstream: Upstream,
     /// How long SIGTERM waits for in-flight streams.
     pub drain_grace: Duration,
+    /// How the proxy listener's connections are spread over threads.
+    pub threading: Threading,
+    /// Threads serving the proxy listener; `None`: one per CPU this process may use.
+    pub workers: Option<std::num::NonZeroUsize>,
     /// Connecting to the upstream.
     pub connect_timeout: Duration,
     /// From sending the request to the upstream's response head.
@@ -445,6 +453,42 @@ pub struct Config {
     pub readiness: ReadinessConfig,
 }
 
+/// How the proxy listener's connections are spread over threads (`server.threading`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threading {
+    /// Each worker thread runs its own event loop and serves, start to end, the connections it
+    /// accepts (and their upstream connections, from its own pool): a frame is read, metered and
+    /// written on one thread with no cross-thread wake-up. The right choice when clients open
+    /// many connections (HTTP/1.1, the usual case); one HTTP/2 connection is served by one thread.
+    PerCore,
+    /// One work-stealing pool serves every connection: tasks move to idle threads. For few client
+    /// connections carrying many streams (HTTP/2 from an edge proxy), at more CPU per frame.
+    Shared,
+}
+
+// === impl Threading ===
+
+impl Threading {
+    /// The value as `server.threading` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Threading::PerCore => "per_core",
+            Threading::Shared => "shared",
+        }
+    }
+
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "per_core" => Ok(Threading::PerCore),
+            "shared" => Ok(Threading::Shared),
+            other => Err(format!("`{other}` is not one of per_core, shared")),
+        }
+    }
+}
+
+/// More proxy threads than this is a typo, not a machine.
+const MAX_WORKERS: u64 = 1024;
+
 impl Default for Config {
     fn default() -> Self {
         // The defaults are valid by construction (tested below).
@@ -458,6 +502,16 @@ impl Default for Config {
 // === impl Config ===
 
 impl Config {
+    /// The number of proxy threads: `server.workers`, or one per CPU this process may use (its
+    /// CPU affinity and cgroup quota, as the standard library reads them).
+    pub fn worker_threads(&self) -> usize {
+        self.workers
+            .map(std::num::NonZeroUsize::get)
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+            })
+    }
+
     /// Parses and validates TOML text.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| toml_problem(&e, text))?;
@@ -567,6 +621,21 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         .map_err(|e| problem("server.upstream", e))
         .ok();
     let drain_grace = duration("server.drain_grace", &raw.server.drain_grace, &mut problem);
+    let threading = Threading::parse(&raw.server.threading)
+        .map_err(|e| problem("server.threading", e))
+        .ok();
+    if raw.server.workers > MAX_WORKERS {
+        problem(
+            "server.workers",
+            format!(
+                "{} is more than {MAX_WORKERS}; 0 means one per CPU",
+                raw.server.workers
+            ),
+        );
+    }
+    let workers = usize::try_from(raw.server.workers)
+        .ok()
+        .and_then(std::num::NonZeroUsize::new);
     let connect_timeout = duration("timeouts.connect", &raw.timeouts.connect, &mut problem);
     let first_byte_timeout = duration(
         "timeouts.first_byte",
@@ -892,6 +961,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         admin,
         upstream,
         drain_grace,
+        threading,
         connect_timeout,
         first_byte_timeout,
         idle_timeout,
@@ -905,6 +975,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             Some(admin),
             Some(upstream),
             Some(drain_grace),
+            Some(threading),
             Some(connect_timeout),
             Some(first_byte_timeout),
             Some(idle_timeout),
@@ -917,6 +988,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             admin,
             upstream,
             drain_grace,
+            threading,
+            workers,
             connect_timeout,
             first_byte_timeout,
             idle_timeout,
@@ -1098,6 +1171,39 @@ mod tests {
             assert_eq!(e.0[0].reason, reason);
         }
         assert!(Config::from_toml("[timeouts]\nidle = \"8760h\"\n").is_ok());
+    }
+
+    #[test]
+    fn threads_default_to_one_event_loop_per_cpu_and_are_checked() {
+        let config = Config::default();
+        assert_eq!(config.threading, Threading::PerCore);
+        assert_eq!(config.workers, None);
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(config.worker_threads(), cpus);
+
+        let config = Config::from_toml("[server]\nworkers = 3\nthreading = \"shared\"\n").unwrap();
+        assert_eq!(config.threading, Threading::Shared);
+        assert_eq!(config.worker_threads(), 3);
+
+        let e =
+            Config::from_toml("[server]\nworkers = 5000\nthreading = \"per-core\"\n").unwrap_err();
+        let problems: Vec<_> =
+            e.0.iter()
+                .map(|p| (p.key.as_str(), p.reason.as_str()))
+                .collect();
+        assert_eq!(
+            problems,
+            [
+                (
+                    "server.threading",
+                    "`per-core` is not one of per_core, shared"
+                ),
+                (
+                    "server.workers",
+                    "5000 is more than 1024; 0 means one per CPU"
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -32,23 +32,26 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     metronome::telemetry::init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    match cli.command {
+        // `serve` chooses its threads from its configuration.
+        Command::Serve(args) => metronome::proxy::main(args),
+        Command::CheckConfig { file } => metronome::config::check_config_command(&file),
+        Command::Sim(args) => block_on(metronome::sim::run(args)),
+        Command::Probe(args) => block_on(metronome::probe::run(args)),
+        Command::Demo(args) => block_on(metronome::demo::run(args)),
+    }
+}
+
+/// Runs a command on tokio's multi-threaded runtime.
+fn block_on(command: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
-        Ok(rt) => rt,
+        Ok(runtime) => runtime.block_on(command),
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
-    };
-    runtime.block_on(async move {
-        match cli.command {
-            Command::Serve(args) => metronome::proxy::run(args).await,
-            Command::CheckConfig { file } => metronome::config::check_config_command(&file),
-            Command::Sim(args) => metronome::sim::run(args).await,
-            Command::Probe(args) => metronome::probe::run(args).await,
-            Command::Demo(args) => metronome::demo::run(args).await,
-        }
-    })
+    }
 }

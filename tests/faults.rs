@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use metronome::config::Config;
+use metronome::config::{Config, Threading};
 use metronome::proxy::ProxyHandle;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -770,8 +770,10 @@ async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
     // An upstream that keeps idle connections open for ever (the scripted one has no timeout):
     // the proxy's pool must close its idle connection after 90 s, or every connection of a past
     // burst stays open. Time is paused and moved past the timeout (the pool's timer is tokio's).
+    // Paused time reaches only this test's runtime, so the proxy serves on it ("shared"); under
+    // "per_core" each worker builds its client with the same `ProxyState::upstream_client`.
     let upstream = Upstream::openai_chat().tokens(3).start().await;
-    let proxy = proxy_to(upstream.addr).await;
+    let proxy = proxy_with(upstream.addr, |c| c.threading = Threading::Shared).await;
     let got = stream_chat(proxy.proxy_addr).await;
     assert!(got.error.is_none());
     scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;

@@ -245,3 +245,54 @@ async fn sigterm_drains_the_stream_in_flight_refuses_new_connections_and_exits_0
     assert_eq!(status.code(), Some(0));
     served.wait_for_log("stopped");
 }
+
+/// The names of the process's threads, as the kernel has them (at most 15 bytes each).
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim_end().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn serve_runs_server_workers_event_loops_or_one_shared_pool_as_configured() {
+    let upstream = Upstream::openai_chat().tokens(5).every(ms(5));
+    let expected = upstream.expected_bytes();
+    let upstream = upstream.start().await;
+    let dir = tempfile::tempdir().unwrap();
+    for (threading, workers, own_loops, pool_threads) in
+        [("per_core", 3, 3, 0), ("shared", 2, 0, 2)]
+    {
+        let file = dir.path().join(format!("{threading}.toml"));
+        write_config(&file, upstream.addr, "200ms");
+        let text = std::fs::read_to_string(&file).unwrap().replace(
+            "drain_grace = \"5s\"",
+            &format!("drain_grace = \"5s\"\nworkers = {workers}\nthreading = \"{threading}\""),
+        );
+        std::fs::write(&file, text).unwrap();
+        let mut served = Served::start(&file);
+        served.wait_for_log(&format!("threading=\"{threading}\""));
+        // Streams are served, whichever thread accepts them.
+        let got = futures_util::future::join_all((0..6).map(|_| stream_chat(served.proxy))).await;
+        for got in got {
+            assert!(got.error.is_none(), "{threading}: {:?}", got.error);
+            assert_eq!(got.bytes(), expected, "{threading}");
+        }
+        let names = thread_names(served.child.id());
+        let count = |prefix: &str| names.iter().filter(|n| n.starts_with(prefix)).count();
+        assert_eq!(
+            count("metronome-worke"),
+            own_loops,
+            "{threading}: {names:?}"
+        );
+        assert_eq!(
+            count("tokio-rt-worker"),
+            pool_threads,
+            "{threading}: {names:?}"
+        );
+        served.signal(libc::SIGTERM);
+        served.wait_for_log("stopped");
+        assert_eq!(served.child.wait().unwrap().code(), Some(0), "{threading}");
+    }
+}

@@ -384,23 +384,40 @@ async fn a_chunked_body_over_the_limit_gets_413() {
 
 #[tokio::test]
 async fn connections_over_the_limit_get_503_and_close() {
+    // The limit is one count over every worker thread: with four workers and a limit of two, the
+    // third connection is refused whichever worker accepts it.
     let upstream = Upstream::json("{}").start().await;
-    let proxy = proxy_with(upstream.addr, |c| c.limits.max_connections = 1).await;
+    let proxy = proxy_with(upstream.addr, |c| {
+        c.limits.max_connections = 2;
+        c.workers = std::num::NonZeroUsize::new(4);
+    })
+    .await;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut held = tokio::net::TcpStream::connect(proxy.proxy_addr)
-        .await
-        .unwrap();
-    held.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut buf = vec![0u8; 512];
-    let n = held.read(&mut buf).await.unwrap();
-    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
-    let mut second = tokio::net::TcpStream::connect(proxy.proxy_addr)
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut connection = tokio::net::TcpStream::connect(proxy.proxy_addr)
+            .await
+            .unwrap();
+        connection
+            .write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 512];
+        let n = connection.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        held.push(connection);
+    }
+    let mut third = tokio::net::TcpStream::connect(proxy.proxy_addr)
         .await
         .unwrap();
     let mut answer = Vec::new();
-    second.read_to_end(&mut answer).await.unwrap();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        third.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the connection over the limit was kept open")
+    .unwrap();
     let text = String::from_utf8_lossy(&answer);
     assert!(text.starts_with("HTTP/1.1 503"), "{text}");
     assert!(text.contains("\"overloaded\""));

@@ -15,7 +15,7 @@ use super::body::{BodyTooLarge, ProxyBody, RequestBody, TimedBody};
 use super::egress_clock::EgressClock;
 use super::headers::{append_forwarded, content_type_essence, remove_hop_by_hop};
 use super::metered::{meter, MeterSettings};
-use super::ProxyState;
+use super::{ProxyState, UpstreamClient};
 use crate::format::{Accounting, Format};
 use crate::ledger::{StreamInfo, StreamLedger};
 use crate::metrics::status_class;
@@ -30,6 +30,8 @@ pub struct Connection {
     pub scheme: &'static str,
     /// Stamps frames when their bytes reach this connection's socket.
     pub clock: Arc<EgressClock>,
+    /// The upstream client of the thread serving this connection.
+    pub client: UpstreamClient,
 }
 
 /// Why a request got no upstream response, as `metronome_upstream_errors_total{kind}` and the
@@ -155,7 +157,7 @@ pub async fn handle(
     let config = &state.config;
     let sent = tokio::time::timeout(
         config.first_byte_timeout,
-        state.client.request(upstream_request),
+        connection.client.request(upstream_request),
     )
     .await;
     let response = match sent {

@@ -1,5 +1,6 @@
 //! The proxy listener: accepts connections (plain or TLS), wraps each one's socket in the egress
-//! clock, and serves HTTP/1.1 and HTTP/2 on it until shutdown, then drains.
+//! clock, and serves HTTP/1.1 and HTTP/2 on it until shutdown, then drains. Under
+//! `threading = "per_core"` every worker thread runs one of these loops ([`super::workers`]).
 //!
 //! Connections beyond `limits.max_connections` are answered 503 and closed at once; request heads
 //! beyond `limits.max_header_bytes` are answered 431 by hyper.
@@ -19,12 +20,11 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use super::egress_clock::{EgressClock, EgressIo};
 use super::forward::{handle, Connection};
-use super::ProxyState;
+use super::{ProxyState, UpstreamClient};
 use crate::tls;
 
 /// What an over-limit connection is told before it is closed.
@@ -35,6 +35,7 @@ const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: applicat
 pub async fn serve(
     listener: TcpListener,
     state: Arc<ProxyState>,
+    client: UpstreamClient,
     shutdown: impl Future<Output = ()> + Send,
 ) {
     let limits = &state.config.limits;
@@ -62,7 +63,6 @@ pub async fn serve(
         },
         None => None,
     };
-    let connections = Arc::new(Semaphore::new(limits.max_connections));
     let drain = Arc::new(Drain::default());
     tokio::pin!(shutdown);
     loop {
@@ -78,7 +78,7 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
+        let Ok(permit) = state.connections.clone().try_acquire_owned() else {
             let plain = acceptor.is_none();
             tokio::spawn(async move {
                 if plain {
@@ -95,6 +95,7 @@ pub async fn serve(
             remote,
             scheme: if acceptor.is_some() { "https" } else { "http" },
             clock: clock.clone(),
+            client: client.clone(),
         };
         let io = EgressIo::new(stream, clock);
         let state = state.clone();

@@ -15,6 +15,7 @@ pub mod listener;
 pub mod metered;
 pub mod reload;
 pub mod router;
+pub mod workers;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -30,7 +31,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::{Config, ServeArgs};
+use crate::config::{Config, ServeArgs, Threading};
 use crate::metrics::{status_class, Metrics, ModelLabels};
 use crate::timeline::StreamRegistry;
 use crate::tls;
@@ -48,6 +49,9 @@ pub enum StartError {
     #[error("TLS: {0}")]
     Tls(#[from] tls::TlsError),
 }
+
+/// The pooled client requests go upstream through.
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
 
 /// The error type of response bodies: anything that aborts a response.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -86,9 +90,8 @@ pub struct ProxyState {
     /// What a SIGHUP reload swaps (see [`reload`]): a lock held only to clone two `Arc`s, so a
     /// request takes one consistent snapshot and streams in flight keep theirs.
     live: RwLock<Live>,
-    /// The pooled upstream client (http and https); request bodies are streamed through it,
-    /// never buffered.
-    pub client: Client<HttpsConnector<HttpConnector>, RequestBody>,
+    /// TLS towards https upstreams, shared by every worker's client.
+    upstream_tls: rustls::ClientConfig,
     /// The metric contract.
     pub metrics: Arc<Metrics>,
     /// Stream IDs for the response header.
@@ -101,6 +104,8 @@ pub struct ProxyState {
     pub tls: Option<Arc<tls::ReloadableCert>>,
     /// Requests in flight (`limits.max_requests`).
     pub requests_in_flight: Arc<tokio::sync::Semaphore>,
+    /// Open client connections (`limits.max_connections`), over all workers.
+    pub connections: Arc<tokio::sync::Semaphore>,
 }
 
 // === impl ProxyState ===
@@ -113,11 +118,7 @@ impl ProxyState {
             ModelLabels::new(&config.models.allow, config.models.max),
             config.stall_threshold,
         )?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.enforce_http(false);
-        let tls_client = tls::client_config(
+        let upstream_tls = tls::client_config(
             config.upstream_tls.ca.as_deref(),
             config
                 .upstream_tls
@@ -125,41 +126,53 @@ impl ProxyState {
                 .as_ref()
                 .map(|(c, k)| (c.as_path(), k.as_path())),
         )?;
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls_client)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
         let listener_tls = match &config.tls {
             Some(t) => Some(Arc::new(tls::ReloadableCert::load(&t.cert, &t.key)?)),
             None => None,
         };
-        // The idle timeout needs a timer: without one hyper-util never evicts an idle
-        // connection, and every connection of a past burst stays open.
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(90))
-            .pool_timer(TokioTimer::new())
-            .build(connector);
         let registry = Arc::new(StreamRegistry::new(
             config.timeline.max_streams,
             config.timeline.max_frames,
         ));
         let requests_in_flight = Arc::new(tokio::sync::Semaphore::new(config.limits.max_requests));
+        let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
         let config = Arc::new(config);
         Ok(ProxyState {
             tls: listener_tls,
             requests_in_flight,
+            connections,
             live: RwLock::new(Live {
                 router: Arc::new(Router::new(&config)),
                 config: config.clone(),
             }),
             config,
-            client,
+            upstream_tls,
             metrics: Arc::new(metrics),
             stream_ids: StreamIds::new(),
             draining: AtomicBool::new(false),
             registry,
         })
+    }
+
+    /// A new pooled upstream client (http and https); request bodies are streamed through it,
+    /// never buffered. Under `threading = "per_core"` every worker has its own, so an upstream
+    /// connection is read on the thread that serves its client.
+    pub fn upstream_client(&self) -> UpstreamClient {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(self.config.connect_timeout));
+        connector.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(self.upstream_tls.clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
+        // The idle timeout needs a timer: without one hyper-util never evicts an idle
+        // connection, and every connection of a past burst stays open.
+        Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .pool_timer(TokioTimer::new())
+            .build(connector)
     }
 
     /// The routing table in force now; take it once per request.
@@ -275,7 +288,7 @@ impl ProxyHandle {
         let proxy_listener = bind_proxy_listener(config.listen)?;
         let admin_listener = TcpListener::bind(config.admin).await?;
         let state = Arc::new(ProxyState::new(config).map_err(std::io::Error::other)?);
-        Ok(Self::serve(proxy_listener, admin_listener, state))
+        Self::serve(proxy_listener, admin_listener, state)
     }
 
     /// Reloads the listener's certificate (SIGHUP): kept as it is when the new pair fails.
@@ -283,34 +296,40 @@ impl ProxyHandle {
         self.state.reload_tls()
     }
 
-    /// Serves on listeners that are already bound.
+    /// Serves on listeners that are already bound: the proxy listener on `server.workers`
+    /// threads of their own (`threading = "per_core"`) or on the calling runtime (`"shared"`).
     pub fn serve(
         proxy_listener: TcpListener,
         admin_listener: TcpListener,
         state: Arc<ProxyState>,
-    ) -> Self {
+    ) -> std::io::Result<Self> {
         let (shutdown, watch_rx) = watch::channel(false);
         let (admin_shutdown, admin_rx) = watch::channel(false);
-        let proxy_addr = proxy_listener
-            .local_addr()
-            .unwrap_or_else(|_| state.config.listen);
-        let admin_addr = admin_listener
-            .local_addr()
-            .unwrap_or_else(|_| state.config.admin);
+        let proxy_addr = proxy_listener.local_addr()?;
+        let admin_addr = admin_listener.local_addr()?;
         let signal = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let proxy_task = tokio::spawn(listener::serve(
-            proxy_listener,
-            state.clone(),
-            signal(watch_rx),
-        ));
+        let proxy_task = match state.config.threading {
+            Threading::PerCore => workers::spawn(
+                proxy_listener,
+                state.clone(),
+                watch_rx,
+                state.config.worker_threads(),
+            )?,
+            Threading::Shared => tokio::spawn(listener::serve(
+                proxy_listener,
+                state.clone(),
+                state.upstream_client(),
+                signal(watch_rx),
+            )),
+        };
         let admin_task = tokio::spawn(crate::admin::serve(
             admin_listener,
             state.clone(),
             signal(admin_rx),
         ));
-        ProxyHandle {
+        Ok(ProxyHandle {
             proxy_addr,
             admin_addr,
             state,
@@ -318,7 +337,7 @@ impl ProxyHandle {
             admin_shutdown,
             proxy_task,
             admin_task,
-        }
+        })
     }
 
     /// Stops accepting, drains in-flight streams for up to the configured grace, and returns.
@@ -333,8 +352,10 @@ impl ProxyHandle {
     }
 }
 
-/// Entry point of `metronome serve`.
-pub async fn run(args: ServeArgs) -> ExitCode {
+/// Entry point of `metronome serve`: reads the configuration, then starts the event loop that
+/// runs everything but the proxy listener's workers (signals, reloads, the admin listener) and,
+/// under `threading = "shared"`, the proxy listener too.
+pub fn main(args: ServeArgs) -> ExitCode {
     let config = match Config::from_args(&args) {
         Ok(config) => config,
         Err(crate::config::ConfigError(problems)) => {
@@ -345,6 +366,27 @@ pub async fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let runtime = match config.threading {
+        // The workers have event loops of their own; this one only answers the admin listener.
+        Threading::PerCore => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Threading::Shared => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.worker_threads())
+            .enable_all()
+            .build(),
+    };
+    match runtime {
+        Ok(runtime) => runtime.block_on(run(config, args)),
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Serves `config` until SIGTERM, reloading on SIGHUP, then drains.
+async fn run(config: Config, args: ServeArgs) -> ExitCode {
     let (listen, admin) = (config.listen, config.admin);
     // Signal handlers go in before the listeners answer: a SIGTERM or SIGHUP that comes right
     // after start must drain or reload, not kill the process with the default action.
@@ -363,6 +405,8 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         proxy = %handle.proxy_addr,
         admin = %handle.admin_addr,
         upstream = %handle.state.config.upstream,
+        threading = handle.state.config.threading.name(),
+        workers = handle.state.config.worker_threads(),
         "metronome serving"
     );
     reload::reload_on_sighup(&handle.state, &args, terminated).await;

@@ -11,7 +11,7 @@
 //!   stream in flight too; stalls already counted stay counted);
 //! - the `[readiness]` table: the next upstream check uses it.
 //!
-//! Everything else is fixed at start: listener addresses (the sockets are bound), the drain grace,
+//! Everything else is fixed at start: listener addresses (the sockets are bound), the threads, the drain grace,
 //! timeouts and metering bounds (read by code that holds the start configuration), the stream ID
 //! header, the `model` label bounds, the `[timeline]` bounds (the ring is allocated at start) and
 //! the buckets (a histogram's buckets cannot change under its series). A reload that changes them logs each one and keeps the running value.
@@ -104,6 +104,18 @@ pub fn apply(state: &ProxyState, new: Config) -> Reloaded {
         new.admin != old.admin,
         old.admin.to_string(),
         new.admin.to_string(),
+    );
+    fixed(
+        "server.threading",
+        new.threading != old.threading,
+        old.threading.name().into(),
+        new.threading.name().into(),
+    );
+    fixed(
+        "server.workers",
+        new.workers != old.workers,
+        format!("{:?}", old.workers),
+        format!("{:?}", new.workers),
     );
     for (key, was, wanted) in [
         ("server.drain_grace", old.drain_grace, new.drain_grace),
