@@ -15,7 +15,8 @@ use crate::format::Format;
 use crate::metrics::{LocalHistogram, Metrics, Outcome, Point};
 use crate::sketch::GapSketch;
 use crate::timeline::{
-    as_micros, micros_since, AtPoints, FinishedStream, FrameRecord, IngressFrame, StreamRegistry,
+    as_micros, micros_since, AtPoints, EgressStamps, FinishedStream, IngressTimeline, StreamFrames,
+    StreamRegistry,
 };
 
 /// Streams with fewer gaps get no jank-ratio sample (DESIGN.md section 3).
@@ -191,7 +192,7 @@ pub struct IngressLedger {
     /// Frames read from the upstream.
     pub frames_total: u64,
     /// The first `max_frames` frames, for the stream's timeline.
-    pub timeline: Vec<IngressFrame>,
+    pub timeline: IngressTimeline,
     /// The stream's API as detected (set when the ingress reader stops).
     pub format: Option<Format>,
 }
@@ -220,7 +221,7 @@ pub struct EgressLedger {
     /// Events in frames of that write so far.
     write_events: u32,
     /// Egress stamp of each kept frame (by frame sequence), µs since the stream began.
-    stamps: Vec<u32>,
+    stamps: EgressStamps,
     /// Frames whose bytes reached the client socket.
     frames_stamped: u64,
 }
@@ -243,11 +244,7 @@ impl EgressLedger {
         metrics: &Metrics,
     ) {
         if let Some((seq, received)) = timeline {
-            let seq = seq as usize;
-            if self.stamps.len() <= seq {
-                self.stamps.resize(seq + 1, u32::MAX);
-            }
-            self.stamps[seq] = micros_since(received, at);
+            self.stamps.set(seq, micros_since(received, at));
         }
         self.frames_stamped += 1;
         self.point.bytes(at);
@@ -407,30 +404,22 @@ impl StreamLedger {
 }
 
 impl StreamLedger {
-    /// What the registry keeps of this stream.
+    /// What the registry keeps of this stream (the frames' logs move there).
     fn finished(
         &mut self,
-        ingress: Option<&IngressLedger>,
+        ingress: Option<&mut IngressLedger>,
         model: Arc<str>,
         outcome: Outcome,
     ) -> FinishedStream {
         let received = self.received;
         let egress = self.egress.get_mut().unwrap_or_else(|e| e.into_inner());
         let us = |d: Option<Duration>| d.map(as_micros);
-        let empty = IngressLedger::default();
-        let ingress = ingress.unwrap_or(&empty);
-        let frames = ingress
-            .timeline
-            .iter()
-            .enumerate()
-            .map(|(i, f)| FrameRecord {
-                ingress_us: f.ingress_us,
-                egress_us: egress.stamps.get(i).copied().filter(|s| *s != u32::MAX),
-                bytes: f.bytes,
-                events: f.events,
-                token_events: f.token_events,
-            })
-            .collect();
+        let mut empty = IngressLedger::default();
+        let ingress = ingress.unwrap_or(&mut empty);
+        let frames = StreamFrames::new(
+            std::mem::take(&mut ingress.timeline),
+            std::mem::take(&mut egress.stamps),
+        );
         let (tokens, _) = ingress.output_tokens();
         FinishedStream {
             id: self.info.id.clone(),
@@ -440,9 +429,7 @@ impl StreamLedger {
             started_unix_ms: self.info.started_unix_ms,
             duration_us: as_micros(received.elapsed()),
             frames_total: ingress.frames_total,
-            frames_dropped: ingress
-                .frames_total
-                .saturating_sub(ingress.timeline.len() as u64),
+            frames_dropped: ingress.frames_total.saturating_sub(frames.len() as u64),
             token_events: ingress.point.token_event_count(),
             output_tokens: tokens,
             ttft_us: AtPoints {
@@ -473,7 +460,7 @@ impl Drop for StreamLedger {
     fn drop(&mut self) {
         let metrics = &*self.metrics;
         let route = &*self.route;
-        let ingress = self
+        let mut ingress = self
             .ingress
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
@@ -551,7 +538,7 @@ impl Drop for StreamLedger {
         metrics.streams_active.with_label_values(&[route]).dec();
 
         let finished = self.finished(
-            ingress.as_ref().map(|(l, _)| l),
+            ingress.as_mut().map(|(l, _)| l),
             model_label.clone(),
             outcome,
         );
