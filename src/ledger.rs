@@ -31,7 +31,8 @@ pub struct PointLedger {
     token_events: u64,
     itl: LocalHistogram,
     stalls: u64,
-    stall_durations: LocalHistogram,
+    /// Made at the first stall: most streams have none.
+    stall_durations: Option<Box<LocalHistogram>>,
     events_per_frame: LocalHistogram,
     gaps: GapSketch,
 }
@@ -63,6 +64,7 @@ impl PointLedger {
                 if gap > metrics.stall_threshold() {
                     self.stalls += 1;
                     self.stall_durations
+                        .get_or_insert_with(Box::default)
                         .observe(metrics.stall_duration.bounds(), seconds);
                 }
             }
@@ -144,9 +146,11 @@ impl PointLedger {
                 .stalls
                 .with_label_values(&[route, model, p])
                 .inc_by(self.stalls);
-            metrics
-                .stall_duration
-                .merge(&[route, model, p], &self.stall_durations);
+            if let Some(stall_durations) = &self.stall_durations {
+                metrics
+                    .stall_duration
+                    .merge(&[route, model, p], stall_durations);
+            }
         }
         if let Some(jank) = self.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
             metrics.jank.observe(&[route, model, p], jank);
