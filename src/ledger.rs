@@ -15,11 +15,58 @@ use crate::format::Format;
 use crate::metrics::{LocalHistogram, Metrics, Outcome, Point};
 use crate::sketch::GapSketch;
 use crate::timeline::{
-    as_micros, micros_since, AtPoints, FinishedStream, FrameRecord, IngressFrame, StreamRegistry,
+    as_micros, micros_since, AtPoints, EgressStamps, FinishedStream, IngressTimeline, StreamFrames,
+    StreamRegistry,
 };
 
 /// Streams with fewer gaps get no jank-ratio sample (DESIGN.md section 3).
 pub const MIN_GAPS_FOR_JANK: u32 = 8;
+
+/// Per-stream samples of a histogram of whole numbers that are almost always small (events per
+/// frame or socket write, tokens per event): a counter for each of the values 1 to 8, and a full
+/// [`LocalHistogram`] made only for a stream that sees another value. 40 bytes where a
+/// `LocalHistogram` takes 152, three times per stream.
+///
+/// What is merged is the same as if every sample had gone into a `LocalHistogram`: each bucket
+/// gets the same count, and a sum of whole numbers is exact in any order (below 2^53), so it has
+/// the same bits. A counter that would saturate sends its value to the full histogram instead.
+#[derive(Debug, Default, Clone)]
+pub struct SmallCounts {
+    /// `counts[i]`: samples of value `i + 1`.
+    counts: [u32; SMALL_VALUES],
+    other: Option<Box<LocalHistogram>>,
+}
+
+/// The values [`SmallCounts`] counts without a full histogram: 1 to 8.
+const SMALL_VALUES: usize = 8;
+
+// === impl SmallCounts ===
+
+impl SmallCounts {
+    /// Adds one sample; `bounds` are the family's.
+    #[inline]
+    pub fn observe(&mut self, bounds: &[f64], value: u32) {
+        let small = (value as usize)
+            .checked_sub(1)
+            .and_then(|i| self.counts.get_mut(i));
+        match small {
+            Some(count) if *count < u32::MAX => *count += 1,
+            _ => self
+                .other
+                .get_or_insert_with(Box::default)
+                .observe(bounds, f64::from(value)),
+        }
+    }
+
+    /// The samples as a [`LocalHistogram`] of the family with `bounds`, to merge.
+    pub fn to_local(&self, bounds: &[f64]) -> LocalHistogram {
+        let mut local = self.other.as_deref().cloned().unwrap_or_default();
+        for (i, count) in self.counts.iter().enumerate() {
+            local.observe_n(bounds, (i + 1) as f64, *count);
+        }
+        local
+    }
+}
 
 /// One point's view of a stream: token-event timing, gaps, stalls and framing.
 #[derive(Debug, Default, Clone)]
@@ -30,8 +77,9 @@ pub struct PointLedger {
     token_events: u64,
     itl: LocalHistogram,
     stalls: u64,
-    stall_durations: LocalHistogram,
-    events_per_frame: LocalHistogram,
+    /// Made at the first stall: most streams have none.
+    stall_durations: Option<Box<LocalHistogram>>,
+    events_per_frame: SmallCounts,
     gaps: GapSketch,
 }
 
@@ -62,6 +110,7 @@ impl PointLedger {
                 if gap > metrics.stall_threshold() {
                     self.stalls += 1;
                     self.stall_durations
+                        .get_or_insert_with(Box::default)
                         .observe(metrics.stall_duration.bounds(), seconds);
                 }
             }
@@ -80,7 +129,7 @@ impl PointLedger {
     pub fn events_in_frame(&mut self, events: u32, metrics: &Metrics) {
         if events > 0 {
             self.events_per_frame
-                .observe(metrics.events_per_frame.bounds(), f64::from(events));
+                .observe(metrics.events_per_frame.bounds(), events);
         }
     }
 
@@ -143,16 +192,19 @@ impl PointLedger {
                 .stalls
                 .with_label_values(&[route, model, p])
                 .inc_by(self.stalls);
-            metrics
-                .stall_duration
-                .merge(&[route, model, p], &self.stall_durations);
+            if let Some(stall_durations) = &self.stall_durations {
+                metrics
+                    .stall_duration
+                    .merge(&[route, model, p], stall_durations);
+            }
         }
         if let Some(jank) = self.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
             metrics.jank.observe(&[route, model, p], jank);
         }
+        let bounds = metrics.events_per_frame.bounds();
         metrics
             .events_per_frame
-            .merge(&[route, p], &self.events_per_frame);
+            .merge(&[route, p], &self.events_per_frame.to_local(bounds));
     }
 }
 
@@ -177,7 +229,7 @@ pub struct IngressLedger {
     /// The bounded `model` label, once the stream names a model.
     pub model: Option<Arc<str>>,
     /// Tokens per token event.
-    pub tokens_per_event: LocalHistogram,
+    pub tokens_per_event: SmallCounts,
     /// Tokens counted from token events (exact per event where the format says so, else 1).
     pub counted_tokens: u64,
     /// The latest output-token total the server reported (`usage`).
@@ -191,7 +243,7 @@ pub struct IngressLedger {
     /// Frames read from the upstream.
     pub frames_total: u64,
     /// The first `max_frames` frames, for the stream's timeline.
-    pub timeline: Vec<IngressFrame>,
+    pub timeline: IngressTimeline,
     /// The stream's API as detected (set when the ingress reader stops).
     pub format: Option<Format>,
 }
@@ -220,7 +272,7 @@ pub struct EgressLedger {
     /// Events in frames of that write so far.
     write_events: u32,
     /// Egress stamp of each kept frame (by frame sequence), µs since the stream began.
-    stamps: Vec<u32>,
+    stamps: EgressStamps,
     /// Frames whose bytes reached the client socket.
     frames_stamped: u64,
 }
@@ -243,11 +295,7 @@ impl EgressLedger {
         metrics: &Metrics,
     ) {
         if let Some((seq, received)) = timeline {
-            let seq = seq as usize;
-            if self.stamps.len() <= seq {
-                self.stamps.resize(seq + 1, u32::MAX);
-            }
-            self.stamps[seq] = micros_since(received, at);
+            self.stamps.set(seq, micros_since(received, at));
         }
         self.frames_stamped += 1;
         self.point.bytes(at);
@@ -407,30 +455,22 @@ impl StreamLedger {
 }
 
 impl StreamLedger {
-    /// What the registry keeps of this stream.
+    /// What the registry keeps of this stream (the frames' logs move there).
     fn finished(
         &mut self,
-        ingress: Option<&IngressLedger>,
+        ingress: Option<&mut IngressLedger>,
         model: Arc<str>,
         outcome: Outcome,
     ) -> FinishedStream {
         let received = self.received;
         let egress = self.egress.get_mut().unwrap_or_else(|e| e.into_inner());
         let us = |d: Option<Duration>| d.map(as_micros);
-        let empty = IngressLedger::default();
-        let ingress = ingress.unwrap_or(&empty);
-        let frames = ingress
-            .timeline
-            .iter()
-            .enumerate()
-            .map(|(i, f)| FrameRecord {
-                ingress_us: f.ingress_us,
-                egress_us: egress.stamps.get(i).copied().filter(|s| *s != u32::MAX),
-                bytes: f.bytes,
-                events: f.events,
-                token_events: f.token_events,
-            })
-            .collect();
+        let mut empty = IngressLedger::default();
+        let ingress = ingress.unwrap_or(&mut empty);
+        let frames = StreamFrames::new(
+            std::mem::take(&mut ingress.timeline),
+            std::mem::take(&mut egress.stamps),
+        );
         let (tokens, _) = ingress.output_tokens();
         FinishedStream {
             id: self.info.id.clone(),
@@ -440,9 +480,7 @@ impl StreamLedger {
             started_unix_ms: self.info.started_unix_ms,
             duration_us: as_micros(received.elapsed()),
             frames_total: ingress.frames_total,
-            frames_dropped: ingress
-                .frames_total
-                .saturating_sub(ingress.timeline.len() as u64),
+            frames_dropped: ingress.frames_total.saturating_sub(frames.len() as u64),
             token_events: ingress.point.token_event_count(),
             output_tokens: tokens,
             ttft_us: AtPoints {
@@ -473,7 +511,7 @@ impl Drop for StreamLedger {
     fn drop(&mut self) {
         let metrics = &*self.metrics;
         let route = &*self.route;
-        let ingress = self
+        let mut ingress = self
             .ingress
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
@@ -495,9 +533,10 @@ impl Drop for StreamLedger {
             ledger
                 .point
                 .record(metrics, route, model, Point::Ingress, self.received, true);
+            let bounds = metrics.tokens_per_event.bounds();
             metrics
                 .tokens_per_event
-                .merge(&[route, model], &ledger.tokens_per_event);
+                .merge(&[route, model], &ledger.tokens_per_event.to_local(bounds));
             let (tokens, source) = ledger.output_tokens();
             if tokens > 0 {
                 metrics
@@ -551,7 +590,7 @@ impl Drop for StreamLedger {
         metrics.streams_active.with_label_values(&[route]).dec();
 
         let finished = self.finished(
-            ingress.as_ref().map(|(l, _)| l),
+            ingress.as_mut().map(|(l, _)| l),
             model_label.clone(),
             outcome,
         );
@@ -566,5 +605,70 @@ impl Drop for StreamLedger {
             "stream recorded"
         );
         self.registry.finished(finished);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::HistogramFamily;
+
+    /// Merges the same samples through a `LocalHistogram` (label "full") and through
+    /// `SmallCounts` (label "small") and compares what the family holds.
+    fn same_merge(values: &[u32], prepare: impl Fn(&mut SmallCounts)) {
+        let bounds = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0];
+        let family = HistogramFamily::new("t", "help", &["kind"], &bounds).unwrap();
+        let mut full = LocalHistogram::default();
+        let mut small = SmallCounts::default();
+        prepare(&mut small);
+        for value in values {
+            full.observe(&bounds, f64::from(*value));
+            small.observe(&bounds, *value);
+        }
+        let local = small.to_local(&bounds);
+        assert_eq!(local.count(), full.count());
+        assert_eq!(local.sum().to_bits(), full.sum().to_bits());
+        family.merge(&["full"], &full);
+        family.merge(&["small"], &local);
+        let (full_counts, full_sum) = family.totals(&[(0, "full")]);
+        let (small_counts, small_sum) = family.totals(&[(0, "small")]);
+        assert_eq!(small_counts, full_counts);
+        assert_eq!(small_sum.to_bits(), full_sum.to_bits());
+    }
+
+    #[test]
+    fn small_counts_merge_exactly_as_a_local_histogram() {
+        same_merge(&[], |_| {});
+        same_merge(&[1; 1000], |_| {});
+        let mut x: u64 = 11;
+        let values: Vec<u32> = (0..5000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                match x % 10 {
+                    0 => (x >> 20) as u32, // any value, up to u32::MAX
+                    1 => 0,
+                    2..=4 => 1,
+                    _ => (x % 100) as u32,
+                }
+            })
+            .collect();
+        same_merge(&values, |_| {});
+        assert!(std::mem::size_of::<SmallCounts>() <= 40);
+    }
+
+    #[test]
+    fn a_counter_that_would_saturate_goes_to_the_full_histogram() {
+        let bounds = [1.0, 2.0];
+        let mut small = SmallCounts::default();
+        small.counts[0] = u32::MAX - 1;
+        small.observe(&bounds, 1);
+        small.observe(&bounds, 1);
+        small.observe(&bounds, 1);
+        assert_eq!(small.counts[0], u32::MAX);
+        let local = small.to_local(&bounds);
+        assert_eq!(local.count(), u64::from(u32::MAX) + 2);
+        assert_eq!(local.sum(), f64::from(u32::MAX) + 2.0);
     }
 }

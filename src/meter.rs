@@ -146,7 +146,7 @@ impl EventSink for IngressSink<'_> {
             self.ledger.counted_tokens += u64::from(tokens);
             self.ledger
                 .tokens_per_event
-                .observe(self.metrics.tokens_per_event.bounds(), f64::from(tokens));
+                .observe(self.metrics.tokens_per_event.bounds(), tokens);
         } else if let Some(unseen) = classified.tokens {
             // Tokens that show the reader nothing (a special token) count toward the total only.
             self.ledger.counted_tokens += u64::from(unseen);

@@ -1,9 +1,9 @@
-//! A fixed-size sketch of one stream's gaps, for its p50 and p99 (the jank ratio).
+//! A bounded sketch of one stream's gaps, for its p50 and p99 (the jank ratio).
 //!
 //! Keeping every gap would make a stream's memory grow with its length. Log-spaced buckets with a
 //! ratio of 1.04 between neighbours cover 1 µs to about 100 s in a few hundred counters, and any
 //! quantile read from them is within 2% of the true gap. Gaps under 1 µs (events of one frame, gap
-//! 0) have a bucket of their own.
+//! 0) have a bucket of their own. Only the buckets in use take memory (see [`GapSketch`]).
 
 use std::time::Duration;
 
@@ -14,12 +14,38 @@ const MIN_GAP: f64 = 1e-6;
 /// Log buckets: 1 µs × 1.04^470 ≈ 100 s; longer gaps land in the last bucket.
 const BUCKETS: usize = 470;
 
-/// Gap counts in log-spaced buckets. Size: about 1.9 KiB, whatever the stream's length.
-#[derive(Clone)]
+/// Above this many non-empty buckets the sparse list would take about as much memory as every
+/// counter (8 bytes an entry against 4 a bucket): the sketch turns dense.
+const SPARSE_MAX: usize = BUCKETS / 2;
+
+/// Gap counts in log-spaced buckets.
+///
+/// A stream's gaps fall in a handful of buckets (a steady cadence in two or three, a stall or two
+/// in a few more), so the non-empty buckets are kept in a sorted list: 32 bytes plus 8 per bucket
+/// in use, where every counter would take 1.9 KiB. A new bucket costs an insertion, and now and
+/// then the list grows; a gap that lands in a bucket already used costs a binary search. A sketch
+/// with more than [`SPARSE_MAX`] buckets in use switches to a counter for every bucket, so its
+/// memory stays bounded (about 1.9 KiB) whatever the stream.
+#[derive(Clone, Default)]
 pub struct GapSketch {
     zero: u32,
-    counts: [u32; BUCKETS],
     total: u32,
+    buckets: Buckets,
+}
+
+/// The counts of the log buckets.
+#[derive(Clone)]
+enum Buckets {
+    /// The non-empty buckets in ascending order, each `index << 32 | count`.
+    Sparse(Vec<u64>),
+    /// Every bucket's count.
+    Dense(Box<[u32; BUCKETS]>),
+}
+
+impl Default for Buckets {
+    fn default() -> Self {
+        Buckets::Sparse(Vec::new())
+    }
 }
 
 impl std::fmt::Debug for GapSketch {
@@ -30,12 +56,53 @@ impl std::fmt::Debug for GapSketch {
     }
 }
 
-impl Default for GapSketch {
-    fn default() -> Self {
-        GapSketch {
-            zero: 0,
-            counts: [0; BUCKETS],
-            total: 0,
+// === impl Buckets ===
+
+impl Buckets {
+    /// Adds `n` (at least 1) to bucket `index`.
+    #[inline]
+    fn add(&mut self, index: usize, n: u32) {
+        match self {
+            Buckets::Sparse(entries) => {
+                let key = index as u64;
+                match entries.binary_search_by_key(&key, |e| e >> 32) {
+                    Ok(i) => {
+                        let entry = &mut entries[i];
+                        let count = (*entry as u32).saturating_add(n);
+                        *entry = key << 32 | u64::from(count);
+                    }
+                    Err(i) if entries.len() < SPARSE_MAX => {
+                        entries.insert(i, key << 32 | u64::from(n))
+                    }
+                    Err(_) => {
+                        let mut counts = Box::new([0u32; BUCKETS]);
+                        for entry in entries.iter() {
+                            counts[(entry >> 32) as usize] = *entry as u32;
+                        }
+                        counts[index] = n;
+                        *self = Buckets::Dense(counts);
+                    }
+                }
+            }
+            Buckets::Dense(counts) => {
+                let slot = &mut counts[index];
+                *slot = slot.saturating_add(n);
+            }
+        }
+    }
+
+    /// Calls `f` with each non-empty bucket's index and count, in ascending order of index,
+    /// until it returns a value.
+    fn find<T>(&self, mut f: impl FnMut(usize, u32) -> Option<T>) -> Option<T> {
+        match self {
+            Buckets::Sparse(entries) => entries
+                .iter()
+                .find_map(|entry| f((entry >> 32) as usize, *entry as u32)),
+            Buckets::Dense(counts) => counts
+                .iter()
+                .enumerate()
+                .filter(|(_, count)| **count > 0)
+                .find_map(|(index, count)| f(index, *count)),
         }
     }
 }
@@ -49,10 +116,9 @@ impl GapSketch {
         let seconds = gap.as_secs_f64();
         if seconds < MIN_GAP {
             self.zero = self.zero.saturating_add(n);
-        } else {
+        } else if n > 0 {
             let index = ((seconds / MIN_GAP).ln() / GAMMA.ln()) as usize;
-            let slot = &mut self.counts[index.min(BUCKETS - 1)];
-            *slot = slot.saturating_add(n);
+            self.buckets.add(index.min(BUCKETS - 1), n);
         }
         self.total = self.total.saturating_add(n);
     }
@@ -77,16 +143,15 @@ impl GapSketch {
         if seen >= rank {
             return Some(Duration::ZERO);
         }
-        for (index, count) in self.counts.iter().enumerate() {
-            seen += u64::from(*count);
-            if seen >= rank {
+        self.buckets.find(|index, count| {
+            seen += u64::from(count);
+            (seen >= rank).then(|| {
                 // The bucket holds [MIN·γ^i, MIN·γ^(i+1)); its midpoint 2γ^(i+1)/(1+γ)·MIN
                 // is within (γ-1)/(γ+1) < 2% of any value in it.
                 let upper = MIN_GAP * GAMMA.powi(index as i32 + 1);
-                return Some(Duration::from_secs_f64(2.0 * upper / (1.0 + GAMMA)));
-            }
-        }
-        None
+                Duration::from_secs_f64(2.0 * upper / (1.0 + GAMMA))
+            })
+        })
     }
 
     /// p99 gap / max(p50 gap, 1 ms), for streams with at least `min_gaps` gaps.
@@ -140,8 +205,128 @@ mod tests {
         assert!((9.6..10.4).contains(&jank), "{jank}");
     }
 
+    /// The sketch as it was: a counter for every bucket. The sparse one must read the same.
+    struct DenseReference {
+        zero: u32,
+        counts: Vec<u32>,
+        total: u32,
+    }
+
+    impl DenseReference {
+        fn add(&mut self, gap: Duration, n: u32) {
+            let seconds = gap.as_secs_f64();
+            if seconds < MIN_GAP {
+                self.zero = self.zero.saturating_add(n);
+            } else {
+                let index = ((seconds / MIN_GAP).ln() / GAMMA.ln()) as usize;
+                let slot = &mut self.counts[index.min(BUCKETS - 1)];
+                *slot = slot.saturating_add(n);
+            }
+            self.total = self.total.saturating_add(n);
+        }
+
+        fn quantile(&self, q: f64) -> Option<Duration> {
+            if self.total == 0 {
+                return None;
+            }
+            let rank = ((q.clamp(0.0, 1.0) * f64::from(self.total)).ceil() as u64).max(1);
+            let mut seen = u64::from(self.zero);
+            if seen >= rank {
+                return Some(Duration::ZERO);
+            }
+            for (index, count) in self.counts.iter().enumerate() {
+                seen += u64::from(*count);
+                if seen >= rank {
+                    let upper = MIN_GAP * GAMMA.powi(index as i32 + 1);
+                    return Some(Duration::from_secs_f64(2.0 * upper / (1.0 + GAMMA)));
+                }
+            }
+            None
+        }
+    }
+
+    fn same_quantiles(sketch: &GapSketch, reference: &DenseReference) {
+        assert_eq!(sketch.len(), reference.total);
+        for i in 0..=200 {
+            let q = f64::from(i) / 200.0;
+            assert_eq!(sketch.quantile(q), reference.quantile(q), "q{q}");
+        }
+        assert_eq!(sketch.quantile(2.0), reference.quantile(2.0));
+    }
+
     #[test]
-    fn size_is_fixed() {
-        assert!(std::mem::size_of::<GapSketch>() < 2048);
+    fn reads_exactly_as_a_counter_per_bucket_sparse_and_dense() {
+        let mut sketch = GapSketch::default();
+        let mut reference = DenseReference {
+            zero: 0,
+            counts: vec![0; BUCKETS],
+            total: 0,
+        };
+        let mut x: u64 = 7;
+        for step in 0..20_000u32 {
+            // A xorshift walk over gaps from 0 to beyond 100 s, zero gaps and counts of 0.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let gap = match x % 4 {
+                0 => Duration::ZERO,
+                1 => Duration::from_nanos(x % 2_000),
+                2 => Duration::from_micros(50_000 + x % 3_000),
+                // Log-uniform from 1 µs to beyond the last bucket: every bucket gets used.
+                _ => Duration::from_secs_f64(MIN_GAP * GAMMA.powf((x % 480_000) as f64 / 1000.0)),
+            };
+            let n = (x >> 40) as u32 % 4;
+            sketch.add(gap, n);
+            reference.add(gap, n);
+            if step % 97 == 0 {
+                same_quantiles(&sketch, &reference);
+            }
+            if step == 40 {
+                assert!(matches!(sketch.buckets, Buckets::Sparse(_)));
+            }
+        }
+        assert!(
+            matches!(sketch.buckets, Buckets::Dense(_)),
+            "every bucket was used"
+        );
+        same_quantiles(&sketch, &reference);
+        assert_eq!(sketch.jank_ratio(8), {
+            let p50 = reference.quantile(0.5).unwrap().as_secs_f64().max(0.001);
+            Some(reference.quantile(0.99).unwrap().as_secs_f64() / p50)
+        });
+    }
+
+    #[test]
+    fn counts_saturate_as_before() {
+        let mut sketch = GapSketch::default();
+        let gap = Duration::from_millis(50);
+        sketch.add(gap, u32::MAX - 1);
+        sketch.add(gap, 5);
+        sketch.add(Duration::from_millis(500), 1);
+        assert_eq!(sketch.len(), u32::MAX);
+        let Buckets::Sparse(entries) = &sketch.buckets else {
+            panic!("two buckets are sparse");
+        };
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0] as u32, u32::MAX);
+    }
+
+    #[test]
+    fn memory_is_small_and_bounded() {
+        assert!(std::mem::size_of::<GapSketch>() <= 40);
+        let mut steady = GapSketch::default();
+        for i in 0..10_000u64 {
+            steady.add(Duration::from_micros(49_000 + i % 2_000), 1);
+        }
+        let Buckets::Sparse(entries) = &steady.buckets else {
+            panic!("a steady cadence uses a few buckets");
+        };
+        assert!(entries.len() <= 3, "{}", entries.len());
+        // Beyond half the buckets the list gives way to the counters (1.9 KiB).
+        let mut every = GapSketch::default();
+        for i in 0..BUCKETS as i32 {
+            every.add(Duration::from_secs_f64(MIN_GAP * GAMMA.powi(i) * 1.01), 1);
+        }
+        assert!(matches!(every.buckets, Buckets::Dense(_)));
     }
 }

@@ -29,6 +29,232 @@ pub struct IngressFrame {
     pub token_events: u16,
 }
 
+/// Appends `value` to `log` as an LEB128 varint (7 bits a byte, low bits first).
+#[inline]
+fn put_varint(log: &mut Vec<u8>, mut value: u64) {
+    let mut buf = [0u8; 10];
+    let mut n = 0;
+    while value >= 0x80 {
+        buf[n] = value as u8 | 0x80;
+        value >>= 7;
+        n += 1;
+    }
+    buf[n] = value as u8;
+    log.extend_from_slice(&buf[..=n]);
+}
+
+/// Makes room in `log` for `n` more bytes, growing it by half rather than doubling it as `Vec`
+/// does: a log grows for the whole stream, and doubling leaves it a third empty on average.
+/// The growth stays geometric, so most frames still allocate nothing.
+#[inline]
+fn make_room(log: &mut Vec<u8>, n: usize) {
+    if log.capacity() - log.len() < n {
+        log.reserve_exact((log.len() / 2).max(n).max(64));
+    }
+}
+
+/// Reads the varint at `*pos` and moves past it; `None` at the end of `log`.
+fn get_varint(log: &[u8], pos: &mut usize) -> Option<u64> {
+    let mut value = 0u64;
+    let mut shift = 0;
+    loop {
+        let byte = *log.get(*pos)?;
+        *pos += 1;
+        value |= u64::from(byte & 0x7F) << shift;
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+        shift += 7;
+    }
+}
+
+/// The frames a stream keeps in its timeline, as the ingress reader saw them, in a compact log.
+///
+/// A frame is three or four varints: the growth of its ingress stamp since the previous frame's
+/// (µs, wrapping, so any stamp comes back exactly), its length, and its event counts
+/// (`events << 1 | 1` when every event is a token event, else `events << 1` and then the token
+/// events). A frame of a token stream takes about 6 bytes, where an [`IngressFrame`] takes 12;
+/// the log grows as frames come, as a `Vec` does (no allocation for most frames).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct IngressTimeline {
+    log: Vec<u8>,
+    frames: u32,
+    last_us: u32,
+}
+
+// === impl IngressTimeline ===
+
+impl IngressTimeline {
+    /// Appends a frame.
+    #[inline]
+    pub fn push(&mut self, frame: IngressFrame) {
+        make_room(&mut self.log, 16); // the most a frame takes: 5 + 5 + 3 + 3
+        put_varint(
+            &mut self.log,
+            u64::from(frame.ingress_us.wrapping_sub(self.last_us)),
+        );
+        self.last_us = frame.ingress_us;
+        put_varint(&mut self.log, u64::from(frame.bytes));
+        let events = u64::from(frame.events) << 1;
+        if frame.token_events == frame.events {
+            put_varint(&mut self.log, events | 1);
+        } else {
+            put_varint(&mut self.log, events);
+            put_varint(&mut self.log, u64::from(frame.token_events));
+        }
+        self.frames += 1;
+    }
+
+    /// Frames kept.
+    pub fn len(&self) -> usize {
+        self.frames as usize
+    }
+
+    /// True when no frame is kept.
+    pub fn is_empty(&self) -> bool {
+        self.frames == 0
+    }
+
+    /// The frames in order.
+    pub fn iter(&self) -> impl Iterator<Item = IngressFrame> + '_ {
+        let mut pos = 0;
+        let mut at = 0u32;
+        std::iter::from_fn(move || {
+            let log = &self.log[..];
+            let delta = get_varint(log, &mut pos)? as u32;
+            at = at.wrapping_add(delta);
+            let bytes = get_varint(log, &mut pos)? as u32;
+            let counts = get_varint(log, &mut pos)?;
+            let events = (counts >> 1) as u16;
+            let token_events = if counts & 1 == 1 {
+                events
+            } else {
+                get_varint(log, &mut pos)? as u16
+            };
+            Some(IngressFrame {
+                ingress_us: at,
+                bytes,
+                events,
+                token_events,
+            })
+        })
+    }
+
+    /// Bytes the log takes (its capacity).
+    pub fn heap_bytes(&self) -> usize {
+        self.log.capacity()
+    }
+}
+
+/// The egress stamps of a stream's kept frames, by frame sequence (µs since the stream began), in
+/// a compact log: a varint per frame, 0 for a frame without a stamp, else one plus the zigzag
+/// encoding of the change since the previous stamp (wrapping, so any stamp comes back exactly).
+/// A frame stamped 50 ms after the previous one takes 3 bytes, where a `u32` takes 4; frames
+/// are stamped in order, so a stamp is appended (a stamp for an earlier frame is still put in
+/// its place, by rewriting the log).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EgressStamps {
+    log: Vec<u8>,
+    frames: u32,
+    last_us: u32,
+}
+
+// === impl EgressStamps ===
+
+impl EgressStamps {
+    /// Frame `seq` reached the client socket at `us`.
+    #[inline]
+    pub fn set(&mut self, seq: u32, us: u32) {
+        if seq < self.frames {
+            // Not in order: rebuild the log with the stamp in its place.
+            let mut stamps: Vec<Option<u32>> = self.iter().collect();
+            stamps[seq as usize] = Some(us);
+            *self = EgressStamps::default();
+            for (i, stamp) in stamps.into_iter().enumerate() {
+                if let Some(us) = stamp {
+                    self.set(i as u32, us);
+                }
+            }
+            return;
+        }
+        for _ in self.frames..seq {
+            self.log.push(0);
+        }
+        make_room(&mut self.log, 5);
+        let change = us.wrapping_sub(self.last_us) as i32;
+        let zigzag = ((change << 1) ^ (change >> 31)) as u32;
+        put_varint(&mut self.log, u64::from(zigzag) + 1);
+        self.last_us = us;
+        self.frames = seq + 1;
+    }
+
+    /// The stamps from frame 0 to the last one stamped; `None` for a frame without one.
+    pub fn iter(&self) -> impl Iterator<Item = Option<u32>> + '_ {
+        let mut pos = 0;
+        let mut last = 0u32;
+        std::iter::from_fn(move || {
+            let value = get_varint(&self.log, &mut pos)?;
+            if value == 0 {
+                return Some(None);
+            }
+            let zigzag = (value - 1) as u32;
+            let change = ((zigzag >> 1) as i32) ^ -((zigzag & 1) as i32);
+            last = last.wrapping_add(change as u32);
+            Some(Some(last))
+        })
+    }
+
+    /// Bytes the log takes (its capacity).
+    pub fn heap_bytes(&self) -> usize {
+        self.log.capacity()
+    }
+}
+
+/// The kept frames of a finished stream: its ingress timeline and egress stamps, still compact;
+/// [`StreamFrames::records`] gives them as `/streams/{id}` shows them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StreamFrames {
+    ingress: IngressTimeline,
+    egress: EgressStamps,
+}
+
+// === impl StreamFrames ===
+
+impl StreamFrames {
+    /// A finished stream's frames (the logs are shrunk to fit: they are kept a while).
+    pub fn new(mut ingress: IngressTimeline, mut egress: EgressStamps) -> Self {
+        ingress.log.shrink_to_fit();
+        egress.log.shrink_to_fit();
+        StreamFrames { ingress, egress }
+    }
+
+    /// Frames kept.
+    pub fn len(&self) -> usize {
+        self.ingress.len()
+    }
+
+    /// True when no frame is kept.
+    pub fn is_empty(&self) -> bool {
+        self.ingress.is_empty()
+    }
+
+    /// Each kept frame with its egress stamp, if it has one.
+    pub fn records(&self) -> Vec<FrameRecord> {
+        let mut egress = self.egress.iter();
+        self.ingress
+            .iter()
+            .map(|f| FrameRecord {
+                ingress_us: f.ingress_us,
+                // A stamp of u32::MAX (71 minutes, saturated) reads as no stamp, as it always did.
+                egress_us: egress.next().flatten().filter(|s| *s != u32::MAX),
+                bytes: f.bytes,
+                events: f.events,
+                token_events: f.token_events,
+            })
+            .collect()
+    }
+}
+
 /// One frame of a finished stream, as `/streams/{id}` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct FrameRecord {
@@ -91,7 +317,7 @@ pub struct FinishedStream {
     /// The request's `x-request-id`, if any.
     pub request_id: Option<String>,
     /// The kept frames.
-    pub frames: Vec<FrameRecord>,
+    pub frames: StreamFrames,
 }
 
 /// The summary line of `/streams`.
@@ -125,7 +351,7 @@ struct Detail<'a> {
     content_type: &'a str,
     traceparent: Option<&'a str>,
     request_id: Option<&'a str>,
-    frames: &'a [FrameRecord],
+    frames: Vec<FrameRecord>,
     frames_dropped: u64,
 }
 
@@ -275,7 +501,7 @@ impl StreamRegistry {
             content_type: &stream.content_type,
             traceparent: stream.traceparent.as_deref(),
             request_id: stream.request_id.as_deref(),
-            frames: &stream.frames,
+            frames: stream.frames.records(),
             frames_dropped: stream.frames_dropped,
         };
         serde_json::to_string(&detail).ok()
@@ -314,13 +540,16 @@ mod tests {
             content_type: "text/event-stream".into(),
             traceparent: None,
             request_id: None,
-            frames: vec![FrameRecord {
-                ingress_us: 5,
-                egress_us: None,
-                bytes: 10,
-                events: 1,
-                token_events: 1,
-            }],
+            frames: {
+                let mut ingress = IngressTimeline::default();
+                ingress.push(IngressFrame {
+                    ingress_us: 5,
+                    bytes: 10,
+                    events: 1,
+                    token_events: 1,
+                });
+                StreamFrames::new(ingress, EgressStamps::default())
+            },
         }
     }
 
@@ -374,5 +603,100 @@ mod tests {
             BeaconClaim::Unknown
         );
         assert!(registry.claim_beacon("s4999").is_ok());
+    }
+
+    #[test]
+    fn the_ingress_log_gives_back_every_frame_exactly() {
+        let frames = [
+            (0, 0, 0, 0),
+            (5, 10, 1, 1),
+            (5, 230, 1, 0),
+            (50_123, 70_000, 3, 2),
+            (4_000_000_000, u32::MAX, u16::MAX, u16::MAX),
+            (u32::MAX, 1, u16::MAX, 0),
+            (17, 128, 64, 64), // stamps that go back (never seen) still come back exactly
+        ];
+        let mut timeline = IngressTimeline::default();
+        let mut expected = Vec::new();
+        for (ingress_us, bytes, events, token_events) in frames {
+            let frame = IngressFrame {
+                ingress_us,
+                bytes,
+                events,
+                token_events,
+            };
+            timeline.push(frame);
+            expected.push(frame);
+        }
+        assert_eq!(timeline.len(), expected.len());
+        assert_eq!(timeline.iter().collect::<Vec<_>>(), expected);
+    }
+
+    #[test]
+    fn a_token_frame_takes_about_six_bytes() {
+        let mut timeline = IngressTimeline::default();
+        for i in 0..1000u32 {
+            timeline.push(IngressFrame {
+                ingress_us: 100_000 + i * 50_000,
+                bytes: 230,
+                events: 1,
+                token_events: 1,
+            });
+        }
+        assert!(timeline.log.len() <= 6 * 1000, "{}", timeline.log.len());
+        // Grown by half at a time: never more than half again what it holds.
+        assert!(timeline.heap_bytes() <= timeline.log.len() * 3 / 2 + 16);
+    }
+
+    #[test]
+    fn egress_stamps_come_back_in_their_places() {
+        let mut stamps = EgressStamps::default();
+        stamps.set(0, 10);
+        stamps.set(1, 60_010);
+        stamps.set(3, 5); // a hole at 2, and a stamp that goes back
+        stamps.set(4, u32::MAX);
+        stamps.set(5, 0);
+        assert_eq!(
+            stamps.iter().collect::<Vec<_>>(),
+            vec![
+                Some(10),
+                Some(60_010),
+                None,
+                Some(5),
+                Some(u32::MAX),
+                Some(0)
+            ]
+        );
+        stamps.set(2, 7); // out of order: rewritten in place
+        stamps.set(1, 8); // stamped again: the later stamp wins, as with an array
+        assert_eq!(
+            stamps.iter().collect::<Vec<_>>(),
+            vec![Some(10), Some(8), Some(7), Some(5), Some(u32::MAX), Some(0)]
+        );
+    }
+
+    #[test]
+    fn records_join_ingress_and_egress_as_before() {
+        let mut ingress = IngressTimeline::default();
+        let mut egress = EgressStamps::default();
+        for i in 0..4u32 {
+            ingress.push(IngressFrame {
+                ingress_us: i * 100,
+                bytes: 10 + i,
+                events: 1,
+                token_events: u16::from(i % 2 == 0),
+            });
+        }
+        egress.set(0, 150);
+        egress.set(1, u32::MAX); // saturated: reads as no stamp
+        egress.set(2, 260);
+        let frames = StreamFrames::new(ingress, egress);
+        assert_eq!(frames.len(), 4);
+        let egress_us: Vec<_> = frames.records().iter().map(|f| f.egress_us).collect();
+        assert_eq!(egress_us, vec![Some(150), None, Some(260), None]);
+        let records = frames.records();
+        assert_eq!(records[3].bytes, 13);
+        assert_eq!(records[1].token_events, 0);
+        assert_eq!(records[2].ingress_us, 200);
     }
 }

@@ -182,10 +182,11 @@ pub enum Accounting {
     OpenAi(OpenAiAccounting),
     /// TGI's native token events.
     Tgi(TgiAccounting),
-    /// llama.cpp's native completion chunks.
-    LlamaCpp(LlamaCppAccounting),
+    /// llama.cpp's native completion chunks (boxed, as SGLang's: their per-sequence counts would
+    /// make every stream's accountant 392 bytes where the others need 16).
+    LlamaCpp(Box<LlamaCppAccounting>),
     /// SGLang's native cumulative-text chunks.
-    SgLang(SgLangAccounting),
+    SgLang(Box<SgLangAccounting>),
     /// Ollama's NDJSON lines.
     Ollama(OllamaAccounting),
     /// OpenAI Responses API events.
@@ -213,8 +214,8 @@ impl Accounting {
         match format {
             Format::OpenAi => Accounting::openai(),
             Format::Tgi => Accounting::Tgi(TgiAccounting),
-            Format::LlamaCpp => Accounting::LlamaCpp(LlamaCppAccounting::default()),
-            Format::SgLang => Accounting::SgLang(SgLangAccounting::default()),
+            Format::LlamaCpp => Accounting::LlamaCpp(Box::default()),
+            Format::SgLang => Accounting::SgLang(Box::default()),
             Format::Ollama => Accounting::Ollama(OllamaAccounting),
             Format::Responses => Accounting::Responses(ResponsesAccounting),
             Format::Anthropic => Accounting::Anthropic(AnthropicAccounting),
@@ -294,6 +295,12 @@ impl Accounting {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_accountant_is_small() {
+        // Every metered stream holds one for its whole length.
+        assert!(std::mem::size_of::<Accounting>() <= 16);
+    }
 
     #[test]
     fn names_round_trip_and_unknown_is_not_configurable() {

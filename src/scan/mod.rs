@@ -15,6 +15,19 @@ pub use sse::SseScanner;
 /// Default bound on the partial event a scanner carries between frames (64 KiB).
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 64 * 1024;
 
+/// A carried buffer that grew beyond this for one long event is given back once that event is
+/// done: a stream holds up to `max_event_bytes` only while a long event lasts, not for the rest of
+/// its life. Events of usual size never reach it, so the common case allocates nothing.
+const KEEP_CAPACITY: usize = 4096;
+
+/// Frees `buf` (empty, between events) when a long event left it larger than [`KEEP_CAPACITY`].
+#[inline]
+fn release_if_large(buf: &mut Vec<u8>) {
+    if buf.capacity() > KEEP_CAPACITY {
+        *buf = Vec::new();
+    }
+}
+
 /// One complete event: an SSE event (dispatched by a blank line) or one NDJSON line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event<'a> {

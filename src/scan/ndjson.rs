@@ -1,7 +1,7 @@
 //! Newline-delimited JSON: one event per line (`\n`, with an optional `\r` before it); blank lines
 //! are skipped. Ollama's native API streams this way.
 
-use super::{Event, EventSink};
+use super::{release_if_large, Event, EventSink};
 
 /// Incremental NDJSON line scanner. Memory: at most `max_event_bytes` of one partial line.
 #[derive(Debug)]
@@ -41,6 +41,7 @@ impl NdjsonScanner {
                 self.carry(&rest[..i]);
                 emit(&self.partial_line, self.truncated, sink);
                 self.partial_line.clear();
+                release_if_large(&mut self.partial_line);
                 self.truncated = false;
             }
             pos += i + 1;
@@ -51,6 +52,7 @@ impl NdjsonScanner {
     pub fn finish(&mut self, sink: &mut impl EventSink) {
         emit(&self.partial_line, self.truncated, sink);
         self.partial_line.clear();
+        release_if_large(&mut self.partial_line);
         self.truncated = false;
     }
 
@@ -115,5 +117,22 @@ mod tests {
         assert_eq!(got.events[0].1.len(), 10);
         assert!(got.events[0].2);
         assert_eq!(got.events[1], (vec![], b"{}".to_vec(), false));
+    }
+
+    #[test]
+    fn a_long_line_gives_its_buffer_back_once_done() {
+        let mut scanner = super::NdjsonScanner::new(1 << 20);
+        let mut sink = crate::scan::CollectedEvents::default();
+        let line = format!("{{\"x\":\"{}\"}}\n", "y".repeat(100_000));
+        let (a, b) = line.as_bytes().split_at(60_000);
+        scanner.feed(a, &mut sink);
+        assert!(scanner.partial_line.capacity() >= 60_000);
+        scanner.feed(b, &mut sink);
+        assert_eq!(sink.events.len(), 1);
+        assert!(scanner.partial_line.capacity() <= super::super::KEEP_CAPACITY);
+        scanner.feed(&line.as_bytes()[..60_000], &mut sink);
+        scanner.finish(&mut sink);
+        assert_eq!(sink.events.len(), 2);
+        assert!(scanner.partial_line.capacity() <= super::super::KEEP_CAPACITY);
     }
 }

@@ -9,7 +9,7 @@
 //! that frame: no copy at all. Only an event that spans frames, or has several data lines, is
 //! gathered into a buffer, and that buffer is bounded.
 
-use super::{Event, EventSink};
+use super::{release_if_large, Event, EventSink};
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 /// The longest `event:` type that is kept; longer ones are cut (no real API comes close).
@@ -100,6 +100,7 @@ impl SseScanner {
                 self.gathered_line(&line, truncated, frame, sink);
                 self.partial_line = line;
                 self.partial_line.clear();
+                release_if_large(&mut self.partial_line);
             }
             pos = next;
         }
@@ -113,6 +114,7 @@ impl SseScanner {
     /// The body ended: an event without its dispatching blank line is dropped (WHATWG).
     pub fn finish(&mut self, _sink: &mut impl EventSink) {
         self.partial_line.clear();
+        release_if_large(&mut self.partial_line);
         self.partial_line_truncated = false;
         self.reset_event();
     }
@@ -245,6 +247,7 @@ impl SseScanner {
 
     fn reset_event(&mut self) {
         self.data.clear();
+        release_if_large(&mut self.data);
         self.data_in_frame = None;
         self.data_lines = 0;
         self.data_truncated = false;
@@ -392,5 +395,31 @@ mod tests {
     #[test]
     fn incomplete_event_at_the_end_is_dropped() {
         assert_eq!(events(b"data: a\n\ndata: b\n"), vec![pair("", "a")]);
+    }
+
+    #[test]
+    fn a_long_event_gives_its_buffers_back_once_done() {
+        let mut scanner = super::SseScanner::new(1 << 20);
+        let mut sink = CollectedEvents::default();
+        let long = format!("data: {}\n", "x".repeat(100_000));
+        // Split mid-line and across two data lines: both buffers grow to the event's size.
+        let body = format!("{long}{long}\n");
+        let (a, b) = body.as_bytes().split_at(50_000);
+        scanner.feed(a, &mut sink);
+        assert!(scanner.partial_line.capacity() >= 49_000);
+        scanner.feed(b, &mut sink);
+        assert_eq!(sink.events.len(), 1);
+        assert_eq!(sink.events[0].1.len(), 200_001);
+        assert!(scanner.partial_line.capacity() <= super::super::KEEP_CAPACITY);
+        assert!(scanner.data.capacity() <= super::super::KEEP_CAPACITY);
+        // Usual events keep their (small) buffers: no allocation per event.
+        scanner.feed(b"data: {\"a\"", &mut sink);
+        scanner.feed(b":1}\n\n", &mut sink);
+        let kept = scanner.partial_line.capacity();
+        assert!(kept > 0);
+        scanner.feed(b"data: {\"a\"", &mut sink);
+        scanner.feed(b":2}\n\n", &mut sink);
+        assert_eq!(scanner.partial_line.capacity(), kept);
+        assert_eq!(sink.events.len(), 3);
     }
 }
