@@ -49,6 +49,8 @@ PATHS = ["direct", "metronome", "nginx", "haproxy", "passthrough"]
 BASELINE = "metronome-before"
 # Only with --paths: metronome on one work-stealing pool (server.threading = "shared").
 SHARED = "shared"
+# With --pin: the proxy under test on one CPU, the sim and the probe on the other.
+PROXY_CPU, GENERATOR_CPU = "0", "1"
 PROXIES = [p for p in PATHS if p != "direct"]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -306,13 +308,13 @@ http {{
     return path
 
 
-def haproxy_config(work, listen, upstream, maxconn):
+def haproxy_config(work, listen, upstream, maxconn, threads=None):
     path = work / "haproxy.cfg"
     path.write_text(
         f"""# mode http with keep-alive on both sides; http-no-delay so that no event waits for more data.
 global
     maxconn {maxconn}
-    nbthread {os.cpu_count() or 1}
+    nbthread {threads or os.cpu_count() or 1}
 
 defaults
     mode http
@@ -359,6 +361,10 @@ class Bench:
         wait_port(port, proc)
         return proc
 
+    def proxy_cpus(self):
+        """With --pin every proxy runs on CPU 0 alone, the generators on CPU 1."""
+        return PROXY_CPU if self.args.pin else None
+
     def start_proxy(self, path):
         p, a = self.ports, self.args
         if path == "direct":
@@ -374,18 +380,22 @@ class Bench:
                                       "shared" if path == SHARED else "per_core")
             binary = self.args.baseline if path == BASELINE else str(BIN)
             proc = self.procs.start(path, [binary, "serve", "--config", str(config)],
-                                    env=self.args.metronome_env)
+                                    env=self.args.metronome_env, cpus=self.proxy_cpus())
             wait_port(listen, proc)
             return proc, listen
         if path == "nginx":
-            config = nginx_config(self.work, p.nginx, p.sim, self.nofile)
-            proc = self.procs.start("nginx", ["nginx", "-c", str(config), "-p", str(self.work)])
+            # Pinned to one CPU, each proxy gets one worker (metronome counts its CPUs itself).
+            config = nginx_config(self.work, p.nginx, p.sim, self.nofile,
+                                  workers=1 if a.pin else "auto")
+            proc = self.procs.start("nginx", ["nginx", "-c", str(config), "-p", str(self.work)],
+                                    cpus=self.proxy_cpus())
             wait_port(p.nginx, proc)
             return proc, p.nginx
         if path == "haproxy":
             maxconn = max(1000, (self.nofile - 200) // 2)
-            config = haproxy_config(self.work, p.haproxy, p.sim, maxconn)
-            proc = self.procs.start("haproxy", ["haproxy", "-db", "-f", str(config)])
+            config = haproxy_config(self.work, p.haproxy, p.sim, maxconn, 1 if a.pin else None)
+            proc = self.procs.start("haproxy", ["haproxy", "-db", "-f", str(config)],
+                                    cpus=self.proxy_cpus())
             wait_port(p.haproxy, proc)
             return proc, p.haproxy
         raise ValueError(path)
@@ -435,7 +445,8 @@ class Bench:
         sampler = Sampler(pids, t0) if pids else None
         if sampler:
             sampler.start()
-        detail = self.probe(name, port, rate, a.duration, cap, a.tokens)
+        detail = self.probe(name, port, rate, a.duration, cap, a.tokens,
+                            cpus=GENERATOR_CPU if a.pin else None)
         wall = time.monotonic() - t0
         cpu1, sim_cpu1 = cpu_seconds(pids), cpu_seconds(sim_pids)
         if sampler:
@@ -901,6 +912,9 @@ def parse_args(argv):
     ap.add_argument("--ttft", default="100ms", help="the sim's time to first token")
     ap.add_argument("--smoke", action="store_true",
                     help="50 streams for 10 s, direct and metronome only; fails on any error")
+    ap.add_argument("--pin", action="store_true",
+                    help="levels: every proxy on CPU 0 alone, sim and probe on CPU 1 (so the "
+                         "client-side inflation is the proxy's, not the generators' contention)")
     ap.add_argument("--no-saturation", action="store_true", help="skip the one-core saturation run")
     ap.add_argument("--saturation-only", action="store_true",
                     help="only the saturation run (and the hold run unless --hold 0)")
@@ -1012,7 +1026,8 @@ def main(argv):
     results = []
     try:
         if not args.saturation_only:
-            bench.sim = bench.start_sim(bench.ports.sim, args.gap)
+            bench.sim = bench.start_sim(bench.ports.sim, args.gap,
+                                        cpus=GENERATOR_CPU if args.pin else None)
             results = bench.run_levels()
             bench.procs.stop(bench.sim)
             (bench.work / "results.json").write_text(json.dumps(results, indent=1))
@@ -1044,6 +1059,9 @@ def main(argv):
     command = args.command or ("scripts/bench.sh " + " ".join(argv)).strip()
     out.append(f"Run {started}, `{command}`; load average {load_start} at the start, {load_end} at the end.")
     out.append(f"Machine: {machine()}. Open-file limit {bench.nofile}.")
+    if args.pin and rows:
+        out.append("Pinned (`--pin`): every proxy alone on CPU 0 with one worker (process or "
+                   "thread), the sim and the probe on CPU 1.")
     if rows:
         out.append("")
         out.append(table(rows))
