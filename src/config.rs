@@ -204,6 +204,7 @@ struct RawTimeouts {
     idle: String,
     tls_handshake: String,
     client_idle: String,
+    upstream_idle: String,
 }
 
 impl Default for RawTimeouts {
@@ -214,6 +215,7 @@ impl Default for RawTimeouts {
             idle: "120s".into(),
             tls_handshake: "10s".into(),
             client_idle: "300s".into(),
+            upstream_idle: "4s".into(),
         }
     }
 }
@@ -447,6 +449,10 @@ pub struct Config {
     /// head) before metronome closes it: longer than the keep-alive timeout of whatever sits in
     /// front, so that metronome never closes a connection the client is about to reuse.
     pub client_idle_timeout: Duration,
+    /// How long an idle upstream connection waits in the pool for its next request: shorter than
+    /// the upstream's own keep-alive timeout, so that metronome never sends a request on a
+    /// connection the upstream is closing (the request would fail with a 502).
+    pub upstream_idle_timeout: Duration,
     /// Routes, in the order they are tried.
     pub routes: Vec<RouteConfig>,
     /// The upstream check behind `/readyz`.
@@ -651,6 +657,11 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let client_idle_timeout = duration(
         "timeouts.client_idle",
         &raw.timeouts.client_idle,
+        &mut problem,
+    );
+    let upstream_idle_timeout = duration(
+        "timeouts.upstream_idle",
+        &raw.timeouts.upstream_idle,
         &mut problem,
     );
     let stall_threshold = duration(
@@ -968,6 +979,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         stall_threshold,
         tls_handshake_timeout,
         client_idle_timeout,
+        upstream_idle_timeout,
         readiness,
     ) {
         (
@@ -982,6 +994,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             Some(stall_threshold),
             Some(tls_handshake_timeout),
             Some(client_idle_timeout),
+            Some(upstream_idle_timeout),
             Some(readiness),
         ) if problems.is_empty() => Ok(Config {
             listen,
@@ -1012,6 +1025,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             limits: raw.limits,
             tls_handshake_timeout,
             client_idle_timeout,
+            upstream_idle_timeout,
             routes,
             readiness,
         }),

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use metronome::config::{Config, Threading};
+use metronome::config::Config;
 use metronome::proxy::ProxyHandle;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -766,31 +766,34 @@ async fn an_http2_client_with_200_concurrent_streams_on_one_connection_gets_them
 }
 
 #[tokio::test]
-async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
+async fn idle_upstream_connections_are_reused_within_upstream_idle_and_closed_after_it() {
     // An upstream that keeps idle connections open for ever (the scripted one has no timeout):
-    // the proxy's pool must close its idle connection after 90 s, or every connection of a past
-    // burst stays open. Time is paused and moved past the timeout (the pool's timer is tokio's).
-    // Paused time reaches only this test's runtime, so the proxy serves on it ("shared"); under
-    // "per_core" each worker builds its client with the same `ProxyState::upstream_client`.
+    // the proxy's pool reuses its idle connection for the next request, and closes it once it has
+    // been idle for `timeouts.upstream_idle`, before an upstream with a keep-alive timeout of its
+    // own (uvicorn: 5 s) would close it under a request.
     let upstream = Upstream::openai_chat().tokens(3).start().await;
-    let proxy = proxy_with(upstream.addr, |c| c.threading = Threading::Shared).await;
-    let got = stream_chat(proxy.proxy_addr).await;
-    assert!(got.error.is_none());
-    scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    // One worker: every worker has a pool of its own, and the two streams' client connections
+    // could otherwise be accepted by two workers.
+    let proxy = proxy_with(upstream.addr, |c| {
+        c.upstream_idle_timeout = Duration::from_millis(1500);
+        c.workers = std::num::NonZeroUsize::new(1);
+    })
+    .await;
+    for _ in 0..2 {
+        let got = stream_chat(proxy.proxy_addr).await;
+        assert!(got.error.is_none());
+    }
+    scrape_until(&proxy, |m| {
+        m.get("metronome_streams_total", &[("outcome", "complete")]) == Some(2.0)
+    })
+    .await;
     assert_eq!(
         upstream.stats.connections_open.load(Ordering::SeqCst),
         1,
-        "the finished stream's connection waits in the pool"
+        "the second stream reused the first one's connection, which waits in the pool"
     );
-
-    tokio::time::pause();
-    for _ in 0..4 {
-        tokio::time::advance(Duration::from_secs(60)).await;
-        tokio::task::yield_now().await;
-    }
-    tokio::time::resume();
-
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let idle_since = Instant::now();
+    let deadline = idle_since + Duration::from_secs(10);
     while upstream.stats.connections_open.load(Ordering::SeqCst) != 0 {
         assert!(
             Instant::now() < deadline,
@@ -798,5 +801,10 @@ async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
         );
         tokio::time::sleep(ms(10)).await;
     }
+    assert!(
+        idle_since.elapsed() >= Duration::from_millis(500),
+        "closed after {:?}, before upstream_idle",
+        idle_since.elapsed()
+    );
     proxy.shutdown().await;
 }

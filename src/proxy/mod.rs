@@ -168,9 +168,10 @@ impl ProxyState {
             .enable_http1()
             .wrap_connector(connector);
         // The idle timeout needs a timer: without one hyper-util never evicts an idle
-        // connection, and every connection of a past burst stays open.
+        // connection, and every connection of a past burst stays open. An expired connection is
+        // also never handed out (hyper-util checks on checkout).
         Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .pool_idle_timeout(self.config.upstream_idle_timeout)
             .pool_timer(TokioTimer::new())
             .build(connector)
     }

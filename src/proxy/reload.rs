@@ -126,6 +126,11 @@ pub fn apply(state: &ProxyState, new: Config) -> Reloaded {
             new.first_byte_timeout,
         ),
         ("timeouts.idle", old.idle_timeout, new.idle_timeout),
+        (
+            "timeouts.upstream_idle",
+            old.upstream_idle_timeout,
+            new.upstream_idle_timeout,
+        ),
     ] {
         fixed(
             key,
