@@ -527,7 +527,8 @@ class Bench:
         rate = streams / stream_s
         cap = streams + max(10, streams // 50)
         sim = self.start_sim(p.hold_sim, a.hold_gap)
-        config = metronome_config(self.work, "hold", p.hold_metronome, p.hold_admin, p.hold_sim, True)
+        config = metronome_config(self.work, "hold", p.hold_metronome, p.hold_admin, p.hold_sim, True,
+                                  a.hold_threading)
         results = {}
         try:
             for path in ("direct", "metronome"):
@@ -912,6 +913,8 @@ def parse_args(argv):
     ap.add_argument("--ttft", default="100ms", help="the sim's time to first token")
     ap.add_argument("--smoke", action="store_true",
                     help="50 streams for 10 s, direct and metronome only; fails on any error")
+    ap.add_argument("--hold-threading", default="per_core", choices=["per_core", "shared"],
+                    help="metronome's server.threading in the hold run")
     ap.add_argument("--pin", action="store_true",
                     help="levels: every proxy on CPU 0 alone, sim and probe on CPU 1 (so the "
                          "client-side inflation is the proxy's, not the generators' contention)")

@@ -21,27 +21,7 @@ command -v valgrind >/dev/null 2>&1 || {
 }
 [ $# -gt 0 ] || { cargo build --release --quiet; set -- target/release/metronome; }
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-wait_port() {
-  for _ in $(seq 1 400); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on 127.0.0.1:$1" >&2
-  return 1
-}
+. scripts/lib/loopback.sh
 
 # One proxy under callgrind, `requests` streams of 100 token events through it, 20 at a time.
 # Prints "<instructions> <token events>".
@@ -50,20 +30,7 @@ measure() {
   local port admin out
   port=$(free_port)
   admin=$(free_port)
-  cat >"$work/m.toml" <<EOF
-[server]
-listen = "127.0.0.1:$port"
-admin = "127.0.0.1:$admin"
-upstream = "http://127.0.0.1:$sim_port"
-drain_grace = "1s"
-threading = "$threading"
-
-[readiness]
-check_upstream = false
-
-[metering]
-enabled = $metering
-EOF
+  proxy_config "$port" "$admin" "$sim_port" "$metering" "$threading"
   out="$work/callgrind.$metering.$requests.out"
   TOKIO_WORKER_THREADS=2 valgrind --tool=callgrind --callgrind-out-file="$out" \
     "$bin" serve --config "$work/m.toml" >"$work/proxy.log" 2>&1 &

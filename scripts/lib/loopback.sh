@@ -1,0 +1,46 @@
+# Shared by the measurement scripts (instructions-, syscalls- and rss-per-...): a scratch
+# directory and a list of processes, both cleaned up on exit; loopback port helpers.
+# Source it; it sets `work` and `pids` and installs the EXIT trap.
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# A free TCP port on 127.0.0.1.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Waits up to 20 s until something listens on 127.0.0.1:$1.
+wait_port() {
+  for _ in $(seq 1 400); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on 127.0.0.1:$1" >&2
+  return 1
+}
+
+# Writes a metronome configuration to $work/m.toml: proxy on 127.0.0.1:$1, admin on :$2, the
+# upstream on :$3, metering $4 (true/false), server.threading $5 (default per_core).
+proxy_config() {
+  cat >"$work/m.toml" <<TOML
+[server]
+listen = "127.0.0.1:$1"
+admin = "127.0.0.1:$2"
+upstream = "http://127.0.0.1:$3"
+drain_grace = "1s"
+threading = "${5:-per_core}"
+
+[readiness]
+check_upstream = false
+
+[metering]
+enabled = $4
+TOML
+}
