@@ -18,6 +18,20 @@ const BUCKETS: usize = 470;
 /// counter (8 bytes an entry against 4 a bucket): the sketch turns dense.
 const SPARSE_MAX: usize = BUCKETS / 2;
 
+/// The log bucket of a gap of `seconds` (at least [`MIN_GAP`]); the longest gaps share the last.
+#[inline]
+fn log_bucket(seconds: f64) -> usize {
+    let index = ((seconds / MIN_GAP).ln() / GAMMA.ln()) as usize;
+    index.min(BUCKETS - 1)
+}
+
+/// The value a quantile reads from log bucket `index`: the bucket holds [MIN·γ^i, MIN·γ^(i+1)),
+/// and its midpoint 2γ^(i+1)/(1+γ)·MIN is within (γ-1)/(γ+1) < 2% of any value in it.
+fn bucket_value(index: usize) -> Duration {
+    let upper = MIN_GAP * GAMMA.powi(index as i32 + 1);
+    Duration::from_secs_f64(2.0 * upper / (1.0 + GAMMA))
+}
+
 /// Gap counts in log-spaced buckets.
 ///
 /// A stream's gaps fall in a handful of buckets (a steady cadence in two or three, a stall or two
@@ -117,8 +131,7 @@ impl GapSketch {
         if seconds < MIN_GAP {
             self.zero = self.zero.saturating_add(n);
         } else if n > 0 {
-            let index = ((seconds / MIN_GAP).ln() / GAMMA.ln()) as usize;
-            self.buckets.add(index.min(BUCKETS - 1), n);
+            self.buckets.add(log_bucket(seconds), n);
         }
         self.total = self.total.saturating_add(n);
     }
@@ -145,12 +158,7 @@ impl GapSketch {
         }
         self.buckets.find(|index, count| {
             seen += u64::from(count);
-            (seen >= rank).then(|| {
-                // The bucket holds [MIN·γ^i, MIN·γ^(i+1)); its midpoint 2γ^(i+1)/(1+γ)·MIN
-                // is within (γ-1)/(γ+1) < 2% of any value in it.
-                let upper = MIN_GAP * GAMMA.powi(index as i32 + 1);
-                Duration::from_secs_f64(2.0 * upper / (1.0 + GAMMA))
-            })
+            (seen >= rank).then(|| bucket_value(index))
         })
     }
 
@@ -205,7 +213,8 @@ mod tests {
         assert!((9.6..10.4).contains(&jank), "{jank}");
     }
 
-    /// The sketch as it was: a counter for every bucket. The sparse one must read the same.
+    /// The sketch as it was: a counter for every bucket (the same bucket arithmetic, so what is
+    /// compared is how the counts are kept). The sparse one must read the same.
     struct DenseReference {
         zero: u32,
         counts: Vec<u32>,
@@ -218,8 +227,7 @@ mod tests {
             if seconds < MIN_GAP {
                 self.zero = self.zero.saturating_add(n);
             } else {
-                let index = ((seconds / MIN_GAP).ln() / GAMMA.ln()) as usize;
-                let slot = &mut self.counts[index.min(BUCKETS - 1)];
+                let slot = &mut self.counts[log_bucket(seconds)];
                 *slot = slot.saturating_add(n);
             }
             self.total = self.total.saturating_add(n);
@@ -237,8 +245,7 @@ mod tests {
             for (index, count) in self.counts.iter().enumerate() {
                 seen += u64::from(*count);
                 if seen >= rank {
-                    let upper = MIN_GAP * GAMMA.powi(index as i32 + 1);
-                    return Some(Duration::from_secs_f64(2.0 * upper / (1.0 + GAMMA)));
+                    return Some(bucket_value(index));
                 }
             }
             None

@@ -139,11 +139,6 @@ impl IngressTimeline {
             })
         })
     }
-
-    /// Bytes the log takes (its capacity).
-    pub fn heap_bytes(&self) -> usize {
-        self.log.capacity()
-    }
 }
 
 /// The egress stamps of a stream's kept frames, by frame sequence (µs since the stream began), in
@@ -202,11 +197,6 @@ impl EgressStamps {
             last = last.wrapping_add(change as u32);
             Some(Some(last))
         })
-    }
-
-    /// Bytes the log takes (its capacity).
-    pub fn heap_bytes(&self) -> usize {
-        self.log.capacity()
     }
 }
 
@@ -645,7 +635,7 @@ mod tests {
         }
         assert!(timeline.log.len() <= 6 * 1000, "{}", timeline.log.len());
         // Grown by half at a time: never more than half again what it holds.
-        assert!(timeline.heap_bytes() <= timeline.log.len() * 3 / 2 + 16);
+        assert!(timeline.log.capacity() <= timeline.log.len() * 3 / 2 + 16);
     }
 
     #[test]

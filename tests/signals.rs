@@ -261,8 +261,11 @@ async fn serve_runs_server_workers_event_loops_or_one_shared_pool_as_configured(
     let expected = upstream.expected_bytes();
     let upstream = upstream.start().await;
     let dir = tempfile::tempdir().unwrap();
+    // One more thread than CPUs: a count that the defaults (one per CPU) would not give, so the
+    // check fails if `server.workers` is ignored in either mode.
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get()) + 1;
     for (threading, workers, own_loops, pool_threads) in
-        [("per_core", 3, 3, 0), ("shared", 2, 0, 2)]
+        [("per_core", n, n, 0), ("shared", n, 0, n)]
     {
         let file = dir.path().join(format!("{threading}.toml"));
         write_config(&file, upstream.addr, "200ms");

@@ -308,9 +308,6 @@ impl ProxyHandle {
         let (admin_shutdown, admin_rx) = watch::channel(false);
         let proxy_addr = proxy_listener.local_addr()?;
         let admin_addr = admin_listener.local_addr()?;
-        let signal = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        };
         let proxy_task = match state.config.threading {
             Threading::PerCore => workers::spawn(
                 proxy_listener,
@@ -322,13 +319,13 @@ impl ProxyHandle {
                 proxy_listener,
                 state.clone(),
                 state.upstream_client(),
-                signal(watch_rx),
+                workers::stopped(watch_rx),
             )),
         };
         let admin_task = tokio::spawn(crate::admin::serve(
             admin_listener,
             state.clone(),
-            signal(admin_rx),
+            workers::stopped(admin_rx),
         ));
         Ok(ProxyHandle {
             proxy_addr,

@@ -73,7 +73,7 @@ pub fn spawn(
     }))
 }
 
-/// Resolves once `stop` is true or its sender is gone.
-async fn stopped(mut stop: watch::Receiver<bool>) {
+/// Resolves once `stop` is true or its sender is gone: the stop signal of every listener.
+pub(super) async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
 }
