@@ -104,22 +104,14 @@ async fn harness(upstream: SocketAddr, adjust: impl FnOnce(&mut Config)) -> Harn
     let healthy_bytes = healthy.expected_bytes();
     let healthy = healthy.start().await;
     let mut config = Config::from_toml(&format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-upstream = "http://{upstream}"
-drain_grace = "2s"
-[[routes]]
-name = "chat"
-path = "/v1/chat/completions"
-match = "exact"
+        r#"{}
 [[routes]]
 name = "healthy"
 path = "/healthy"
-upstream = "http://{healthy}"
+upstream = "http://{}"
 "#,
-        healthy = healthy.addr
+        proxy_toml(upstream),
+        healthy.addr
     ))
     .unwrap();
     // These tests count the upstream's connections and the runtime's tasks exactly; the

@@ -388,7 +388,16 @@ pub async fn proxy_to(upstream: SocketAddr) -> ProxyHandle {
 
 /// Same, with the configuration adjusted first.
 pub async fn proxy_with(upstream: SocketAddr, adjust: impl FnOnce(&mut Config)) -> ProxyHandle {
-    let mut config = Config::from_toml(&format!(
+    let mut config = Config::from_toml(&proxy_toml(upstream)).unwrap();
+    adjust(&mut config);
+    ProxyHandle::start(config).await.unwrap()
+}
+
+/// The TOML every test proxy starts from: loopback listeners in front of `upstream`, and one
+/// route, `chat` (exact `/v1/chat/completions`). Text rather than a `Config`, so that a test can
+/// append tables (more routes) before it is parsed.
+pub fn proxy_toml(upstream: SocketAddr) -> String {
+    format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -400,10 +409,7 @@ name = "chat"
 path = "/v1/chat/completions"
 match = "exact"
 "#
-    ))
-    .unwrap();
-    adjust(&mut config);
-    ProxyHandle::start(config).await.unwrap()
+    )
 }
 
 /// What a client received: each frame's bytes and arrival time, the head, and how it ended.
