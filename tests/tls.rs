@@ -269,7 +269,7 @@ async fn https_and_mtls_upstreams() {
     let proxy = proxy_with(unused, config_for(mtls_port, true)).await;
     let got = stream_chat(proxy.proxy_addr).await;
     assert_eq!(got.status, 200);
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    let m = scrape_after_stream(&proxy).await;
     assert_eq!(
         m.value(
             "metronome_streams_total",
@@ -341,7 +341,7 @@ async fn overload_limits_answer_at_once() {
     let body: serde_json::Value = serde_json::from_slice(&busy.bytes()).unwrap();
     assert_eq!(body["error"]["type"], "overloaded");
     assert_eq!(first.await.unwrap().status, 200);
-    scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    scrape_after_stream(&proxy).await;
 
     // The slot is free again; a body over the limit is refused by its declared length.
     let big = "x".repeat(2000);
