@@ -74,10 +74,7 @@ const CHAT: (&str, &str) = ("route", "chat");
 /// Waits for the one stream of a test to be recorded and checks that it ended as an upstream
 /// error, with exactly one upstream error, of `kind`; returns the scrape for further checks.
 async fn one_upstream_error(h: &Harness, kind: &str) -> Metrics {
-    let m = scrape_until(&h.proxy, |m| {
-        m.get("metronome_streams_total", &[CHAT]).is_some()
-    })
-    .await;
+    let m = h.scrape_after_chat_stream().await;
     assert_eq!(
         m.value(
             "metronome_streams_total",
@@ -86,13 +83,18 @@ async fn one_upstream_error(h: &Harness, kind: &str) -> Metrics {
         1.0
     );
     assert_eq!(m.value("metronome_streams_total", &[CHAT]), 1.0);
+    assert_one_upstream_error_of_kind(&m, kind);
+    m
+}
+
+/// Checks that the chat route counted exactly one upstream error, and that it was of `kind`.
+fn assert_one_upstream_error_of_kind(m: &Metrics, kind: &str) {
     assert_eq!(
         m.value("metronome_upstream_errors_total", &[CHAT, ("kind", kind)]),
         1.0,
         "one upstream error of kind {kind}"
     );
     assert_eq!(m.value("metronome_upstream_errors_total", &[CHAT]), 1.0);
-    m
 }
 
 async fn harness(upstream: SocketAddr, adjust: impl FnOnce(&mut Config)) -> Harness {
@@ -104,22 +106,14 @@ async fn harness(upstream: SocketAddr, adjust: impl FnOnce(&mut Config)) -> Harn
     let healthy_bytes = healthy.expected_bytes();
     let healthy = healthy.start().await;
     let mut config = Config::from_toml(&format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-upstream = "http://{upstream}"
-drain_grace = "2s"
-[[routes]]
-name = "chat"
-path = "/v1/chat/completions"
-match = "exact"
+        r#"{}
 [[routes]]
 name = "healthy"
 path = "/healthy"
-upstream = "http://{healthy}"
+upstream = "http://{}"
 "#,
-        healthy = healthy.addr
+        proxy_toml(upstream),
+        healthy.addr
     ))
     .unwrap();
     // These tests count the upstream's connections and the runtime's tasks exactly; the
@@ -143,6 +137,14 @@ upstream = "http://{healthy}"
 impl Harness {
     fn addr(&self) -> SocketAddr {
         self.proxy.proxy_addr
+    }
+
+    /// Scrapes once the stream under test (on the `chat` route) has been recorded.
+    async fn scrape_after_chat_stream(&self) -> Metrics {
+        scrape_until(&self.proxy, |m| {
+            m.get("metronome_streams_total", &[CHAT]).is_some()
+        })
+        .await
     }
 
     /// The checks every fault ends with, then shutdown.
@@ -321,14 +323,12 @@ const SSE_HEAD: &[u8] =
 
 /// Waits until the raw upstream's connections are all closed by the proxy.
 async fn raw_connections_closed(upstream: &RawUpstream) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while upstream.open.load(Ordering::SeqCst) != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the proxy never closed the upstream connection"
-        );
-        tokio::time::sleep(ms(10)).await;
-    }
+    wait_until(
+        Duration::from_secs(5),
+        "the proxy never closed the upstream connection",
+        || upstream.open.load(Ordering::SeqCst) == 0,
+    )
+    .await;
 }
 
 // === the faults ===
@@ -424,14 +424,7 @@ async fn an_upstream_that_answers_garbage_instead_of_a_status_line_gets_a_502() 
     assert_eq!(body["error"]["type"], "upstream_unavailable");
 
     let m = scrape(&h.proxy).await;
-    assert_eq!(
-        m.value(
-            "metronome_upstream_errors_total",
-            &[CHAT, ("kind", "protocol")]
-        ),
-        1.0
-    );
-    assert_eq!(m.value("metronome_upstream_errors_total", &[CHAT]), 1.0);
+    assert_one_upstream_error_of_kind(&m, "protocol");
     assert_eq!(
         m.value("metronome_requests_total", &[CHAT, ("status_class", "5xx")]),
         1.0
@@ -502,11 +495,7 @@ async fn invalid_utf8_and_garbage_events_are_forwarded_untouched_and_counted_unp
         token_event("c"),
         Bytes::from_static(b"data: [DONE]\n\n"),
     ];
-    let steps = frames
-        .iter()
-        .map(|f| Step::Frame(ms(2), f.clone()))
-        .collect();
-    let upstream = Upstream::script("text/event-stream", steps)
+    let upstream = Upstream::sse_frames(&frames, ms(2))
         .close_after_response()
         .start()
         .await;
@@ -521,10 +510,7 @@ async fn invalid_utf8_and_garbage_events_are_forwarded_untouched_and_counted_unp
         "garbage is forwarded byte for byte"
     );
 
-    let m = scrape_until(&h.proxy, |m| {
-        m.get("metronome_streams_total", &[CHAT]).is_some()
-    })
-    .await;
+    let m = h.scrape_after_chat_stream().await;
     // Unparsed: the binary event, the invalid UTF-8 in JSON, the text, and `{"choices":[]` (the
     // lone CR ends its line; the NUL line after it is a field without a colon, not data).
     assert_eq!(
@@ -641,10 +627,7 @@ async fn a_gzip_encoded_stream_is_forwarded_untouched_and_metered_as_opaque() {
     assert_eq!(got.headers["content-encoding"], "gzip");
     assert!(got.headers.contains_key("x-metronome-stream-id"));
 
-    let m = scrape_until(&h.proxy, |m| {
-        m.get("metronome_streams_total", &[CHAT]).is_some()
-    })
-    .await;
+    let m = h.scrape_after_chat_stream().await;
     assert_eq!(
         m.value("metronome_streams_total", &[CHAT, ("outcome", "no_token")]),
         1.0,
@@ -793,14 +776,12 @@ async fn idle_upstream_connections_are_reused_within_upstream_idle_and_closed_af
         "the second stream reused the first one's connection, which waits in the pool"
     );
     let idle_since = Instant::now();
-    let deadline = idle_since + Duration::from_secs(10);
-    while upstream.stats.connections_open.load(Ordering::SeqCst) != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the idle upstream connection was never closed"
-        );
-        tokio::time::sleep(ms(10)).await;
-    }
+    wait_until(
+        Duration::from_secs(10),
+        "the idle upstream connection was never closed",
+        || upstream.stats.connections_open.load(Ordering::SeqCst) == 0,
+    )
+    .await;
     assert!(
         idle_since.elapsed() >= Duration::from_millis(500),
         "closed after {:?}, before upstream_idle",

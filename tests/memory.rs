@@ -22,6 +22,11 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const MB: usize = 1024 * 1024;
 
+const ITL: &str = "metronome_inter_token_latency_seconds_count";
+
+/// The labels of what the proxy measured where it reads the upstream.
+const CHAT_INGRESS: [(&str, &str); 2] = [("route", "chat"), ("point", "ingress")];
+
 /// The resident set of this process, in bytes.
 fn rss_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
@@ -125,11 +130,7 @@ async fn one_event_of_100_mb_without_a_line_end_passes_in_bounded_memory() {
     frames.push(Bytes::from_static(b"\n\n"));
     frames.extend((0..3).map(|_| token_event(8)));
     frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
-    let steps = frames
-        .iter()
-        .map(|f| Step::Frame(Duration::ZERO, f.clone()))
-        .collect();
-    let upstream = Upstream::script("text/event-stream", steps).start().await;
+    let upstream = Upstream::sse_frames(&frames, Duration::ZERO).start().await;
     let proxy = proxy_to(upstream.addr).await;
     let max_event_bytes = proxy.state.config.max_event_bytes;
     assert_eq!(max_event_bytes, 64 * 1024, "the default bound");
@@ -160,7 +161,7 @@ async fn one_event_of_100_mb_without_a_line_end_passes_in_bounded_memory() {
         expect.seen
     );
 
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    let m = one_chat_stream_ended_as(&proxy, "complete").await;
     assert_eq!(
         m.value(
             "metronome_unparsed_events_total",
@@ -170,25 +171,12 @@ async fn one_event_of_100_mb_without_a_line_end_passes_in_bounded_memory() {
         "the long event is counted, not inspected"
     );
     assert_eq!(
-        m.value(
-            "metronome_streams_total",
-            &[("route", "chat"), ("outcome", "complete")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        m.value(
-            "metronome_inter_token_latency_seconds_count",
-            &[("route", "chat"), ("point", "ingress")]
-        ),
+        m.value(ITL, &CHAT_INGRESS),
         2.0,
         "the scanner carries on after the long event: three token events"
     );
     assert_eq!(
-        m.value(
-            "metronome_events_per_frame_sum",
-            &[("route", "chat"), ("point", "ingress")]
-        ),
+        m.value("metronome_events_per_frame_sum", &CHAT_INGRESS),
         5.0,
         "the long event, three token events, [DONE]"
     );
@@ -205,11 +193,7 @@ async fn a_client_that_stops_reading_stops_the_upstream_with_a_small_buffer_boun
     let event = token_event(16 * 1024 - 64);
     let frames = vec![event.clone(); FRAMES];
     let total = event.len() * FRAMES;
-    let steps = frames
-        .iter()
-        .map(|f| Step::Frame(Duration::ZERO, f.clone()))
-        .collect();
-    let upstream = Upstream::script("text/event-stream", steps).start().await;
+    let upstream = Upstream::sse_frames(&frames, Duration::ZERO).start().await;
     let proxy = proxy_with(upstream.addr, |c| c.buffer_bytes = 16 * 1024).await;
 
     // A client with a 16 KiB receive buffer that reads the head, then nothing for a while.
@@ -280,21 +264,8 @@ async fn a_client_that_stops_reading_stops_the_upstream_with_a_small_buffer_boun
     conn.await.unwrap().unwrap();
     assert_eq!(upstream.stats.frames_taken.load(Ordering::SeqCst), FRAMES);
 
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
-    assert_eq!(
-        m.value(
-            "metronome_streams_total",
-            &[("route", "chat"), ("outcome", "complete")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        m.value(
-            "metronome_inter_token_latency_seconds_count",
-            &[("route", "chat"), ("point", "ingress")]
-        ),
-        (FRAMES - 1) as f64
-    );
+    let m = one_chat_stream_ended_as(&proxy, "complete").await;
+    assert_eq!(m.value(ITL, &CHAT_INGRESS), (FRAMES - 1) as f64);
     assert_eq!(m.value("metronome_streams_active", &[]), 0.0);
     proxy.shutdown().await;
 }

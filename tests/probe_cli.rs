@@ -5,6 +5,7 @@
 mod upstream;
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::process::{Command, Output};
 
 use upstream::{ms, Running, Upstream};
@@ -24,6 +25,19 @@ fn stdout(output: &Output) -> String {
 
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Probes `server` with two requests and `report_args` (the report files to write), and checks
+/// that the run exits 0: the report tests read those files afterwards.
+fn probe_two_requests_writing(server: &Running, report_args: &[&str]) {
+    let url = server.url();
+    let output = probe(&[&["--url", url.as_str(), "-n", "2"][..], report_args].concat());
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}
+
+/// A report file the probe wrote, parsed.
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
 /// A steady 20 ms upstream with one 300 ms stall per stream (19 gaps per stream).
@@ -189,20 +203,17 @@ fn json_report_has_exactly_the_contract_keys() {
     let dir = tempfile::tempdir().unwrap();
     let json_path = dir.path().join("report.json");
     let html_path = dir.path().join("report.html");
-    let output = probe(&[
-        "--url",
-        &server.url(),
-        "-n",
-        "2",
-        "--json",
-        json_path.to_str().unwrap(),
-        "--html",
-        html_path.to_str().unwrap(),
-    ]);
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    probe_two_requests_writing(
+        &server,
+        &[
+            "--json",
+            json_path.to_str().unwrap(),
+            "--html",
+            html_path.to_str().unwrap(),
+        ],
+    );
 
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let report = read_json(&json_path);
     let keys = |v: &serde_json::Value| -> BTreeSet<String> {
         v.as_object().unwrap().keys().cloned().collect()
     };
@@ -261,16 +272,8 @@ fn detail_file_has_the_tail_in_microseconds() {
     let server = upstream();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("detail.json");
-    let output = probe(&[
-        "--url",
-        &server.url(),
-        "-n",
-        "2",
-        "--detail",
-        path.to_str().unwrap(),
-    ]);
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    let detail: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    probe_two_requests_writing(&server, &["--detail", path.to_str().unwrap()]);
+    let detail = read_json(&path);
     assert_eq!(detail["requests"], 2);
     assert_eq!(detail["errors"], 0);
     assert_eq!(detail["token_events"], 2 * 20);
@@ -294,17 +297,8 @@ fn no_data_is_null_in_json() {
     let server = Upstream::sse().status(500).start_in_background();
     let dir = tempfile::tempdir().unwrap();
     let json_path = dir.path().join("report.json");
-    let output = probe(&[
-        "--url",
-        &server.url(),
-        "-n",
-        "2",
-        "--json",
-        json_path.to_str().unwrap(),
-    ]);
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    probe_two_requests_writing(&server, &["--json", json_path.to_str().unwrap()]);
+    let report = read_json(&json_path);
     assert_eq!(report["errors"], 2);
     assert!(report["itl_ms"]["p50"].is_null());
     assert!(report["ttft_ms"]["max"].is_null());

@@ -31,7 +31,7 @@ async fn a_stream_with_one_stall_is_metered_at_ingress_and_egress() {
     );
     assert!(got.headers.contains_key("x-metronome-stream-id"));
 
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    let m = scrape_after_stream(&proxy).await;
     let chat = [("route", "chat"), ("model", "test-model")];
     for point in ["ingress", "egress"] {
         let at = [chat[0], chat[1], ("point", point)];
@@ -118,7 +118,7 @@ async fn without_usage_tokens_are_counted() {
         .await;
     let proxy = proxy_to(upstream.addr).await;
     stream_chat(proxy.proxy_addr).await;
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    let m = scrape_after_stream(&proxy).await;
     assert_eq!(
         m.value("metronome_output_tokens_total", &[("source", "counted")]),
         12.0
@@ -140,10 +140,9 @@ async fn a_slow_client_shows_as_proxy_delay_while_ingress_keeps_the_upstream_cad
         event.extend_from_slice(b"\"}}]}\n\n");
         Bytes::from(event)
     };
-    let steps = (0..200)
-        .map(|_| Step::Frame(ms(10), frame.clone()))
-        .collect();
-    let upstream = Upstream::script("text/event-stream", steps).start().await;
+    let upstream = Upstream::sse_frames(&vec![frame; 200], ms(10))
+        .start()
+        .await;
     let proxy = proxy_with(upstream.addr, |c| {
         c.buffer_bytes = 64 * 1024 * 1024;
         c.buffer_frames = 4096;
@@ -176,7 +175,7 @@ async fn a_slow_client_shows_as_proxy_delay_while_ingress_keeps_the_upstream_cad
     }
     assert!(total > 200 * 64 * 1024, "got {total} bytes");
 
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    let m = scrape_after_stream(&proxy).await;
     let delays = m.value("metronome_proxy_delay_seconds_count", &[("route", "chat")]);
     let quick = m.value(
         "metronome_proxy_delay_seconds_bucket",
@@ -225,22 +224,10 @@ async fn a_client_that_disconnects_mid_stream_cancels_the_upstream() {
     drop(body);
     drop(client);
 
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while upstream.stats.cancelled.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the upstream never saw the cancel"
-        );
-        tokio::time::sleep(ms(10)).await;
-    }
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
-    assert_eq!(
-        m.value(
-            "metronome_streams_total",
-            &[("outcome", "client_cancelled")]
-        ),
-        1.0
-    );
+    upstream
+        .wait_for_a_cancel("the upstream never saw the cancel")
+        .await;
+    let m = one_chat_stream_ended_as(&proxy, "client_cancelled").await;
     assert_eq!(m.value("metronome_streams_active", &[]), 0.0);
     assert_eq!(upstream.stats.completed.load(Ordering::SeqCst), 0);
     proxy.shutdown().await;
@@ -259,15 +246,10 @@ async fn a_client_that_disconnects_before_the_first_byte_cancels_the_upstream() 
     let client = tokio::spawn(async move { stream_chat(addr).await });
     tokio::time::sleep(ms(400)).await;
     client.abort();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while upstream.stats.cancelled.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the upstream never saw the cancel"
-        );
-        tokio::time::sleep(ms(10)).await;
-    }
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    upstream
+        .wait_for_a_cancel("the upstream never saw the cancel")
+        .await;
+    let m = scrape_after_stream(&proxy).await;
     assert_eq!(m.value("metronome_streams_active", &[]), 0.0);
     proxy.shutdown().await;
 }
@@ -334,11 +316,7 @@ async fn an_upstream_reset_mid_stream_aborts_the_client_response() {
         got.error.is_some(),
         "the response must be aborted, not ended as complete"
     );
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
-    assert_eq!(
-        m.value("metronome_streams_total", &[("outcome", "upstream_error")]),
-        1.0
-    );
+    let m = one_chat_stream_ended_as(&proxy, "upstream_error").await;
     assert_eq!(
         m.value("metronome_upstream_errors_total", &[("route", "chat")]),
         1.0
@@ -357,26 +335,14 @@ async fn an_upstream_that_goes_silent_times_out() {
     let proxy = proxy_with(upstream.addr, |c| c.idle_timeout = ms(300)).await;
     let got = stream_chat(proxy.proxy_addr).await;
     assert!(got.error.is_some());
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
-    assert_eq!(
-        m.value(
-            "metronome_streams_total",
-            &[("outcome", "upstream_timeout")]
-        ),
-        1.0
-    );
+    let m = one_chat_stream_ended_as(&proxy, "upstream_timeout").await;
     assert_eq!(
         m.value("metronome_upstream_errors_total", &[("kind", "timeout")]),
         1.0
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while upstream.stats.cancelled.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the silent upstream was never let go"
-        );
-        tokio::time::sleep(ms(10)).await;
-    }
+    upstream
+        .wait_for_a_cancel("the silent upstream was never let go")
+        .await;
     proxy.shutdown().await;
 }
 
@@ -394,11 +360,7 @@ async fn an_error_event_mid_stream_is_an_upstream_error() {
     let proxy = proxy_to(upstream.addr).await;
     let got = stream_chat(proxy.proxy_addr).await;
     assert!(got.error.is_none(), "the bytes are forwarded as they are");
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
-    assert_eq!(
-        m.value("metronome_streams_total", &[("outcome", "upstream_error")]),
-        1.0
-    );
+    one_chat_stream_ended_as(&proxy, "upstream_error").await;
     proxy.shutdown().await;
 }
 
@@ -407,11 +369,7 @@ async fn a_stream_without_tokens_is_no_token() {
     let upstream = Upstream::openai_chat().tokens(0).start().await;
     let proxy = proxy_to(upstream.addr).await;
     stream_chat(proxy.proxy_addr).await;
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
-    assert_eq!(
-        m.value("metronome_streams_total", &[("outcome", "no_token")]),
-        1.0
-    );
+    one_chat_stream_ended_as(&proxy, "no_token").await;
     proxy.shutdown().await;
 }
 
@@ -450,13 +408,9 @@ async fn http2_clients_are_served_and_metered() {
     let got = request(proxy.proxy_addr, "POST", "/v1/chat/completions", "{}", true).await;
     assert_eq!(got.status, 200);
     assert_eq!(got.bytes(), expected);
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    let m = one_chat_stream_ended_as(&proxy, "complete").await;
     assert_eq!(m.value(ITL, &[("point", "egress")]), 9.0);
     assert_eq!(m.value(ITL, &[("point", "ingress")]), 9.0);
-    assert_eq!(
-        m.value("metronome_streams_total", &[("outcome", "complete")]),
-        1.0
-    );
     proxy.shutdown().await;
 }
 
@@ -538,11 +492,7 @@ async fn a_stream_with_a_content_length_is_complete_once_every_byte_is_out() {
         expected.len().to_string().as_str()
     );
     assert_eq!(got.bytes(), expected);
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
-    assert_eq!(
-        m.value("metronome_streams_total", &[("outcome", "complete")]),
-        1.0
-    );
+    one_chat_stream_ended_as(&proxy, "complete").await;
     proxy.shutdown().await;
 }
 

@@ -12,23 +12,9 @@ use support::*;
 
 const STALLS: &str = "metronome_stalls_total";
 
-/// The configuration `proxy_with` starts from, with these lines added.
-fn config(upstream: std::net::SocketAddr, extra: &str) -> Config {
-    Config::from_toml(&format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-upstream = "http://{upstream}"
-drain_grace = "2s"
-{extra}
-[[routes]]
-name = "chat"
-path = "/v1/chat/completions"
-match = "exact"
-"#
-    ))
-    .unwrap()
+/// The configuration `proxy_with` starts from, with these tables added.
+fn config(upstream: std::net::SocketAddr, extra_tables: &str) -> Config {
+    Config::from_toml(&format!("{}{extra_tables}\n", proxy_toml(upstream))).unwrap()
 }
 
 async fn streams_done(proxy: &metronome::proxy::ProxyHandle, n: f64) -> Metrics {

@@ -94,10 +94,7 @@ async fn metronome_captures_the_replay_as_the_original() {
     let sim = replaying_sim().await;
     let proxy = support::proxy_to(sim.addr()).await;
     let got = support::stream_chat(proxy.proxy_addr).await;
-    let id = got.headers["x-metronome-stream-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let id = got.stream_id();
     let mut recaptured = None;
     for _ in 0..50 {
         let answer = support::request(

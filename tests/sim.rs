@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
-use metronome::format::Accounting;
+use metronome::format::{Accounting, Classified};
 use metronome::scan::{scan_all, CollectedEvents, Framing, Scanner};
 use metronome::sim::{self, SimConfig, SimHandle};
 use tokio::net::{TcpListener, TcpStream};
@@ -21,6 +21,19 @@ fn ms(n: u64) -> Duration {
 async fn start(config: SimConfig) -> SimHandle {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     sim::spawn(listener, config).unwrap()
+}
+
+/// What the proxy's accounting makes of one scanned event (kind, data, truncated): the tests
+/// count token events as the proxy would.
+fn classify<'a>(
+    accounting: &mut Accounting,
+    (kind, data, truncated): &'a (Vec<u8>, Vec<u8>, bool),
+) -> Classified<'a> {
+    accounting.classify(&metronome::scan::Event {
+        kind,
+        data,
+        truncated: *truncated,
+    })
 }
 
 /// One response as the client saw it.
@@ -52,17 +65,20 @@ impl Received {
                 let n = sink
                     .events
                     .iter()
-                    .filter(|(kind, data, truncated)| {
-                        let event = metronome::scan::Event {
-                            kind,
-                            data,
-                            truncated: *truncated,
-                        };
-                        accounting.classify(&event).token_event
-                    })
+                    .filter(|event| classify(&mut accounting, event).token_event)
                     .count();
                 (*at, n)
             })
+            .collect()
+    }
+
+    /// The token-event count of each frame that carries any: how the stream's tokens were
+    /// grouped into frames (coalescing, edge flushes).
+    fn token_events_in_token_frames(&self) -> Vec<usize> {
+        self.token_events_per_frame()
+            .into_iter()
+            .map(|(_, n)| n)
+            .filter(|n| *n > 0)
             .collect()
     }
 
@@ -184,13 +200,8 @@ async fn chat_stream_has_the_vllm_sequence() {
     let mut accounting = Accounting::openai();
     let mut token_events = 0;
     let mut usage_total = None;
-    for (kind, data, truncated) in &events {
-        let event = metronome::scan::Event {
-            kind,
-            data,
-            truncated: *truncated,
-        };
-        let c = accounting.classify(&event);
+    for event in &events {
+        let c = classify(&mut accounting, event);
         token_events += usize::from(c.token_event);
         usage_total = c.usage_total.or(usage_total);
     }
@@ -271,12 +282,7 @@ async fn coalesced_frames_carry_four_events() {
     })
     .await;
     let got = chat(&sim, "").await;
-    let per_frame: Vec<usize> = got
-        .token_events_per_frame()
-        .into_iter()
-        .map(|(_, n)| n)
-        .filter(|n| *n > 0)
-        .collect();
+    let per_frame = got.token_events_in_token_frames();
     assert_eq!(per_frame, vec![4; 5]);
     let gaps = got.gaps();
     assert_eq!(gaps.iter().filter(|g| g.is_zero()).count(), 15);
@@ -577,12 +583,7 @@ async fn edge_flushes_on_its_interval() {
     })
     .await;
     let got = chat(&sim, "").await;
-    let per_frame: Vec<usize> = got
-        .token_events_per_frame()
-        .into_iter()
-        .map(|(_, n)| n)
-        .filter(|n| *n > 0)
-        .collect();
+    let per_frame = got.token_events_in_token_frames();
     assert_eq!(per_frame.iter().sum::<usize>(), 40);
     // About 400ms of output in 100ms flushes: a handful of frames, far fewer than 40.
     assert!((3..=8).contains(&per_frame.len()), "{per_frame:?}");

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use metronome::proxy::ProxyHandle;
 use support::*;
 
 const BEACON: &str = "/.well-known/metronome/beacon";
@@ -39,6 +40,15 @@ async fn post_with(client: &Client, addr: SocketAddr, path: &str, body: Vec<u8>)
     status
 }
 
+/// Streams one chat through the proxy and waits until the proxy has recorded it (its summary,
+/// timeline and metrics are in place); returns what the client got and the stream's id.
+async fn recorded_stream(proxy: &ProxyHandle) -> (Received, String) {
+    let got = stream_chat(proxy.proxy_addr).await;
+    let id = got.stream_id();
+    scrape_after_stream(proxy).await;
+    (got, id)
+}
+
 fn beacon(id: &str, ttft_ms: f64, gaps_ms: &[f64]) -> Vec<u8> {
     serde_json::json!({"v": 1, "id": id, "ttft_ms": ttft_ms, "gaps_ms": gaps_ms})
         .to_string()
@@ -54,12 +64,7 @@ async fn a_finished_stream_has_a_summary_and_a_frame_timeline() {
         .start()
         .await;
     let proxy = proxy_to(upstream.addr).await;
-    let got = stream_chat(proxy.proxy_addr).await;
-    let id = got.headers["x-metronome-stream-id"]
-        .to_str()
-        .unwrap()
-        .to_string();
-    scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    let (got, id) = recorded_stream(&proxy).await;
 
     let (status, list) = json(proxy.admin_addr, "/streams").await;
     assert_eq!(status, 200);
@@ -124,12 +129,7 @@ async fn the_ring_and_the_frames_are_bounded() {
     let mut ids = Vec::new();
     for _ in 0..3 {
         let got = stream_chat(proxy.proxy_addr).await;
-        ids.push(
-            got.headers["x-metronome-stream-id"]
-                .to_str()
-                .unwrap()
-                .to_string(),
-        );
+        ids.push(got.stream_id());
     }
     scrape_until(&proxy, |m| m.value("metronome_streams_total", &[]) == 3.0).await;
     let (_, list) = json(proxy.admin_addr, "/streams").await;
@@ -164,12 +164,7 @@ async fn a_beacon_is_recorded_at_the_client_point_once() {
         .start()
         .await;
     let proxy = proxy_to(upstream.addr).await;
-    let got = stream_chat(proxy.proxy_addr).await;
-    let id = got.headers["x-metronome-stream-id"]
-        .to_str()
-        .unwrap()
-        .to_string();
-    scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    let (_, id) = recorded_stream(&proxy).await;
 
     // Nine gaps as a page saw them: clumps (0), a 300 ms stall.
     let gaps = [0.0, 0.0, 40.0, 300.0, 10.0, 0.0, 20.0, 20.0, 20.0];
@@ -230,12 +225,7 @@ async fn a_beacon_is_recorded_at_the_client_point_once() {
 async fn bad_beacons_are_refused_counted_and_grow_nothing() {
     let upstream = Upstream::openai_chat().tokens(3).every(ms(1)).start().await;
     let proxy = proxy_with(upstream.addr, |c| c.timeline.beacon_max_bytes = 1024).await;
-    let got = stream_chat(proxy.proxy_addr).await;
-    let id = got.headers["x-metronome-stream-id"]
-        .to_str()
-        .unwrap()
-        .to_string();
-    scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    let (_, id) = recorded_stream(&proxy).await;
     let addr = proxy.proxy_addr;
 
     assert_eq!(

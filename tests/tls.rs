@@ -4,12 +4,14 @@
 mod support;
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use metronome::proxy::ProxyHandle;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use support::*;
 use tokio::net::TcpListener;
@@ -104,21 +106,40 @@ async fn served_cn(ca: &Path, port: u16) -> String {
         .unwrap_or_default()
 }
 
+/// A proxy in front of `upstream` whose listener terminates TLS with `cert` and `key`.
+async fn proxy_with_tls_listener(upstream: SocketAddr, cert: PathBuf, key: PathBuf) -> ProxyHandle {
+    proxy_with(upstream, |c| {
+        c.tls = Some(metronome::config::ListenerTls { cert, key });
+    })
+    .await
+}
+
+/// A proxy with a TLS listener (a `localhost` leaf of `pki`, CN `cert-a`) in front of an upstream
+/// streaming `tokens` tokens 2 ms apart; with the bytes a client must receive through it.
+async fn tls_proxy_streaming(pki: &Pki, tokens: usize) -> (ProxyHandle, Vec<u8>) {
+    let (cert, key) = pki.leaf("server", "cert-a");
+    let upstream = Upstream::openai_chat().tokens(tokens).every(ms(2));
+    let expected = upstream.expected_bytes();
+    let upstream = upstream.start().await;
+    (
+        proxy_with_tls_listener(upstream.addr, cert, key).await,
+        expected,
+    )
+}
+
+/// The chat URL on the proxy's TLS listener, by the name its certificate carries.
+fn https_chat_url(proxy: &ProxyHandle) -> String {
+    format!(
+        "https://localhost:{}/v1/chat/completions",
+        proxy.proxy_addr.port()
+    )
+}
+
 #[tokio::test]
 async fn the_listener_terminates_tls_over_http1_and_h2() {
     let pki = Pki::new();
-    let (cert, key) = pki.leaf("server", "cert-a");
-    let upstream = Upstream::openai_chat().tokens(8).every(ms(2));
-    let expected = upstream.expected_bytes();
-    let upstream = upstream.start().await;
-    let proxy = proxy_with(upstream.addr, |c| {
-        c.tls = Some(metronome::config::ListenerTls { cert, key });
-    })
-    .await;
-    let url = format!(
-        "https://localhost:{}/v1/chat/completions",
-        proxy.proxy_addr.port()
-    );
+    let (proxy, expected) = tls_proxy_streaming(&pki, 8).await;
+    let url = https_chat_url(&proxy);
     for http2 in [false, true] {
         let (status, body) = post(&https_client(&pki.ca_path(), http2), url.clone()).await;
         assert_eq!(status, 200);
@@ -138,18 +159,8 @@ async fn the_listener_terminates_tls_over_http1_and_h2() {
 #[tokio::test]
 async fn curl_with_cacert_streams_through_the_tls_listener() {
     let pki = Pki::new();
-    let (cert, key) = pki.leaf("server", "cert-a");
-    let upstream = Upstream::openai_chat().tokens(5).every(ms(2));
-    let expected = upstream.expected_bytes();
-    let upstream = upstream.start().await;
-    let proxy = proxy_with(upstream.addr, |c| {
-        c.tls = Some(metronome::config::ListenerTls { cert, key });
-    })
-    .await;
-    let url = format!(
-        "https://localhost:{}/v1/chat/completions",
-        proxy.proxy_addr.port()
-    );
+    let (proxy, expected) = tls_proxy_streaming(&pki, 5).await;
+    let url = https_chat_url(&proxy);
     let ca = pki.ca_path();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new("curl")
@@ -269,7 +280,7 @@ async fn https_and_mtls_upstreams() {
     let proxy = proxy_with(unused, config_for(mtls_port, true)).await;
     let got = stream_chat(proxy.proxy_addr).await;
     assert_eq!(got.status, 200);
-    let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    let m = scrape_after_stream(&proxy).await;
     assert_eq!(
         m.value(
             "metronome_streams_total",
@@ -290,16 +301,12 @@ async fn sighup_reload_swaps_the_certificate_and_keeps_it_when_the_new_one_is_ba
     let pki = Pki::new();
     let (cert, key) = pki.leaf("server", "cert-a");
     let upstream = Upstream::openai_chat().start().await;
-    let (c2, k2) = (cert.clone(), key.clone());
-    let proxy = proxy_with(upstream.addr, move |c| {
-        c.tls = Some(metronome::config::ListenerTls { cert: c2, key: k2 });
-    })
-    .await;
+    let proxy = proxy_with_tls_listener(upstream.addr, cert.clone(), key.clone()).await;
     let port = proxy.proxy_addr.port();
     assert_eq!(served_cn(&pki.ca_path(), port).await, "cert-a");
     // An established connection survives the reload.
     let client = https_client(&pki.ca_path(), false);
-    let url = format!("https://localhost:{port}/v1/chat/completions");
+    let url = https_chat_url(&proxy);
     assert_eq!(post(&client, url.clone()).await.0, 200);
 
     let (b_cert, b_key) = pki.leaf("next", "cert-b");
@@ -341,7 +348,7 @@ async fn overload_limits_answer_at_once() {
     let body: serde_json::Value = serde_json::from_slice(&busy.bytes()).unwrap();
     assert_eq!(body["error"]["type"], "overloaded");
     assert_eq!(first.await.unwrap().status, 200);
-    scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+    scrape_after_stream(&proxy).await;
 
     // The slot is free again; a body over the limit is refused by its declared length.
     let big = "x".repeat(2000);

@@ -121,7 +121,7 @@ proptest! {
             let got = stream_chat(proxy.proxy_addr).await;
             assert!(got.error.is_none());
             assert_eq!(got.bytes(), body, "the client gets the upstream's bytes exactly");
-            let m = scrape_until(&proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await;
+            let m = scrape_after_stream(&proxy).await;
             let ingress = [("route", "chat"), ("point", "ingress")];
             assert_eq!(m.value("metronome_events_per_frame_sum", &ingress), events as f64);
             let egress = [("route", "chat"), ("point", "egress")];

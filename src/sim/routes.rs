@@ -119,15 +119,7 @@ async fn generate(
             received_unix_us,
             seq,
         );
-        let mut response = Response::new(SimBody::Replay(Box::new(body)));
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        headers.insert(STREAM_HEADER, HeaderValue::from(seq));
-        return response;
+        return event_stream(SimBody::Replay(Box::new(body)), seq);
     }
     let wanted = request.max_tokens.unwrap_or(config.tokens).max(1);
     let tokens = wanted.min(config.max_tokens_cap);
@@ -168,17 +160,23 @@ async fn generate(
             start,
             received_unix_us,
         );
-        let mut response = Response::new(SimBody::Stream(Box::new(stream)));
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        headers.insert(STREAM_HEADER, HeaderValue::from(seq));
-        return response;
+        return event_stream(SimBody::Stream(Box::new(stream)), seq);
     }
     whole_answer(&shared, wire, cadence, guard, start).await
+}
+
+/// The head of a streamed answer (generated or replayed): SSE, not cached, and the stream's
+/// sequence number in [`STREAM_HEADER`].
+fn event_stream(body: SimBody, seq: u64) -> Response<SimBody> {
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(STREAM_HEADER, HeaderValue::from(seq));
+    response
 }
 
 /// Waits out every decode step, then answers with the whole output in one JSON document.

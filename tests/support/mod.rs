@@ -82,6 +82,17 @@ pub struct RunningUpstream {
     pub stats: Arc<UpstreamStats>,
 }
 
+impl RunningUpstream {
+    /// Waits up to 5 s for one of this upstream's responses to be cancelled (the proxy let go of
+    /// it before the script's end); panics with `failure` otherwise.
+    pub async fn wait_for_a_cancel(&self, failure: &str) {
+        wait_until(Duration::from_secs(5), failure, || {
+            self.stats.cancelled.load(Ordering::SeqCst) > 0
+        })
+        .await;
+    }
+}
+
 impl Upstream {
     /// An OpenAI chat-completions stream: role chunk, token chunks, finish chunk, usage chunk,
     /// `[DONE]`, one event per frame.
@@ -112,6 +123,12 @@ impl Upstream {
             scripted: true,
             ..Self::openai_chat()
         }
+    }
+
+    /// An SSE stream of `frames`, each written `gap` after the one before.
+    pub fn sse_frames(frames: &[Bytes], gap: Duration) -> Self {
+        let steps = frames.iter().map(|f| Step::Frame(gap, f.clone())).collect();
+        Self::script("text/event-stream", steps)
     }
 
     /// A plain JSON response (not a stream).
@@ -388,7 +405,16 @@ pub async fn proxy_to(upstream: SocketAddr) -> ProxyHandle {
 
 /// Same, with the configuration adjusted first.
 pub async fn proxy_with(upstream: SocketAddr, adjust: impl FnOnce(&mut Config)) -> ProxyHandle {
-    let mut config = Config::from_toml(&format!(
+    let mut config = Config::from_toml(&proxy_toml(upstream)).unwrap();
+    adjust(&mut config);
+    ProxyHandle::start(config).await.unwrap()
+}
+
+/// The TOML every test proxy starts from: loopback listeners in front of `upstream`, and one
+/// route, `chat` (exact `/v1/chat/completions`). Text rather than a `Config`, so that a test can
+/// append tables (more routes) before it is parsed.
+pub fn proxy_toml(upstream: SocketAddr) -> String {
+    format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -400,10 +426,7 @@ name = "chat"
 path = "/v1/chat/completions"
 match = "exact"
 "#
-    ))
-    .unwrap();
-    adjust(&mut config);
-    ProxyHandle::start(config).await.unwrap()
+    )
 }
 
 /// What a client received: each frame's bytes and arrival time, the head, and how it ended.
@@ -419,6 +442,14 @@ pub struct Received {
 impl Received {
     pub fn bytes(&self) -> Vec<u8> {
         self.frames.iter().flat_map(|(_, b)| b.to_vec()).collect()
+    }
+
+    /// The stream id the proxy gave the response (`x-metronome-stream-id`); panics without one.
+    pub fn stream_id(&self) -> String {
+        self.headers["x-metronome-stream-id"]
+            .to_str()
+            .unwrap()
+            .to_string()
     }
 }
 
@@ -498,6 +529,37 @@ pub async fn scrape_until(proxy: &ProxyHandle, ready: impl Fn(&Metrics) -> bool)
             panic!("metrics never got ready:\n{}", m.0);
         }
         tokio::time::sleep(ms(20)).await;
+    }
+}
+
+/// Scrapes once the proxy has recorded a stream (`metronome_streams_total` is there at all): the
+/// wait most tests need before reading a stream's metrics.
+pub async fn scrape_after_stream(proxy: &ProxyHandle) -> Metrics {
+    scrape_until(proxy, |m| m.get("metronome_streams_total", &[]).is_some()).await
+}
+
+/// Waits for a test's one stream to be recorded and checks that it ended, on the `chat` route,
+/// as `outcome`; returns the scrape for the test's further checks.
+pub async fn one_chat_stream_ended_as(proxy: &ProxyHandle, outcome: &str) -> Metrics {
+    let m = scrape_after_stream(proxy).await;
+    assert_eq!(
+        m.value(
+            "metronome_streams_total",
+            &[("route", "chat"), ("outcome", outcome)]
+        ),
+        1.0,
+        "one chat stream ended as {outcome}"
+    );
+    m
+}
+
+/// Polls `done` every 10 ms until it holds; panics with `what` if it does not within `limit`.
+/// For what a test waits on that no scrape shows (an upstream's counters, open connections).
+pub async fn wait_until(limit: Duration, what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(ms(10)).await;
     }
 }
 
