@@ -113,6 +113,17 @@ pub fn server_config(resolver: Arc<ReloadableCert>) -> Result<Arc<ServerConfig>,
     Ok(Arc::new(config))
 }
 
+/// A client configuration that trusts no certificate: for a client that may be handed an
+/// https connector but only ever speaks plain http (the probe on an http:// URL).
+pub fn client_config_without_roots() -> Result<ClientConfig, TlsError> {
+    Ok(
+        ClientConfig::builder_with_provider(Arc::new(provider::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(RootCertStore::empty())
+            .with_no_client_auth(),
+    )
+}
+
 /// The client configuration for https upstreams: `ca` when given, else the system's roots; a
 /// client certificate when both `client_cert` and `client_key` are given.
 pub fn client_config(

@@ -188,9 +188,21 @@ fn usage_errors_exit_2_before_any_request() {
         );
         assert!(stdout(&output).is_empty(), "{extra:?}: {}", stdout(&output));
     }
-    let https = probe(&["--url", "https://127.0.0.1:9/"]);
-    assert_eq!(https.status.code(), Some(2));
-    assert!(stderr(&https).contains("http:// only"));
+    let ftp = probe(&["--url", "ftp://127.0.0.1:9/"]);
+    assert_eq!(ftp.status.code(), Some(2));
+    assert!(stderr(&ftp).contains("http:// and https://"));
+    let no_ca = probe(&[
+        "--url",
+        "https://127.0.0.1:9/",
+        "--cacert",
+        "/nonexistent/ca.pem",
+    ]);
+    assert_eq!(no_ca.status.code(), Some(2));
+    assert!(
+        stderr(&no_ca).contains("/nonexistent/ca.pem"),
+        "{}",
+        stderr(&no_ca)
+    );
     let both = probe(&["--url", url, "--requests", "5", "--duration", "1s"]);
     assert_eq!(both.status.code(), Some(2));
     let unitless = probe(&["--url", url, "--timeout", "5"]);

@@ -181,6 +181,58 @@ async fn curl_with_cacert_streams_through_the_tls_listener() {
     proxy.shutdown().await;
 }
 
+#[tokio::test]
+async fn the_probe_measures_streams_over_https_with_its_cacert_and_refuses_an_unknown_ca() {
+    use metronome::probe::{measure, summarize, Load, ProbeConfig, Stop};
+    let pki = Pki::new();
+    let (proxy, _) = tls_proxy_streaming(&pki, 6).await;
+    let mut config = ProbeConfig::new(&https_chat_url(&proxy), "m").unwrap();
+    config.stop = Stop::Requests(4);
+    config.load = Load::Closed { concurrency: 2 };
+    config.timeout = std::time::Duration::from_secs(10);
+    config.ca = Some(pki.ca_path());
+    for http2 in [false, true] {
+        config.http2 = http2;
+        let run = measure(&config).await.unwrap();
+        let report = summarize(&run, config.stall_threshold);
+        let errors: Vec<_> = run
+            .streams
+            .iter()
+            .filter_map(|s| s.error.as_ref())
+            .collect();
+        assert_eq!(
+            (report.requests, report.errors),
+            (4, 0),
+            "http2={http2}: {errors:?}"
+        );
+        assert_eq!(report.detail.token_events, 4 * 6, "http2={http2}");
+    }
+    // The test CA is not among the system's roots: every stream fails to connect, and the
+    // reason is given (hyper-util reports a connect raced by another stream's as "canceled").
+    config.ca = None;
+    let run = measure(&config).await.unwrap();
+    assert_eq!(run.streams.len(), 4);
+    let errors: Vec<_> = run
+        .streams
+        .iter()
+        .filter_map(|s| s.error.as_ref())
+        .collect();
+    assert_eq!(errors.len(), 4, "an unknown CA is refused");
+    assert!(errors.iter().all(|e| e.kind() == "connect"), "{errors:?}");
+    assert!(
+        errors.iter().any(|e| e
+            .to_string()
+            .contains("invalid peer certificate: UnknownIssuer")),
+        "{errors:?}"
+    );
+    let m = scrape_until(&proxy, |m| m.value("metronome_streams_total", &[]) == 8.0).await;
+    assert_eq!(
+        m.value("metronome_streams_total", &[("outcome", "complete")]),
+        8.0
+    );
+    proxy.shutdown().await;
+}
+
 /// An https upstream serving a fixed SSE body; with `client_ca`, it demands a client certificate.
 async fn tls_upstream(cert: &Path, key: &Path, client_ca: Option<&Path>) -> u16 {
     use rustls::server::WebPkiClientVerifier;

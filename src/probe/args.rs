@@ -23,8 +23,8 @@ pub const DEFAULT_PATH: &str = "/v1/chat/completions";
 #[derive(clap::Args, Debug, Clone)]
 #[command(after_long_help = AFTER_HELP)]
 pub struct ProbeArgs {
-    /// URL to stream from (POST). A URL without a path gets `/v1/chat/completions`. Only `http://`
-    /// for now.
+    /// URL to stream from (POST), `http://` or `https://`. A URL without a path gets
+    /// `/v1/chat/completions`.
     #[arg(long)]
     pub url: String,
 
@@ -69,10 +69,15 @@ pub struct LoadArgs {
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     pub timeout: Duration,
 
-    /// Speak HTTP/2 without TLS (prior knowledge): every stream shares one connection, so
-    /// thousands of streams need no more than a few sockets.
+    /// Speak HTTP/2 (prior knowledge on http://, ALPN `h2` on https://): every stream shares one
+    /// connection, so thousands of streams need no more than a few sockets.
     #[arg(long)]
     pub http2: bool,
+
+    /// For an https:// URL: trust the CA certificates in this PEM file instead of the system's
+    /// roots (a private CA, a test certificate).
+    #[arg(long, value_name = "PEM")]
+    pub cacert: Option<PathBuf>,
 }
 
 /// The request every stream sends.
@@ -206,8 +211,11 @@ pub struct ProbeConfig {
     pub headers: HeaderMap,
     /// Per-stream limit, from sending the request to the end of its body.
     pub timeout: Duration,
-    /// HTTP/2 with prior knowledge instead of HTTP/1.1.
+    /// HTTP/2 instead of HTTP/1.1 (prior knowledge on http://, ALPN on https://).
     pub http2: bool,
+    /// The CA certificates (PEM) an https:// server's certificate must chain to; `None` for the
+    /// system's roots.
+    pub ca: Option<PathBuf>,
     /// A gap longer than this is a stall.
     pub stall_threshold: Duration,
     /// The response header whose value is kept as the stream's ID.
@@ -225,9 +233,15 @@ pub enum ConfigError {
         /// Why it does not parse.
         reason: String,
     },
-    /// The URL's scheme is not supported (yet).
-    #[error("`{0}` is not supported: the probe speaks http:// only for now")]
+    /// The URL's scheme is neither http nor https.
+    #[error("`{0}` is not supported: the probe speaks http:// and https://")]
     UnsupportedScheme(String),
+    /// `--cacert` names no readable PEM file of certificates.
+    #[error("--cacert: {0}")]
+    InvalidCa(#[source] crate::tls::TlsError),
+    /// `--cacert` was given for an http:// URL, where it would silently do nothing.
+    #[error("--cacert applies to https:// URLs only")]
+    CaWithoutTls,
     /// `--header` is not `Name: value`.
     #[error("`{0}` is not a header (write `Name: value`)")]
     InvalidHeader(String),
@@ -252,8 +266,8 @@ pub enum ConfigError {
 impl ProbeConfig {
     /// A closed-loop probe of `url` with one stream at a time, ten streams, the default chat
     /// request for `model` and the default limits: the starting point for code that builds a
-    /// config by hand. The URL follows the `--url` rules (http only; no path means
-    /// `/v1/chat/completions`).
+    /// config by hand. The URL follows the `--url` rules (http or https, the system's roots; no
+    /// path means `/v1/chat/completions`).
     pub fn new(url: &str, model: &str) -> Result<Self, ConfigError> {
         let url = parse_url(url)?;
         let mut headers = HeaderMap::new();
@@ -266,6 +280,7 @@ impl ProbeConfig {
             headers,
             timeout: Duration::from_secs(120),
             http2: false,
+            ca: None,
             stall_threshold: Duration::from_millis(200),
             stream_id_header: HeaderName::from_static(STREAM_ID_HEADER),
         })
@@ -316,6 +331,13 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
             headers.remove(name);
         }
         headers.extend(user_headers);
+        let ca = load_args.cacert.clone();
+        if let Some(path) = &ca {
+            if url.scheme_str() != Some("https") {
+                return Err(ConfigError::CaWithoutTls);
+            }
+            crate::tls::client_config(Some(path), None).map_err(ConfigError::InvalidCa)?;
+        }
         Ok(ProbeConfig {
             url,
             load,
@@ -324,6 +346,7 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
             headers,
             timeout: load_args.timeout,
             http2: load_args.http2,
+            ca,
             stall_threshold: args.output.stall_threshold,
             stream_id_header: HeaderName::from_static(STREAM_ID_HEADER),
         })
@@ -353,7 +376,7 @@ pub fn parse_url(text: &str) -> Result<Uri, ConfigError> {
         .parse()
         .map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
     match uri.scheme_str() {
-        Some("http") => {}
+        Some("http" | "https") => {}
         Some(other) => return Err(ConfigError::UnsupportedScheme(format!("{other}://"))),
         None => {
             return Err(invalid(
@@ -457,9 +480,28 @@ mod tests {
     #[test]
     fn usage_errors() {
         assert!(matches!(
-            config(&["--url", "https://h/"]),
+            config(&["--url", "ftp://h/"]),
             Err(ConfigError::UnsupportedScheme(_))
         ));
+        assert!(matches!(
+            config(&["--url", "http://h", "--cacert", "/nonexistent/ca.pem"]),
+            Err(ConfigError::CaWithoutTls)
+        ));
+        let missing = config(&["--url", "https://h", "--cacert", "/nonexistent/ca.pem"]);
+        assert!(
+            matches!(&missing, Err(e @ ConfigError::InvalidCa(_)) if e.to_string().contains("/nonexistent/ca.pem")),
+            "{missing:?}"
+        );
+        let not_pem = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(not_pem.path(), "not a certificate").unwrap();
+        let path = not_pem.path().to_str().unwrap();
+        assert!(matches!(
+            config(&["--url", "https://h", "--cacert", path]),
+            Err(ConfigError::InvalidCa(_))
+        ));
+        let https = config(&["--url", "https://h:8443", "--http2"]).unwrap();
+        assert_eq!(https.url.to_string(), "https://h:8443/v1/chat/completions");
+        assert!(https.http2 && https.ca.is_none());
         assert!(matches!(
             config(&["--url", "127.0.0.1:8000"]),
             Err(ConfigError::InvalidUrl { .. })

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -21,9 +22,8 @@ use super::args::{Load, ProbeConfig, Stop};
 use super::stream::{Recorder, StreamError, StreamRecord};
 use crate::scan::Framing;
 
-/// The connector behind the pool. Plain TCP for now; https slots in here (a rustls connector
-/// wrapping this one) without touching the rest.
-type Connector = HttpConnector;
+/// The connector behind the pool: TCP, and rustls over it for https:// URLs.
+type Connector = HttpsConnector<HttpConnector>;
 
 /// The pooled client every stream of a run shares.
 type HttpClient = Client<Connector, Full<Bytes>>;
@@ -31,9 +31,12 @@ type HttpClient = Client<Connector, Full<Bytes>>;
 /// Why a run could not take place at all (individual streams fail into their records instead).
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    /// The URL's scheme has no connector (yet).
-    #[error("`{0}` is not supported: the probe speaks http:// only for now")]
+    /// The URL's scheme has no connector.
+    #[error("`{0}` is not supported: the probe speaks http:// and https://")]
     UnsupportedScheme(String),
+    /// The TLS client could not be set up (the CA file).
+    #[error("cannot set up TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
     /// The request could not be built from the configuration.
     #[error("cannot build the request: {0}")]
     InvalidRequest(String),
@@ -109,18 +112,31 @@ pub async fn measure_with(
 }
 
 fn build_client(config: &ProbeConfig) -> Result<HttpClient, ProbeError> {
-    match config.url.scheme_str() {
-        Some("http") => {}
+    let tls = match config.url.scheme_str() {
+        Some("https") => crate::tls::client_config(config.ca.as_deref(), None)?,
+        // No certificate is ever checked: reading the system's roots would only cost start-up.
+        Some("http") => crate::tls::client_config_without_roots()?,
         other => {
             return Err(ProbeError::UnsupportedScheme(format!(
                 "{}://",
                 other.unwrap_or("")
             )))
         }
-    }
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(config.timeout));
+    };
+    let mut tcp = HttpConnector::new();
+    tcp.set_nodelay(true);
+    tcp.set_connect_timeout(Some(config.timeout));
+    tcp.enforce_http(false);
+    // ALPN offers exactly the protocol asked for, so an https server cannot switch the probe to
+    // another one than the run claims to measure.
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    let connector = if config.http2 {
+        builder.enable_http2().wrap_connector(tcp)
+    } else {
+        builder.enable_http1().wrap_connector(tcp)
+    };
     Ok(Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(usize::MAX)
         .http2_only(config.http2)

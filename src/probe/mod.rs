@@ -7,7 +7,7 @@
 //!
 //! Module map, in the order a run flows through them:
 //! - [`args`]: the command line and the validated [`ProbeConfig`] (all usage errors are caught here).
-//! - [`client`]: the pooled HTTP client and the closed or open loop that runs the streams
+//! - [`client`]: the pooled HTTP client (http and https, rustls) and the closed or open loop that runs the streams
 //!   ([`measure`] → [`ProbeRun`]).
 //! - [`stream`]: one stream's record ([`StreamRecord`]) and the recorder that fills it frame by frame.
 //! - [`stats`]: percentiles, stalls, jank, reading bands, verdict ([`summarize`] → [`Report`]).
@@ -18,7 +18,7 @@
 //! - [`limits`]: raising the open-file limit for thousands of concurrent streams.
 //!
 //! Exit codes of the command: 0 when every gate passes (or there are none), 1 when a gate fails,
-//! 2 for a usage error (bad flag, bad gate, unreadable `--body`) or when the report cannot be
+//! 2 for a usage error (bad flag, bad gate, unreadable `--body` or `--cacert`) or when the report cannot be
 //! written. Failed streams never change the exit code by themselves: gate on `errors<1` for that.
 
 pub mod args;
