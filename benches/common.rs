@@ -3,6 +3,17 @@
 /// `n` chunks exactly as vLLM's OpenAI server writes them (role chunk, content chunks, finish
 /// chunk, usage chunk, `[DONE]`), one SSE event each.
 pub fn vllm_chat_events(n: usize) -> Vec<Vec<u8>> {
+    chat_events(n, false)
+}
+
+/// The same with `stream_options.continuous_usage_stats`: every content chunk also carries the
+/// usage so far, so consecutive chunks differ outside their text (no chunk template applies).
+#[allow(dead_code)] // the scanner benchmark's only
+pub fn vllm_chat_events_with_usage(n: usize) -> Vec<Vec<u8>> {
+    chat_events(n, true)
+}
+
+fn chat_events(n: usize, continuous_usage: bool) -> Vec<Vec<u8>> {
     let words = [
         " the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", ",", "\\n",
     ];
@@ -11,8 +22,17 @@ pub fn vllm_chat_events(n: usize) -> Vec<Vec<u8>> {
         r#"{head}{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}"#
     )];
     for i in 0..n {
+        let usage = if continuous_usage {
+            format!(
+                r#","usage":{{"prompt_tokens":42,"total_tokens":{},"completion_tokens":{}}}"#,
+                43 + i,
+                i + 1
+            )
+        } else {
+            String::new()
+        };
         events.push(format!(
-            r#"{head}{{"content":"{}"}},"logprobs":null,"finish_reason":null}}]}}"#,
+            r#"{head}{{"content":"{}"}},"logprobs":null,"finish_reason":null}}]{usage}}}"#,
             words[i % words.len()]
         ));
     }

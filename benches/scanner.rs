@@ -75,6 +75,18 @@ fn bench(c: &mut Criterion) {
             sink.1
         })
     });
+    // Every chunk differs outside its text (the usage grows): each one is walked.
+    let walked = frames_of(&common::vllm_chat_events_with_usage(10_000), None);
+    group.bench_function("sse+openai/continuous_usage", |b| {
+        b.iter(|| {
+            let mut scanner = Scanner::new(Framing::Sse, DEFAULT_MAX_EVENT_BYTES);
+            let mut sink = Classify(Accounting::openai(), 0);
+            for f in &walked {
+                scanner.feed(black_box(f), &mut sink);
+            }
+            assert_eq!(sink.1, 10_000);
+        })
+    });
     group.finish();
 }
 
