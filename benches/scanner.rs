@@ -32,6 +32,17 @@ fn frames_of(events: &[Vec<u8>], size: Option<usize>) -> Vec<Vec<u8>> {
     }
 }
 
+/// Scans `frames` as one stream and classifies every event as the OpenAI accountant; returns the
+/// token events found.
+fn classify_all(frames: &[Vec<u8>]) -> u64 {
+    let mut scanner = Scanner::new(Framing::Sse, DEFAULT_MAX_EVENT_BYTES);
+    let mut sink = Classify(Accounting::openai(), 0);
+    for f in frames {
+        scanner.feed(black_box(f), &mut sink);
+    }
+    sink.1
+}
+
 fn bench(c: &mut Criterion) {
     let events = common::vllm_chat_events(10_000);
     let bytes: usize = events.iter().map(Vec::len).sum();
@@ -50,14 +61,7 @@ fn bench(c: &mut Criterion) {
             })
         });
         group.bench_function(format!("sse+openai/{name}"), |b| {
-            b.iter(|| {
-                let mut scanner = Scanner::new(Framing::Sse, DEFAULT_MAX_EVENT_BYTES);
-                let mut sink = Classify(Accounting::openai(), 0);
-                for f in &frames {
-                    scanner.feed(black_box(f), &mut sink);
-                }
-                assert_eq!(sink.1, 10_000);
-            })
+            b.iter(|| assert_eq!(classify_all(&frames), 10_000))
         });
     }
     group.finish();
@@ -66,26 +70,12 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements(events.len() as u64));
     let frames = frames_of(&events, None);
     group.bench_function("sse+openai/event_per_frame", |b| {
-        b.iter(|| {
-            let mut scanner = Scanner::new(Framing::Sse, DEFAULT_MAX_EVENT_BYTES);
-            let mut sink = Classify(Accounting::openai(), 0);
-            for f in &frames {
-                scanner.feed(black_box(f), &mut sink);
-            }
-            sink.1
-        })
+        b.iter(|| classify_all(&frames))
     });
     // Every chunk differs outside its text (the usage grows): each one is walked.
     let walked = frames_of(&common::vllm_chat_events_with_usage(10_000), None);
     group.bench_function("sse+openai/continuous_usage", |b| {
-        b.iter(|| {
-            let mut scanner = Scanner::new(Framing::Sse, DEFAULT_MAX_EVENT_BYTES);
-            let mut sink = Classify(Accounting::openai(), 0);
-            for f in &walked {
-                scanner.feed(black_box(f), &mut sink);
-            }
-            assert_eq!(sink.1, 10_000);
-        })
+        b.iter(|| assert_eq!(classify_all(&walked), 10_000))
     });
     group.finish();
 }
