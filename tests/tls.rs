@@ -219,12 +219,16 @@ async fn the_probe_measures_streams_over_https_with_its_cacert_and_refuses_an_un
         .collect();
     assert_eq!(errors.len(), 4, "an unknown CA is refused");
     assert!(errors.iter().all(|e| e.kind() == "connect"), "{errors:?}");
-    assert!(
-        errors.iter().any(|e| e
+    // Each says why, or is a canceled connect; the report's example says why.
+    for error in &errors {
+        let why = error
             .to_string()
-            .contains("invalid peer certificate: UnknownIssuer")),
-        "{errors:?}"
-    );
+            .contains("invalid peer certificate: UnknownIssuer");
+        assert_eq!(why, error.explains(), "{error:?}");
+    }
+    let report = summarize(&run, config.stall_threshold);
+    let example = &report.detail.error_examples["connect"];
+    assert!(example.contains("UnknownIssuer"), "{example}");
     let m = scrape_until(&proxy, |m| m.value("metronome_streams_total", &[]) == 8.0).await;
     assert_eq!(
         m.value("metronome_streams_total", &[("outcome", "complete")]),

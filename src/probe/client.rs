@@ -252,7 +252,9 @@ async fn read_stream(
     record: &mut StreamRecord,
 ) -> Result<(), StreamError> {
     let response = shared.client.request(request).await.map_err(|e| {
-        if e.is_connect() {
+        if e.is_connect() && is_canceled(&e) {
+            StreamError::ConnectCanceled(error_chain(&e))
+        } else if e.is_connect() {
             StreamError::Connect(error_chain(&e))
         } else {
             StreamError::Request(error_chain(&e))
@@ -289,6 +291,16 @@ async fn read_stream(
 }
 
 /// An error and its causes on one line (hyper's top-level messages alone say little).
+/// Whether hyper-util gave the request up without a reason of its own: its pool's
+/// `CheckoutNoLongerWanted`, a private type whose text is all there is to recognise it by.
+/// tests/tls.rs (the probe against an unknown CA) notices if that text changes.
+fn is_canceled(error: &hyper_util::client::legacy::Error) -> bool {
+    use std::error::Error;
+    error
+        .source()
+        .is_some_and(|source| source.to_string() == "request was canceled")
+}
+
 fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();

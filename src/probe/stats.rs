@@ -20,7 +20,8 @@
 //! - **reading_bands** are shares (0–1) of the streams with a defined tokens/s, by band:
 //!   `[0, 5)`, `[5, 7)`, `[7, 15)`, `[15, 50)`, `[50, ∞)`.
 
-use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -203,15 +204,28 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         ..ReportDetail::default()
     };
     let mut errors = 0;
+    let mut explained = BTreeSet::new();
     let mut stream_gaps = Vec::new();
     for stream in &run.streams {
         if let Some(error) = &stream.error {
             errors += 1;
             *detail.errors_by_kind.entry(error.kind()).or_default() += 1;
-            detail
-                .error_examples
-                .entry(error.kind())
-                .or_insert_with(|| error.to_string());
+            // The first error of each kind is its example, unless a later one says why where
+            // the first did not.
+            let kind = error.kind();
+            match detail.error_examples.entry(kind) {
+                Entry::Vacant(slot) => {
+                    slot.insert(error.to_string());
+                    if error.explains() {
+                        explained.insert(kind);
+                    }
+                }
+                Entry::Occupied(mut slot) => {
+                    if error.explains() && explained.insert(kind) {
+                        slot.insert(error.to_string());
+                    }
+                }
+            }
         }
         ttfts.extend(stream.ttft());
         stream_gaps.clear();
@@ -444,6 +458,37 @@ mod tests {
         assert_eq!(verdict(Some(1.0), Some(7.0)), Verdict::Janky);
         assert_eq!(verdict(None, Some(30.0)), Verdict::Janky);
         assert_eq!(verdict(Some(1.0), None), Verdict::Janky);
+    }
+
+    #[test]
+    fn an_error_that_says_why_is_its_kinds_example() {
+        let t0 = Instant::now();
+        let errors = [
+            StreamError::ConnectCanceled("request was canceled".into()),
+            StreamError::Connect("connection refused".into()),
+            StreamError::Connect("connection reset".into()),
+            StreamError::Status(502),
+            StreamError::Status(503),
+        ];
+        let streams = errors
+            .into_iter()
+            .enumerate()
+            .map(|(i, error)| {
+                let mut failed = StreamRecord::new(i as u64, t0);
+                failed.error = Some(error);
+                failed
+            })
+            .collect();
+        let run = ProbeRun {
+            started: t0,
+            finished: t0 + ms(100),
+            streams,
+        };
+        let report = summarize(&run, ms(200));
+        assert_eq!(report.detail.errors_by_kind.get("connect"), Some(&3));
+        let examples = &report.detail.error_examples;
+        assert_eq!(examples["connect"], "could not connect: connection refused");
+        assert_eq!(examples["status"], "the server answered with status 502");
     }
 
     #[test]

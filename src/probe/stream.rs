@@ -73,6 +73,11 @@ pub enum StreamError {
     /// No connection to the server could be made.
     #[error("could not connect: {0}")]
     Connect(String),
+    /// No connection was made, and hyper-util gave no reason of this stream's own ("request was
+    /// canceled"): it does so when another stream's attempt to the same server failed first.
+    /// Counted as `connect`; a report prefers another stream's reason as its example.
+    #[error("could not connect: {0}")]
+    ConnectCanceled(String),
     /// The request failed before a response arrived (after connecting).
     #[error("the request failed: {0}")]
     Request(String),
@@ -99,7 +104,7 @@ impl StreamError {
     /// A short, stable name for counting errors by kind in reports.
     pub fn kind(&self) -> &'static str {
         match self {
-            StreamError::Connect(_) => "connect",
+            StreamError::Connect(_) | StreamError::ConnectCanceled(_) => "connect",
             StreamError::Request(_) => "request",
             StreamError::Status(_) => "status",
             StreamError::Body(_) => "body",
@@ -107,6 +112,12 @@ impl StreamError {
             StreamError::NoToken => "no_token",
             StreamError::ErrorEvent => "error_event",
         }
+    }
+
+    /// Whether the error says why the stream failed, so that a report can show it as its kind's
+    /// example (a canceled connect does not).
+    pub fn explains(&self) -> bool {
+        !matches!(self, StreamError::ConnectCanceled(_))
     }
 }
 
