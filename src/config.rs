@@ -1234,6 +1234,7 @@ listen = "nowhere"
 upstream = "ftp://x"
 [timeouts]
 idle = "5"
+upstream_idle = "0s"
 [metering]
 buffer_bytes = 10
 [buckets]
@@ -1254,6 +1255,7 @@ format = "vllm"
             "server.listen",
             "server.upstream",
             "timeouts.idle",
+            "timeouts.upstream_idle",
             "metering.buffer_bytes",
             "buckets.itl",
             "routes[0].path",

@@ -116,11 +116,17 @@ pub fn server_config(resolver: Arc<ReloadableCert>) -> Result<Arc<ServerConfig>,
 /// A client configuration that trusts no certificate: for a client that may be handed an
 /// https connector but only ever speaks plain http (the probe on an http:// URL).
 pub fn client_config_without_roots() -> Result<ClientConfig, TlsError> {
+    Ok(client_builder(RootCertStore::empty())?.with_no_client_auth())
+}
+
+/// rustls' client builder with our crypto provider and protocol versions, trusting `roots`.
+fn client_builder(
+    roots: RootCertStore,
+) -> Result<rustls::ConfigBuilder<ClientConfig, rustls::client::WantsClientCert>, TlsError> {
     Ok(
         ClientConfig::builder_with_provider(Arc::new(provider::default_provider()))
             .with_safe_default_protocol_versions()?
-            .with_root_certificates(RootCertStore::empty())
-            .with_no_client_auth(),
+            .with_root_certificates(roots),
     )
 }
 
@@ -145,9 +151,7 @@ pub fn client_config(
             }
         }
     }
-    let builder = ClientConfig::builder_with_provider(Arc::new(provider::default_provider()))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots);
+    let builder = client_builder(roots)?;
     let config = match client_cert {
         Some((cert, key)) => builder.with_client_auth_cert(load_certs(cert)?, load_key(key)?)?,
         None => builder.with_no_client_auth(),
