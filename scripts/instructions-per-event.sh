@@ -7,6 +7,8 @@
 #   scripts/instructions-per-event.sh [BIN ...]        # default: target/release/metronome
 #   THREADING="per_core shared" scripts/instructions-per-event.sh   # server.threading values to
 #                                                                   # measure (default: per_core)
+#   CLIENTS="native hyper" scripts/instructions-per-event.sh        # server.upstream_client values
+#                                                                   # (default: the binary's own)
 #
 # For each binary: the sim (native, not measured) streams at a 2 ms cadence; the proxy runs under
 # callgrind; the probe (native) runs two loads of different sizes through it, and the difference
@@ -26,11 +28,11 @@ command -v valgrind >/dev/null 2>&1 || {
 # One proxy under callgrind, `requests` streams of 100 token events through it, 20 at a time.
 # Prints "<instructions> <token events>".
 measure() {
-  local bin=$1 metering=$2 requests=$3 sim_port=$4 threading=$5
+  local bin=$1 metering=$2 requests=$3 sim_port=$4 threading=$5 client=$6
   local port admin out
   port=$(free_port)
   admin=$(free_port)
-  proxy_config "$port" "$admin" "$sim_port" "$metering" "$threading"
+  proxy_config "$port" "$admin" "$sim_port" "$metering" "$threading" "$client"
   out="$work/callgrind.$metering.$requests.out"
   TOKIO_WORKER_THREADS=2 valgrind --tool=callgrind --callgrind-out-file="$out" \
     "$bin" serve --config "$work/m.toml" >"$work/proxy.log" 2>&1 &
@@ -46,8 +48,8 @@ measure() {
   echo "$ir $events"
 }
 
-printf '| binary | threading | metering | instructions per token event | token events (large - small run) |\n'
-printf '|---|---|---|---|---|\n'
+printf '| binary | threading | upstream client | metering | instructions per token event | token events (large - small run) |\n'
+printf '|---|---|---|---|---|---|\n'
 for bin in "$@"; do
   sim_port=$(free_port)
   "$bin" sim --listen "127.0.0.1:$sim_port" --gap 2ms --ttft 5ms >"$work/sim.log" 2>&1 &
@@ -55,17 +57,19 @@ for bin in "$@"; do
   pids+=("$sim")
   wait_port "$sim_port"
   for threading in ${THREADING:-per_core}; do
+   for client in ${CLIENTS:-default}; do
     for metering in true false; do
-      read -r ir_small ev_small < <(measure "$bin" "$metering" 20 "$sim_port" "$threading")
-      read -r ir_large ev_large < <(measure "$bin" "$metering" 120 "$sim_port" "$threading")
-      python3 - "$bin" "$threading" "$metering" "$ir_small" "$ev_small" "$ir_large" "$ev_large" <<'EOF'
+      read -r ir_small ev_small < <(measure "$bin" "$metering" 20 "$sim_port" "$threading" "$client")
+      read -r ir_large ev_large < <(measure "$bin" "$metering" 120 "$sim_port" "$threading" "$client")
+      python3 - "$bin" "$threading" "$client" "$metering" "$ir_small" "$ev_small" "$ir_large" "$ev_large" <<'EOF'
 import sys
-bin_, threading, metering, ir_s, ev_s, ir_l, ev_l = sys.argv[1:]
+bin_, threading, client, metering, ir_s, ev_s, ir_l, ev_l = sys.argv[1:]
 d_ir, d_ev = int(ir_l) - int(ir_s), int(ev_l) - int(ev_s)
 per = d_ir / d_ev if d_ev else float("nan")
-print(f"| {bin_} | {threading} | {'on' if metering == 'true' else 'off'} | {per:,.0f} | {d_ev:,} |")
+print(f"| {bin_} | {threading} | {client} | {'on' if metering == 'true' else 'off'} | {per:,.0f} | {d_ev:,} |")
 EOF
     done
+   done
   done
   kill "$sim" 2>/dev/null || true
   wait "$sim" 2>/dev/null || true

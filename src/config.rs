@@ -181,6 +181,7 @@ struct RawServer {
     drain_grace: String,
     workers: u64,
     threading: String,
+    upstream_client: String,
 }
 
 impl Default for RawServer {
@@ -192,6 +193,7 @@ impl Default for RawServer {
             drain_grace: "30s".into(),
             workers: 0,
             threading: "per_core".into(),
+            upstream_client: "native".into(),
         }
     }
 }
@@ -409,6 +411,8 @@ pub struct Config {
     pub drain_grace: Duration,
     /// How the proxy listener's connections are spread over threads.
     pub threading: Threading,
+    /// Which HTTP/1.1 client plain-http upstreams go through.
+    pub upstream_client: crate::proxy::upstream::ClientKind,
     /// Threads serving the proxy listener; `None`: one per CPU this process may use.
     pub workers: Option<std::num::NonZeroUsize>,
     /// Connecting to the upstream.
@@ -629,6 +633,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let drain_grace = duration("server.drain_grace", &raw.server.drain_grace, &mut problem);
     let threading = Threading::parse(&raw.server.threading)
         .map_err(|e| problem("server.threading", e))
+        .ok();
+    let upstream_client = crate::proxy::upstream::ClientKind::parse(&raw.server.upstream_client)
+        .map_err(|e| problem("server.upstream_client", e))
         .ok();
     if raw.server.workers > MAX_WORKERS {
         problem(
@@ -973,6 +980,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         upstream,
         drain_grace,
         threading,
+        upstream_client,
         connect_timeout,
         first_byte_timeout,
         idle_timeout,
@@ -988,6 +996,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             Some(upstream),
             Some(drain_grace),
             Some(threading),
+            Some(upstream_client),
             Some(connect_timeout),
             Some(first_byte_timeout),
             Some(idle_timeout),
@@ -1002,6 +1011,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             upstream,
             drain_grace,
             threading,
+            upstream_client,
             workers,
             connect_timeout,
             first_byte_timeout,
@@ -1232,6 +1242,7 @@ mod tests {
 [server]
 listen = "nowhere"
 upstream = "ftp://x"
+upstream_client = "curl"
 [timeouts]
 idle = "5"
 upstream_idle = "0s"
@@ -1254,6 +1265,7 @@ format = "vllm"
         for key in [
             "server.listen",
             "server.upstream",
+            "server.upstream_client",
             "timeouts.idle",
             "timeouts.upstream_idle",
             "metering.buffer_bytes",

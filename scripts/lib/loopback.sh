@@ -27,8 +27,11 @@ wait_port() {
 }
 
 # Writes a metronome configuration to $work/m.toml: proxy on 127.0.0.1:$1, admin on :$2, the
-# upstream on :$3, metering $4 (true/false), server.threading $5 (default per_core).
+# upstream on :$3, metering $4 (true/false), server.threading $5 (default per_core),
+# server.upstream_client $6 (default: the key is not written, for binaries older than it).
 proxy_config() {
+  local client_line=""
+  [ "${6:-default}" = default ] || client_line="upstream_client = \"$6\""
   cat >"$work/m.toml" <<TOML
 [server]
 listen = "127.0.0.1:$1"
@@ -36,6 +39,7 @@ admin = "127.0.0.1:$2"
 upstream = "http://127.0.0.1:$3"
 drain_grace = "1s"
 threading = "${5:-per_core}"
+$client_line
 
 [readiness]
 check_upstream = false

@@ -21,7 +21,7 @@ pin_project_lite::pin_project! {
         /// A metered stream.
         Metered { #[pin] body: EgressBody },
         /// A response that is not a stream: passed through, timed at its end.
-        Passthrough { #[pin] body: TimedBody<hyper::body::Incoming> },
+        Passthrough { #[pin] body: TimedBody<super::upstream::UpstreamBody> },
         /// A body metronome wrote (an error, a health answer).
         Local { #[pin] body: Full<Bytes> },
     }

@@ -11,10 +11,11 @@ use std::time::Instant;
 use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 
-use super::body::{BodyTooLarge, ProxyBody, RequestBody, TimedBody};
+use super::body::{ProxyBody, RequestBody, TimedBody};
 use super::egress_clock::EgressClock;
 use super::headers::{append_forwarded, content_type_essence, remove_hop_by_hop};
 use super::metered::{meter, MeterSettings};
+use super::upstream::UpstreamFailure;
 use super::{ProxyState, UpstreamClient};
 use crate::format::{Accounting, Format};
 use crate::ledger::{StreamInfo, StreamLedger};
@@ -32,63 +33,6 @@ pub struct Connection {
     pub clock: Arc<EgressClock>,
     /// The upstream client of the thread serving this connection.
     pub client: UpstreamClient,
-}
-
-/// Why a request got no upstream response, as `metronome_upstream_errors_total{kind}` and the
-/// JSON error body say it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum UpstreamFailure {
-    Connect,
-    Timeout,
-    Reset,
-    Protocol,
-}
-
-// === impl UpstreamFailure ===
-
-impl UpstreamFailure {
-    fn kind(self) -> &'static str {
-        match self {
-            UpstreamFailure::Connect => "connect",
-            UpstreamFailure::Timeout => "timeout",
-            UpstreamFailure::Reset => "reset",
-            UpstreamFailure::Protocol => "protocol",
-        }
-    }
-
-    fn classify(error: &hyper_util::client::legacy::Error) -> Self {
-        let timed_out = error_chain(error).any(|e| {
-            e.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        });
-        if timed_out {
-            UpstreamFailure::Timeout
-        } else if error.is_connect() {
-            UpstreamFailure::Connect
-        } else {
-            let text = format!("{error:?}");
-            if text.contains("Reset")
-                || text.contains("closed")
-                || text.contains("IncompleteMessage")
-            {
-                UpstreamFailure::Reset
-            } else {
-                UpstreamFailure::Protocol
-            }
-        }
-    }
-}
-
-/// The causes of an error, outermost first.
-fn error_chain<'a>(
-    error: &'a (dyn std::error::Error + 'static),
-) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
-    let mut next = error.source();
-    std::iter::from_fn(move || {
-        let current = next?;
-        next = current.source();
-        Some(current)
-    })
 }
 
 /// Handles one request from a client connection.
@@ -162,7 +106,7 @@ pub async fn handle(
     .await;
     let response = match sent {
         Ok(Ok(response)) => response,
-        Ok(Err(error)) if error_chain(&error).any(|e| e.is::<BodyTooLarge>()) => {
+        Ok(Err(error)) if error.body_too_large => {
             return Ok(state.answer_error(
                 &route.name,
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -171,16 +115,12 @@ pub async fn handle(
             ));
         }
         Ok(Err(error)) => {
-            let failure = UpstreamFailure::classify(&error);
-            state.count_upstream_error(&route.name, failure.kind());
-            let (status, kind) = match failure {
+            state.count_upstream_error(&route.name, error.failure.kind());
+            let (status, kind) = match error.failure {
                 UpstreamFailure::Timeout => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
                 _ => (StatusCode::BAD_GATEWAY, "upstream_unavailable"),
             };
-            let cause = error_chain(&error)
-                .last()
-                .map(|e| e.to_string())
-                .unwrap_or_else(|| error.to_string());
+            let cause = &error.cause;
             let message = format!("upstream {} failed: {cause}", route.upstream);
             tracing::warn!(route = %route.name, upstream = %route.upstream, error = %cause, "upstream request failed");
             return Ok(state.answer_error(&route.name, status, kind, &message));

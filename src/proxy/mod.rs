@@ -15,6 +15,7 @@ pub mod listener;
 pub mod metered;
 pub mod reload;
 pub mod router;
+pub mod upstream;
 pub mod workers;
 
 use std::net::SocketAddr;
@@ -23,7 +24,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use http::{header, HeaderValue, Response, StatusCode};
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -36,8 +36,9 @@ use crate::metrics::{status_class, Metrics, ModelLabels};
 use crate::timeline::StreamRegistry;
 use crate::tls;
 use body::ProxyBody;
-use body::RequestBody;
 use router::Router;
+pub use upstream::UpstreamClient;
+use upstream::{native::NativeClient, ClientKind};
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -49,9 +50,6 @@ pub enum StartError {
     #[error("TLS: {0}")]
     Tls(#[from] tls::TlsError),
 }
-
-/// The pooled client requests go upstream through.
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
 
 /// The error type of response bodies: anything that aborts a response.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -156,7 +154,8 @@ impl ProxyState {
 
     /// A new pooled upstream client (http and https); request bodies are streamed through it,
     /// never buffered. Under `threading = "per_core"` every worker has its own, so an upstream
-    /// connection is read on the thread that serves its client.
+    /// connection is read on the thread that serves its client. Plain-http upstreams go through
+    /// metronome's own HTTP/1.1 client unless `server.upstream_client = "hyper"`.
     pub fn upstream_client(&self) -> UpstreamClient {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -170,10 +169,17 @@ impl ProxyState {
         // The idle timeout needs a timer: without one hyper-util never evicts an idle
         // connection, and every connection of a past burst stays open. An expired connection is
         // also never handed out (hyper-util checks on checkout).
-        Client::builder(TokioExecutor::new())
+        let hyper = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(self.config.upstream_idle_timeout)
             .pool_timer(TokioTimer::new())
-            .build(connector)
+            .build(connector);
+        let native = (self.config.upstream_client == ClientKind::Native).then(|| {
+            NativeClient::new(
+                self.config.connect_timeout,
+                self.config.upstream_idle_timeout,
+            )
+        });
+        UpstreamClient::new(native, hyper)
     }
 
     /// The routing table in force now; take it once per request.

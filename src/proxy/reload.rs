@@ -112,6 +112,12 @@ pub fn apply(state: &ProxyState, new: Config) -> Reloaded {
         new.threading.name().into(),
     );
     fixed(
+        "server.upstream_client",
+        new.upstream_client != old.upstream_client,
+        old.upstream_client.name().into(),
+        new.upstream_client.name().into(),
+    );
+    fixed(
         "server.workers",
         new.workers != old.workers,
         format!("{:?}", old.workers),

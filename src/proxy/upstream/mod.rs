@@ -1,0 +1,253 @@
+//! The upstream side of the proxy: sending a request to the inference server and reading its
+//! response.
+//!
+//! Plain-http upstreams go through [`native`], metronome's own HTTP/1.1 client: the response body
+//! reads its connection when the egress body polls it, so a frame crosses the proxy in one poll
+//! of one task. https upstreams (and every upstream under `server.upstream_client = "hyper"`)
+//! go through hyper-util's pooled client. Either way the caller gets an [`UpstreamBody`] and, on
+//! failure, an [`UpstreamError`] that says which kind of failure it was.
+
+pub mod decode;
+pub mod native;
+pub mod pool;
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+
+use super::body::{BodyTooLarge, RequestBody};
+use native::{NativeBody, NativeBodyError, NativeClient};
+
+/// hyper-util's pooled client (http and https).
+pub type HyperClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
+
+/// Which client plain-http upstreams go through (`server.upstream_client`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientKind {
+    /// metronome's own HTTP/1.1 client: one task per frame.
+    Native,
+    /// hyper-util's client for every upstream.
+    Hyper,
+}
+
+// === impl ClientKind ===
+
+impl ClientKind {
+    /// The value as `server.upstream_client` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClientKind::Native => "native",
+            ClientKind::Hyper => "hyper",
+        }
+    }
+
+    /// Reads `server.upstream_client`.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value {
+            "native" => Ok(ClientKind::Native),
+            "hyper" => Ok(ClientKind::Hyper),
+            other => Err(format!(
+                "{other:?} is not a client; expected \"native\" or \"hyper\""
+            )),
+        }
+    }
+}
+
+/// The client a worker's requests go upstream through.
+#[derive(Debug, Clone)]
+pub struct UpstreamClient {
+    /// For http:// upstreams, unless hyper is asked for.
+    native: Option<NativeClient>,
+    /// For https:// upstreams (and all of them without `native`).
+    hyper: HyperClient,
+}
+
+// === impl UpstreamClient ===
+
+impl UpstreamClient {
+    /// A client that sends plain-http requests through `native` when given, and everything else
+    /// through `hyper`.
+    pub fn new(native: Option<NativeClient>, hyper: HyperClient) -> Self {
+        UpstreamClient { native, hyper }
+    }
+
+    /// The native client, when plain-http upstreams use it.
+    pub fn native(&self) -> Option<&NativeClient> {
+        self.native.as_ref()
+    }
+
+    /// Sends `request` (its URI absolute) and reads the response head.
+    pub async fn request(
+        &self,
+        request: Request<RequestBody>,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        match &self.native {
+            Some(native) if request.uri().scheme_str() == Some("http") => {
+                let response = native.request(request).await?;
+                Ok(response.map(|body| UpstreamBody::Native { body }))
+            }
+            _ => {
+                let response = self
+                    .hyper
+                    .request(request)
+                    .await
+                    .map_err(UpstreamError::from_hyper)?;
+                Ok(response.map(|body| UpstreamBody::Hyper { body }))
+            }
+        }
+    }
+}
+
+/// Why a request got no upstream response, as `metronome_upstream_errors_total{kind}` and the
+/// JSON error body say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// The connection could not be made.
+    Connect,
+    /// It took too long (connecting).
+    Timeout,
+    /// The connection broke or closed before the response head.
+    Reset,
+    /// The upstream did not speak HTTP/1.1 as it must.
+    Protocol,
+}
+
+// === impl UpstreamFailure ===
+
+impl UpstreamFailure {
+    /// The `kind` label.
+    pub fn kind(self) -> &'static str {
+        match self {
+            UpstreamFailure::Connect => "connect",
+            UpstreamFailure::Timeout => "timeout",
+            UpstreamFailure::Reset => "reset",
+            UpstreamFailure::Protocol => "protocol",
+        }
+    }
+}
+
+/// A request that got no response head from the upstream.
+#[derive(Debug)]
+pub struct UpstreamError {
+    /// Which kind of failure.
+    pub failure: UpstreamFailure,
+    /// What went wrong, for the JSON error and the log.
+    pub cause: String,
+    /// The client's request body went past `limits.max_request_body_bytes` (answered 413).
+    pub body_too_large: bool,
+}
+
+// === impl UpstreamError ===
+
+impl UpstreamError {
+    /// An error of this kind.
+    pub fn new(failure: UpstreamFailure, cause: String) -> Self {
+        UpstreamError {
+            failure,
+            cause,
+            body_too_large: false,
+        }
+    }
+
+    /// Reads a hyper-util client error: its kind from its causes, its cause from the innermost.
+    pub fn from_hyper(error: hyper_util::client::legacy::Error) -> Self {
+        let timed_out = error_chain(&error).any(|e| {
+            e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        });
+        let failure = if timed_out {
+            UpstreamFailure::Timeout
+        } else if error.is_connect() {
+            UpstreamFailure::Connect
+        } else {
+            let text = format!("{error:?}");
+            if text.contains("Reset")
+                || text.contains("closed")
+                || text.contains("IncompleteMessage")
+            {
+                UpstreamFailure::Reset
+            } else {
+                UpstreamFailure::Protocol
+            }
+        };
+        let cause = error_chain(&error)
+            .last()
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| error.to_string());
+        UpstreamError {
+            failure,
+            cause,
+            body_too_large: error_chain(&error).any(|e| e.is::<BodyTooLarge>()),
+        }
+    }
+}
+
+/// The causes of an error, outermost first.
+fn error_chain<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    let mut next = error.source();
+    std::iter::from_fn(move || {
+        let current = next?;
+        next = current.source();
+        Some(current)
+    })
+}
+
+pin_project_lite::pin_project! {
+    /// A response body from the upstream, from whichever client read its head.
+    #[project = UpstreamBodyProj]
+    #[derive(Debug)]
+    pub enum UpstreamBody {
+        /// Read off its connection by metronome's HTTP/1.1 client.
+        Native { #[pin] body: NativeBody },
+        /// Handed over by hyper's connection task.
+        Hyper { #[pin] body: hyper::body::Incoming },
+    }
+}
+
+/// Why an upstream response body failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamBodyError {
+    /// From the native client.
+    #[error("{0}")]
+    Native(#[from] NativeBodyError),
+    /// From hyper.
+    #[error("{0}")]
+    Hyper(#[from] hyper::Error),
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = UpstreamBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamBodyError>>> {
+        match self.project() {
+            UpstreamBodyProj::Native { body } => body.poll_frame(cx).map_err(Into::into),
+            UpstreamBodyProj::Hyper { body } => body.poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Native { body } => body.is_end_stream(),
+            UpstreamBody::Hyper { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Native { body } => body.size_hint(),
+            UpstreamBody::Hyper { body } => body.size_hint(),
+        }
+    }
+}

@@ -1,0 +1,644 @@
+//! metronome's own HTTP/1.1 client for plain-http upstreams: it writes the request from the
+//! request handler's task, reads the response head there, and leaves the connection in the
+//! response body, which reads and decodes the socket when the egress body polls it.
+//!
+//! This is what hyper-util's client does with two tasks and a channel per frame (its connection
+//! task reads and decodes, then hands each chunk to the response body); here a frame goes from
+//! the upstream socket to the client socket in one poll of the client connection's task, as in
+//! an event-loop proxy. What it does not do, hyper-util's client (kept for https upstreams and
+//! `server.upstream_client = "hyper"`) does: TLS, HTTP/2, upgrades.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use super::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
+use super::pool::{Conn, Pool};
+use super::{UpstreamError, UpstreamFailure};
+use crate::proxy::body::{BodyTooLarge, RequestBody};
+
+/// The most header fields a response head may have (as hyper).
+const MAX_HEADERS: usize = 100;
+/// The longest response head read.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// A connection's first read buffer: a few SSE frames. It doubles, up to [`MAX_READ`], while
+/// reads fill it (a large body that is not a stream).
+const FIRST_READ: usize = 4 * 1024;
+/// The largest read buffer.
+const MAX_READ: usize = 64 * 1024;
+/// Request body bytes gathered before a write (a body that is all there goes out with its head
+/// in one write; one that is still arriving goes out as it comes).
+const WRITE_BATCH: usize = 64 * 1024;
+
+/// Sends requests to plain-http upstreams over pooled HTTP/1.1 connections.
+#[derive(Debug, Clone)]
+pub struct NativeClient {
+    pool: Pool,
+    connect_timeout: Duration,
+}
+
+// === impl NativeClient ===
+
+impl NativeClient {
+    /// A client with its own pool (connections idle for `idle_timeout` are closed).
+    pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Self {
+        NativeClient {
+            pool: Pool::new(idle_timeout),
+            connect_timeout,
+        }
+    }
+
+    /// The pool (for tests).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Sends `request` (its URI absolute, http://) and reads the response head. The request body
+    /// is streamed; the response body reads the connection as it is polled.
+    pub async fn request(
+        &self,
+        request: Request<RequestBody>,
+    ) -> Result<Response<NativeBody>, UpstreamError> {
+        let authority = authority(request.uri())?;
+        let (mut parts, body) = request.into_parts();
+        let head_only = parts.method == Method::HEAD;
+        // The whole body is written before the response is read, so waiting for a
+        // `100 Continue` would only delay it.
+        parts.headers.remove(header::EXPECT);
+        if !parts.headers.contains_key(header::HOST) {
+            if let Ok(host) = HeaderValue::from_str(&authority) {
+                parts.headers.insert(header::HOST, host);
+            }
+        }
+        let mut conn = match self.pool.checkout(&authority) {
+            Some(conn) => conn,
+            None => self.connect(&authority).await?,
+        };
+        write_request(&mut conn.io, &parts, body).await?;
+        let (response, length, keep_alive) = read_head(&mut conn, head_only).await?;
+        let body = NativeBody {
+            conn: Some(conn),
+            decoder: Decoder::new(length),
+            read_size: FIRST_READ,
+            release: keep_alive.then(|| (self.pool.clone(), authority)),
+            failed: None,
+        };
+        Ok(response.map(|()| body))
+    }
+
+    async fn connect(&self, authority: &str) -> Result<Conn, UpstreamError> {
+        let io =
+            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority)).await {
+                Ok(Ok(io)) => io,
+                Ok(Err(e)) => {
+                    return Err(UpstreamError::new(
+                        UpstreamFailure::Connect,
+                        format!("tcp connect error: {e}"),
+                    ))
+                }
+                Err(_) => {
+                    return Err(UpstreamError::new(
+                        UpstreamFailure::Timeout,
+                        format!("tcp connect timed out after {:?}", self.connect_timeout),
+                    ))
+                }
+            };
+        // A token must not wait for Nagle, in either direction.
+        let _ = io.set_nodelay(true);
+        Ok(Conn {
+            io,
+            buf: BytesMut::new(),
+        })
+    }
+}
+
+/// `host:port` of an http:// URI (port 80 when it names none).
+fn authority(uri: &http::Uri) -> Result<Arc<str>, UpstreamError> {
+    let authority = uri.authority().ok_or_else(|| {
+        UpstreamError::new(UpstreamFailure::Protocol, format!("no authority in {uri}"))
+    })?;
+    Ok(match authority.port_u16() {
+        Some(_) => Arc::from(authority.as_str()),
+        None => Arc::from(format!("{}:80", authority.host())),
+    })
+}
+
+/// Writes the request line, the header fields and the body, streamed: what has arrived of the
+/// body goes out with the head, the rest as it comes (`content-length` when the length is known,
+/// chunked otherwise).
+async fn write_request(
+    io: &mut TcpStream,
+    parts: &http::request::Parts,
+    mut body: RequestBody,
+) -> Result<(), UpstreamError> {
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &parts.headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let declared = parts.headers.contains_key(header::CONTENT_LENGTH);
+    let exact = body.size_hint().exact();
+    let chunked = !declared && exact.is_none() && !body.is_end_stream();
+    if chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    } else if !declared {
+        let length = exact.unwrap_or(0);
+        if length > 0 || !matches!(parts.method, Method::GET | Method::HEAD) {
+            out.extend_from_slice(format!("content-length: {length}\r\n").as_bytes());
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+
+    let send = |e: std::io::Error| {
+        UpstreamError::new(
+            UpstreamFailure::Reset,
+            format!("cannot send the request: {e}"),
+        )
+    };
+    loop {
+        // Take what is there; before waiting for more, send what was gathered.
+        let frame = match body.frame().now_or_never() {
+            Some(frame) => frame,
+            None => {
+                if !out.is_empty() {
+                    io.write_all(&out).await.map_err(send)?;
+                    out.clear();
+                }
+                body.frame().await
+            }
+        };
+        match frame {
+            None => break,
+            Some(Err(e)) => {
+                let too_large = e.is::<BodyTooLarge>();
+                let mut error = UpstreamError::new(
+                    UpstreamFailure::Reset,
+                    format!("the client's request body failed: {e}"),
+                );
+                error.body_too_large = too_large;
+                return Err(error);
+            }
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    // Request trailers are not forwarded (hyper-util's client drops them too).
+                    continue;
+                };
+                if data.is_empty() {
+                    continue;
+                }
+                if chunked {
+                    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                }
+                out.extend_from_slice(&data);
+                if chunked {
+                    out.extend_from_slice(b"\r\n");
+                }
+                if out.len() >= WRITE_BATCH {
+                    io.write_all(&out).await.map_err(send)?;
+                    out.clear();
+                }
+            }
+        }
+    }
+    if chunked {
+        out.extend_from_slice(b"0\r\n\r\n");
+    }
+    if !out.is_empty() {
+        io.write_all(&out).await.map_err(send)?;
+    }
+    Ok(())
+}
+
+/// Reads the response head (skipping `100 Continue` and other interim answers): the response
+/// without its body, the body's length, and whether the connection may be used again after it.
+async fn read_head(
+    conn: &mut Conn,
+    head_only: bool,
+) -> Result<(Response<()>, BodyLength, bool), UpstreamError> {
+    loop {
+        let parsed = parse_head(&mut conn.buf, head_only)?;
+        if let Some((response, length, keep_alive)) = parsed {
+            if response.status().is_informational() {
+                if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                    return Err(UpstreamError::new(
+                        UpstreamFailure::Protocol,
+                        "the upstream switched protocols, which was not asked for".into(),
+                    ));
+                }
+                continue;
+            }
+            return Ok((response, length, keep_alive));
+        }
+        if conn.buf.len() >= MAX_HEAD_BYTES {
+            return Err(UpstreamError::new(
+                UpstreamFailure::Protocol,
+                format!("the response head is longer than {MAX_HEAD_BYTES} bytes"),
+            ));
+        }
+        conn.buf.reserve(FIRST_READ);
+        let read = std::future::poll_fn(|cx| poll_read(&mut conn.io, &mut conn.buf, cx)).await;
+        match read {
+            Ok(0) if conn.buf.is_empty() => {
+                return Err(UpstreamError::new(
+                    UpstreamFailure::Reset,
+                    "connection closed before message completed: the upstream sent no response"
+                        .into(),
+                ))
+            }
+            Ok(0) => {
+                return Err(UpstreamError::new(
+                    UpstreamFailure::Reset,
+                    "connection closed before message completed: the response head was cut off"
+                        .into(),
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Err(UpstreamError::new(
+                    UpstreamFailure::Reset,
+                    format!("cannot read the response: {e}"),
+                ))
+            }
+        }
+    }
+}
+
+/// Reads a response head off `buf` when all of it is there.
+fn parse_head(
+    buf: &mut BytesMut,
+    head_only: bool,
+) -> Result<Option<(Response<()>, BodyLength, bool)>, UpstreamError> {
+    let protocol = |what: String| UpstreamError::new(UpstreamFailure::Protocol, what);
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut head = httparse::Response::new(&mut fields);
+    let end = match head.parse(buf) {
+        Ok(httparse::Status::Complete(end)) => end,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(protocol(format!("invalid response head: {e}"))),
+    };
+    let code = head.code.unwrap_or_default();
+    let status =
+        StatusCode::from_u16(code).map_err(|_| protocol(format!("invalid status code {code}")))?;
+    let http10 = head.version == Some(0);
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    *response.version_mut() = if http10 {
+        http::Version::HTTP_10
+    } else {
+        http::Version::HTTP_11
+    };
+    let headers = response.headers_mut();
+    headers.reserve(head.headers.len());
+    for field in head.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| protocol(format!("invalid header name {:?}", field.name)))?;
+        let value = HeaderValue::from_bytes(field.value)
+            .map_err(|_| protocol(format!("invalid value of header {}", field.name)))?;
+        headers.append(name, value);
+    }
+    let _ = buf.split_to(end);
+    let length = body_length(status, head_only, response.headers()).map_err(protocol)?;
+    let keep_alive = !http10
+        && length != BodyLength::UntilClose
+        && !has_token(response.headers(), header::CONNECTION, "close");
+    Ok(Some((response, length, keep_alive)))
+}
+
+/// The body's length as RFC 9112 §6.3 reads it from the head.
+fn body_length(
+    status: StatusCode,
+    head_only: bool,
+    headers: &HeaderMap,
+) -> Result<BodyLength, String> {
+    if head_only
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(BodyLength::Empty);
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        // Chunked only as the last coding; any other last coding runs until close.
+        let last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .rfind(|c| !c.is_empty());
+        return Ok(match last {
+            Some(c) if c.eq_ignore_ascii_case("chunked") => BodyLength::Chunked,
+            _ => BodyLength::UntilClose,
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for part in value
+            .to_str()
+            .map_err(|_| "invalid content-length")?
+            .split(',')
+        {
+            let n: u64 = part
+                .trim()
+                .parse()
+                .map_err(|_| format!("invalid content-length {part:?}"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err("conflicting content-length values".into());
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length.map_or(BodyLength::UntilClose, BodyLength::Length))
+}
+
+/// Whether a comma-separated header lists `token`.
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// Reads what the socket has into `buf`'s spare room (reserve before): the bytes read, 0 at the
+/// connection's end.
+fn poll_read(
+    io: &mut TcpStream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<usize>> {
+    loop {
+        match io.try_read_buf(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                ready!(io.poll_read_ready(cx))?;
+            }
+            result => return Poll::Ready(result),
+        }
+    }
+}
+
+/// Why a response body from the native client failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NativeBodyError {
+    /// The upstream closed the connection before the body's end.
+    #[error("connection closed before message completed: {0}")]
+    Incomplete(#[from] Incomplete),
+    /// The upstream broke the chunked framing.
+    #[error("invalid response body: {0}")]
+    Decode(#[from] DecodeError),
+    /// Reading the socket failed (a reset).
+    #[error("error reading the response body: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A response body read straight off its upstream connection as it is polled. At its clean end
+/// the connection goes back to the pool (when the upstream keeps it open and sent nothing after
+/// the body); dropped before its end, it closes the connection, so the upstream stops.
+#[derive(Debug)]
+pub struct NativeBody {
+    /// `None` once the body ended or failed.
+    conn: Option<Conn>,
+    decoder: Decoder,
+    /// The next read's buffer room.
+    read_size: usize,
+    /// Where the connection goes after a clean end; `None` when it cannot be used again.
+    release: Option<(Pool, Arc<str>)>,
+    /// An error to give on the next poll.
+    failed: Option<NativeBodyError>,
+}
+
+// === impl NativeBody ===
+
+impl NativeBody {
+    /// The body has ended: the connection goes back to the pool if it can be used again.
+    fn finish(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        if let Some((pool, authority)) = self.release.take() {
+            // Bytes after the body are an answer to nothing: such a connection is not reused.
+            if conn.buf.is_empty() {
+                pool.checkin(authority, conn);
+            }
+        }
+    }
+
+    /// The body failed. The error waits one poll: hyper aborts the response as soon as it sees
+    /// an error, dropping what it has not yet written, so it first gets a `Pending` (and an
+    /// immediate wake-up) to write out the frames before the failure, as when the error came
+    /// from another task.
+    fn fail(
+        &mut self,
+        error: NativeBodyError,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, NativeBodyError>>> {
+        self.conn = None;
+        self.failed = Some(error);
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+impl Body for NativeBody {
+    type Data = Bytes;
+    type Error = NativeBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, NativeBodyError>>> {
+        let this = self.get_mut();
+        if let Some(error) = this.failed.take() {
+            return Poll::Ready(Some(Err(error)));
+        }
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match this.decoder.decode(&mut conn.buf) {
+                Err(e) => return this.fail(e.into(), cx),
+                Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(Decoded::End(trailers)) => {
+                    this.finish();
+                    return Poll::Ready(
+                        (!trailers.is_empty()).then(|| Ok(Frame::trailers(trailers))),
+                    );
+                }
+                Ok(Decoded::NeedMore) => {
+                    if conn.buf.capacity() - conn.buf.len() < this.read_size / 4 {
+                        conn.buf.reserve(this.read_size);
+                    }
+                    let room = conn.buf.capacity() - conn.buf.len();
+                    match ready!(poll_read(&mut conn.io, &mut conn.buf, cx)) {
+                        Ok(0) => match this.decoder.eof() {
+                            Ok(()) => {
+                                this.conn = None;
+                                return Poll::Ready(None);
+                            }
+                            Err(e) => return this.fail(e.into(), cx),
+                        },
+                        Ok(n) => {
+                            if n == room {
+                                this.read_size = (this.read_size * 2).min(MAX_READ);
+                            }
+                        }
+                        Err(e) => return this.fail(e.into(), cx),
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed.is_none() && (self.conn.is_none() || self.decoder.is_done())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.decoder.remaining() {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for NativeBody {
+    fn drop(&mut self) {
+        // hyper stops polling a body with a known length once it has all its bytes: the
+        // connection is still good for the next request.
+        if self.decoder.is_done() {
+            self.finish();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(wire: &[u8], head_only: bool) -> (Response<()>, BodyLength, bool, BytesMut) {
+        let mut buf = BytesMut::from(wire);
+        let (response, length, keep_alive) = parse_head(&mut buf, head_only)
+            .unwrap_or_else(|e| panic!("{}", e.cause))
+            .expect("complete");
+        (response, length, keep_alive, buf)
+    }
+
+    #[test]
+    fn the_body_length_follows_rfc_9112() {
+        let cases: [(&[u8], bool, BodyLength, bool); 9] = [
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+                false,
+                BodyLength::Chunked,
+                true,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\n",
+                false,
+                BodyLength::Length(12),
+                true,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 12, 12\r\n\r\n",
+                false,
+                BodyLength::Length(12),
+                true,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\n",
+                true,
+                BodyLength::Empty,
+                true,
+            ),
+            (
+                b"HTTP/1.1 204 No Content\r\n\r\n",
+                false,
+                BodyLength::Empty,
+                true,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\n\r\n",
+                false,
+                BodyLength::UntilClose,
+                false,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+                false,
+                BodyLength::UntilClose,
+                false,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: keep-alive, close\r\n\r\n",
+                false,
+                BodyLength::Length(3),
+                false,
+            ),
+            (
+                b"HTTP/1.0 200 OK\r\ncontent-length: 3\r\n\r\n",
+                false,
+                BodyLength::Length(3),
+                false,
+            ),
+        ];
+        for (wire, head_only, length, keep_alive) in cases {
+            let (_, l, k, _) = head(wire, head_only);
+            assert_eq!(
+                (l, k),
+                (length, keep_alive),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+    }
+
+    #[test]
+    fn a_head_keeps_its_fields_and_leaves_the_body_in_the_buffer() {
+        let (response, _, _, rest) = head(
+            b"HTTP/1.1 201 Created\r\nContent-Type: text/event-stream\r\nx-a: 1\r\nx-a: 2\r\n\r\ndata: x",
+            false,
+        );
+        assert_eq!(response.status(), StatusCode::CREATED);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        assert_eq!(response.headers().get_all("x-a").iter().count(), 2);
+        assert_eq!(&rest[..], b"data: x");
+    }
+
+    #[test]
+    fn a_partial_head_waits_and_a_broken_one_is_a_protocol_error() {
+        let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\ncontent-"[..]);
+        assert!(parse_head(&mut buf, false).unwrap().is_none());
+        for wire in [
+            &b"garbage\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3, 4\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+        ] {
+            let mut buf = BytesMut::from(wire);
+            let error = parse_head(&mut buf, false).unwrap_err();
+            assert_eq!(error.failure, UpstreamFailure::Protocol, "{}", error.cause);
+        }
+    }
+
+    #[test]
+    fn an_authority_without_a_port_is_port_80() {
+        let a = authority(&"http://vllm/v1/chat".parse().unwrap()).unwrap();
+        assert_eq!(&*a, "vllm:80");
+        let a = authority(&"http://[::1]:8000/v1".parse().unwrap()).unwrap();
+        assert_eq!(&*a, "[::1]:8000");
+    }
+}
