@@ -2,8 +2,10 @@
 # System calls per token event of a proxy in steady state, counted by the kernel's tracepoints
 # (perf stat): how many reads, writes, epoll waits and futex calls one forwarded frame costs.
 #
-#   scripts/syscalls-per-event.sh [PATH ...]     # paths: per_core shared passthrough nginx
-#                                                # (default: per_core shared nginx)
+#   scripts/syscalls-per-event.sh [PATH ...]   # paths: per_core shared passthrough hyper nginx
+#                                              # (default: per_core shared nginx; hyper is per_core
+#                                              # with server.upstream_client = "hyper")
+#   BIN=/tmp/other-build scripts/syscalls-per-event.sh per_core   # another binary, not rebuilt
 #
 # For each path: the sim at a 50 ms gap (20 events/s per stream), the probe opening 99 streams
 # of 200 events (10.1 s each) per second for 25 s, so that from about 10 s on 1,000 are open;
@@ -20,8 +22,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-cargo build --release --quiet
-bin=target/release/metronome
+[ -n "${BIN:-}" ] || cargo build --release --quiet
+bin=${BIN:-target/release/metronome}
 [ $# -gt 0 ] || set -- per_core shared nginx
 
 . scripts/lib/loopback.sh
@@ -60,9 +62,10 @@ EOF
       nginx -c "$work/nginx.conf" -p "$work" >"$work/proxy.log" 2>&1 &
       ;;
     *)
-      local threading=$path metering=true
+      local threading=$path metering=true client=default
       [ "$path" = passthrough ] && { threading=per_core; metering=false; }
-      proxy_config "$port" "$admin" "$sim_port" "$metering" "$threading"
+      [ "$path" = hyper ] && { threading=per_core; client=hyper; }
+      proxy_config "$port" "$admin" "$sim_port" "$metering" "$threading" "$client"
       "$bin" serve --config "$work/m.toml" >"$work/proxy.log" 2>&1 &
       ;;
   esac

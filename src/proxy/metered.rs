@@ -142,6 +142,8 @@ struct State {
     last_read: Instant,
     /// Fires at the idle deadline; moved on lazily, not per frame.
     idle: Pin<Box<Sleep>>,
+    /// The waker `idle` will wake (it need not be polled again for the same task).
+    idle_waker: Option<Waker>,
     /// The client connection's task, when the egress body waits.
     egress_waker: Option<Waker>,
     /// The reader task, when it waits (for its turn, or for room in the queue).
@@ -198,6 +200,7 @@ where
             idle: Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
                 now + settings.idle_timeout,
             ))),
+            idle_waker: None,
             egress_waker: None,
             reader_waker: None,
             reader_spawned: !inline,
@@ -286,11 +289,22 @@ impl Shared {
     }
 
     /// The upstream has nothing now: has it been silent for too long? The timer is moved on only
-    /// when it fires, not per frame.
+    /// when it fires, not per frame, and polled (which registers the waker with the timer) only
+    /// when the task waiting is not the one it will already wake.
     fn poll_idle(&self, state: &mut State, cx: &mut Context<'_>) -> Poll<Read> {
         loop {
-            if state.idle.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
+            if !state.idle.is_elapsed() {
+                let registered = state
+                    .idle_waker
+                    .as_ref()
+                    .is_some_and(|w| w.will_wake(cx.waker()));
+                if registered {
+                    return Poll::Pending;
+                }
+                if state.idle.as_mut().poll(cx).is_pending() {
+                    state.idle_waker = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
             }
             let deadline = state.last_read + self.idle_timeout;
             if Instant::now() >= deadline {
@@ -303,6 +317,7 @@ impl Shared {
                 .idle
                 .as_mut()
                 .reset(tokio::time::Instant::from_std(deadline));
+            state.idle_waker = None;
         }
     }
 

@@ -378,20 +378,15 @@ fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
 }
 
 /// Reads what the socket has into `buf`'s spare room (reserve before): the bytes read, 0 at the
-/// connection's end.
+/// connection's end. Through `AsyncRead::poll_read`, which takes a read shorter than the room as
+/// the socket drained and waits for readiness instead of trying again: one `recvfrom` per frame,
+/// not two (the second returning EAGAIN), as `try_read_buf` would do.
 fn poll_read(
     io: &mut TcpStream,
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<std::io::Result<usize>> {
-    loop {
-        match io.try_read_buf(buf) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                ready!(io.poll_read_ready(cx))?;
-            }
-            result => return Poll::Ready(result),
-        }
-    }
+    tokio_util::io::poll_read_buf(Pin::new(io), cx, buf)
 }
 
 /// Why a response body from the native client failed.
