@@ -237,8 +237,9 @@ async fn the_probe_measures_streams_over_https_with_its_cacert_and_refuses_an_un
     proxy.shutdown().await;
 }
 
-/// An https upstream serving a fixed SSE body; with `client_ca`, it demands a client certificate.
-async fn tls_upstream(cert: &Path, key: &Path, client_ca: Option<&Path>) -> u16 {
+/// An https upstream serving a fixed SSE body; with `client_ca`, it demands a client certificate;
+/// with `alpn`, it accepts only clients that offer one of those protocols.
+async fn tls_upstream(cert: &Path, key: &Path, client_ca: Option<&Path>, alpn: &[&str]) -> u16 {
     use rustls::server::WebPkiClientVerifier;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = metronome::tls::load_certs(cert).unwrap();
@@ -265,6 +266,8 @@ async fn tls_upstream(cert: &Path, key: &Path, client_ca: Option<&Path>) -> u16 
             .with_single_cert(chain, key)
             .unwrap(),
     };
+    let mut config = config;
+    config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -297,12 +300,57 @@ async fn tls_upstream(cert: &Path, key: &Path, client_ca: Option<&Path>) -> u16 
 }
 
 #[tokio::test]
+async fn the_probe_offers_in_alpn_only_the_protocol_it_speaks() {
+    // A server that accepts only h2, or only http/1.1, in ALPN refuses a client that does not
+    // offer it: the probe offers exactly the protocol it was asked for (`--http2` or not), so
+    // it cannot be switched to another without noticing.
+    use metronome::probe::{measure, summarize, Load, ProbeConfig, Stop};
+    let pki = Pki::new();
+    let (cert, key) = pki.leaf("alpn", "localhost");
+    for (server, http2, served) in [
+        ("h2", true, true),
+        ("h2", false, false),
+        ("http/1.1", false, true),
+        ("http/1.1", true, false),
+    ] {
+        let port = tls_upstream(&cert, &key, None, &[server]).await;
+        let url = format!("https://127.0.0.1:{port}/v1/chat/completions");
+        let mut config = ProbeConfig::new(&url, "m").unwrap();
+        config.stop = Stop::Requests(2);
+        config.load = Load::Closed { concurrency: 1 };
+        config.timeout = std::time::Duration::from_secs(10);
+        config.ca = Some(pki.ca_path());
+        config.http2 = http2;
+        let run = measure(&config).await.unwrap();
+        let report = summarize(&run, config.stall_threshold);
+        let errors: Vec<String> = run
+            .streams
+            .iter()
+            .filter_map(|s| s.error.as_ref().map(|e| e.to_string()))
+            .collect();
+        let case = format!("server {server}, probe http2={http2}: {errors:?}");
+        if served {
+            assert_eq!((report.requests, report.errors), (2, 0), "{case}");
+            assert_eq!(report.detail.token_events, 2, "{case}");
+        } else {
+            assert_eq!(report.errors, 2, "{case}");
+            assert!(
+                errors.iter().all(|e| e.contains("NoApplicationProtocol")
+                    || e.contains("no_application_protocol")
+                    || e.contains("canceled")),
+                "refused for want of a common protocol: {case}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
 async fn https_and_mtls_upstreams() {
     let pki = Pki::new();
     let (cert, key) = pki.leaf("upstream", "cert-a");
     let (client_cert, client_key) = pki.leaf("client", "cert-b");
-    let plain_port = tls_upstream(&cert, &key, None).await;
-    let mtls_port = tls_upstream(&cert, &key, Some(&pki.ca_path())).await;
+    let plain_port = tls_upstream(&cert, &key, None, &[]).await;
+    let mtls_port = tls_upstream(&cert, &key, Some(&pki.ca_path()), &[]).await;
     let ca = pki.ca_path();
     let config_for = |port: u16, client: bool| {
         let ca = ca.clone();

@@ -1,5 +1,5 @@
 //! What the fuzz targets share: reading a scanner input (a small header, then the body), cutting
-//! a body into frames, and the list of token accountants to fuzz.
+//! a body into frames, the list of token accountants to fuzz, and the upstream body decoder check.
 
 use metronome::format::Accounting;
 use metronome::scan::{scan_all, CollectedEvents, Framing, Scanner};
@@ -139,4 +139,58 @@ pub fn accountants() -> Vec<Accounting> {
 #[cfg(not(format_list))]
 pub fn accountants() -> Vec<Accounting> {
     vec![Accounting::openai()]
+}
+
+/// The upstream body decoder: cut anywhere, it gives the same data, the same end (or the same
+/// error) and leaves the same bytes after the body as when it reads the input whole; no piece of
+/// data is empty; it never panics. Input: 1 byte choosing the body's length (chunked, a length,
+/// or until close), 8 bytes of cut seed, then the wire.
+pub fn check_decoder(data: &[u8]) {
+    use metronome::proxy::upstream::decode::BodyLength;
+    let Some(input) = ScanInput::parse(data) else {
+        return;
+    };
+    let length = match data[0] % 4 {
+        0 | 1 => BodyLength::Chunked,
+        2 => BodyLength::Length(u64::from(data[0]) * 3),
+        _ => BodyLength::UntilClose,
+    };
+    let whole = decode_frames(length, &[input.body]);
+    let cut = decode_frames(length, &input.frames());
+    assert_eq!(whole, cut, "cut at {:?}", input.cuts);
+}
+
+/// The body's data, how it ended, and the bytes left after it.
+fn decode_frames(
+    length: metronome::proxy::upstream::decode::BodyLength,
+    frames: &[&[u8]],
+) -> (Vec<u8>, String, Vec<u8>) {
+    use metronome::proxy::upstream::decode::{Decoded, Decoder};
+    let mut decoder = Decoder::new(length);
+    let mut buf = bytes::BytesMut::new();
+    let mut body = Vec::new();
+    for (i, frame) in frames.iter().enumerate() {
+        buf.extend_from_slice(frame);
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Decoded::Data(data)) => {
+                    assert!(!data.is_empty(), "an empty piece of data");
+                    body.extend_from_slice(&data);
+                }
+                Ok(Decoded::End(trailers)) => {
+                    for later in &frames[i + 1..] {
+                        buf.extend_from_slice(later);
+                    }
+                    return (body, format!("end, {} trailers", trailers.len()), buf.to_vec());
+                }
+                Ok(Decoded::NeedMore) => break,
+                Err(e) => return (body, format!("error: {e}"), Vec::new()),
+            }
+        }
+    }
+    let end = match decoder.eof() {
+        Ok(()) => "closed: the end".to_string(),
+        Err(e) => format!("closed: {e}"),
+    };
+    (body, end, buf.to_vec())
 }

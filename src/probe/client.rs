@@ -112,7 +112,7 @@ pub async fn measure_with(
 }
 
 fn build_client(config: &ProbeConfig) -> Result<HttpClient, ProbeError> {
-    let tls = match config.url.scheme_str() {
+    let mut tls = match config.url.scheme_str() {
         Some("https") => crate::tls::client_config(config.ca.as_deref(), None)?,
         // No certificate is ever checked: reading the system's roots would only cost start-up.
         Some("http") => crate::tls::client_config_without_roots()?,
@@ -128,15 +128,14 @@ fn build_client(config: &ProbeConfig) -> Result<HttpClient, ProbeError> {
     tcp.set_connect_timeout(Some(config.timeout));
     tcp.enforce_http(false);
     // ALPN offers exactly the protocol asked for, so an https server cannot switch the probe to
-    // another one than the run claims to measure.
-    let builder = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http();
-    let connector = if config.http2 {
-        builder.enable_http2().wrap_connector(tcp)
+    // another one than the run claims to measure, and one that does not speak it refuses the
+    // handshake. (hyper-rustls's builder would offer nothing at all for HTTP/1.1.)
+    tls.alpn_protocols = vec![if config.http2 {
+        b"h2".to_vec()
     } else {
-        builder.enable_http1().wrap_connector(tcp)
-    };
+        b"http/1.1".to_vec()
+    }];
+    let connector = hyper_rustls::HttpsConnector::from((tcp, tls));
     Ok(Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(usize::MAX)
         .http2_only(config.http2)

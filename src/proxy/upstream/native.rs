@@ -314,6 +314,11 @@ fn parse_head(
     }
     let _ = buf.split_to(end);
     let length = body_length(status, head_only, response.headers()).map_err(protocol)?;
+    if response.headers().contains_key(header::TRANSFER_ENCODING) {
+        // Transfer-Encoding overrides Content-Length, and a proxy must not forward the latter
+        // (RFC 9112 §6.3): the client would frame the decoded body by a length that is not its.
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+    }
     let keep_alive = !http10
         && length != BodyLength::UntilClose
         && !has_token(response.headers(), header::CONNECTION, "close");
@@ -600,6 +605,16 @@ mod tests {
                 String::from_utf8_lossy(wire)
             );
         }
+    }
+
+    #[test]
+    fn a_content_length_beside_a_transfer_encoding_is_not_forwarded() {
+        let (response, length, _, _) = head(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n",
+            false,
+        );
+        assert_eq!(length, BodyLength::Chunked);
+        assert!(!response.headers().contains_key("content-length"));
     }
 
     #[test]
