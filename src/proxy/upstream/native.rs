@@ -57,11 +57,6 @@ impl NativeClient {
         }
     }
 
-    /// The pool (for tests).
-    pub fn pool(&self) -> &Pool {
-        &self.pool
-    }
-
     /// Sends `request` (its URI absolute, http://) and reads the response head. The request body
     /// is streamed; the response body reads the connection as it is polled.
     pub async fn request(

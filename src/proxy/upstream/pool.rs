@@ -86,8 +86,9 @@ impl Pool {
         }
     }
 
-    /// How many idle connections the pool holds (for tests).
-    pub fn idle_count(&self) -> usize {
+    /// How many idle connections the pool holds.
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
         self.lock().by_authority.values().map(Vec::len).sum()
     }
 }
