@@ -333,7 +333,11 @@ async fn an_upstream_that_goes_silent_times_out() {
         .start()
         .await;
     let proxy = proxy_with(upstream.addr, |c| c.idle_timeout = ms(300)).await;
-    let got = stream_chat(proxy.proxy_addr).await;
+    // A timer that never fires would leave the client waiting for ever: bound the wait, so that
+    // fails the test rather than hanging it.
+    let got = tokio::time::timeout(Duration::from_secs(30), stream_chat(proxy.proxy_addr))
+        .await
+        .expect("the idle timeout aborted the stream");
     assert!(got.error.is_some());
     let m = one_chat_stream_ended_as(&proxy, "upstream_timeout").await;
     assert_eq!(
