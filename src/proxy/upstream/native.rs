@@ -25,7 +25,6 @@ use super::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
 use super::pool::{Conn, Pool};
 use super::{UpstreamError, UpstreamFailure};
 use crate::proxy::body::{BodyTooLarge, RequestBody};
-use crate::proxy::headers::list_elements;
 
 /// The most header fields a response head may have (as hyper).
 const MAX_HEADERS: usize = 100;
@@ -317,8 +316,7 @@ fn parse_head(
     }
     let keep_alive = !http10
         && length != BodyLength::UntilClose
-        && !list_elements(response.headers(), header::CONNECTION)
-            .any(|t| t.eq_ignore_ascii_case("close"));
+        && !has_token(response.headers(), header::CONNECTION, "close");
     Ok(Some((response, length, keep_alive)))
 }
 
@@ -337,7 +335,13 @@ fn body_length(
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
         // Chunked only as the last coding; any other last coding runs until close.
-        let last = list_elements(headers, header::TRANSFER_ENCODING).next_back();
+        let last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .rfind(|c| !c.is_empty());
         return Ok(match last {
             Some(c) if c.eq_ignore_ascii_case("chunked") => BodyLength::Chunked,
             _ => BodyLength::UntilClose,
@@ -361,6 +365,16 @@ fn body_length(
         }
     }
     Ok(length.map_or(BodyLength::UntilClose, BodyLength::Length))
+}
+
+/// Whether a comma-separated header lists `token`.
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 /// Reads what the socket has into `buf`'s spare room (reserve before): the bytes read, 0 at the
