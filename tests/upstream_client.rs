@@ -243,7 +243,8 @@ async fn a_request_body_streamed_in_chunks_reaches_the_upstream_whole_and_chunke
 
 #[tokio::test]
 async fn a_request_body_with_a_length_keeps_it_and_an_oversized_stream_gets_a_413() {
-    let upstream = raw_upstream(vec![answer(&sse_answer())]).await;
+    let json = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+    let upstream = raw_upstream(vec![answer(&sse_answer()), answer(json)]).await;
     let proxy = proxy(&upstream, |c| c.limits.max_request_body_bytes = 64).await;
     let got = raw_client(
         proxy.proxy_addr,
@@ -272,6 +273,18 @@ async fn a_request_body_with_a_length_keeps_it_and_an_oversized_stream_gets_a_41
     .await;
     assert!(got.starts_with("HTTP/1.1 413"), "{got}");
     assert!(got.contains("request_too_large"), "{got}");
+    let next = request(proxy.proxy_addr, "GET", "/v1/models", "", false).await;
+    assert_eq!((next.status, next.bytes()), (200, b"{}".to_vec()));
+    assert_eq!(
+        upstream.accepted.load(Ordering::SeqCst),
+        2,
+        "the cut-off request's connection was closed, not pooled"
+    );
+    assert_eq!(
+        upstream.seen.lock().unwrap().len(),
+        2,
+        "the cut-off request never reached the upstream whole"
+    );
     proxy.shutdown().await;
 }
 

@@ -15,14 +15,25 @@ const HOP_BY_HOP: [&str; 7] = [
     "upgrade",
 ];
 
-/// Removes `Connection`, every header it names, and the fixed hop-by-hop headers.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
+/// The elements of a comma-separated header (`Connection`, `Transfer-Encoding`), over all its
+/// fields, trimmed, empty ones skipped; a field that is not text is skipped.
+pub fn list_elements(
+    headers: &HeaderMap,
+    name: HeaderName,
+) -> impl DoubleEndedIterator<Item = &str> {
+    headers
+        .get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+}
+
+/// Removes `Connection`, every header it names, and the fixed hop-by-hop headers.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = list_elements(headers, header::CONNECTION)
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
     for name in named {
         headers.remove(name);

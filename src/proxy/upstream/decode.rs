@@ -134,10 +134,12 @@ impl Decoder {
                 }
                 Kind::Chunked(state) => match *state {
                     Chunked::Size => {
-                        let Some(line) = take_line(buf, MAX_CHUNK_LINE)? else {
+                        let Some(end) = line_end(buf, MAX_CHUNK_LINE)? else {
                             return Ok(Decoded::NeedMore);
                         };
-                        let size = chunk_size(&line)?;
+                        let size = chunk_size(without_cr(&buf[..end]))?;
+                        // Read in place and skipped: no split of the buffer per chunk line.
+                        buf.advance(end + 1);
                         *state = if size == 0 {
                             Chunked::Trailers
                         } else {
@@ -203,22 +205,20 @@ fn take_up_to(available: usize, remaining: u64) -> usize {
     usize::try_from(remaining).map_or(available, |r| r.min(available))
 }
 
-/// Takes one line (up to LF, without its CR LF or bare LF) off `buf`; `None` while the line is
-/// not complete, an error once it is longer than `max` without its end.
-fn take_line(buf: &mut BytesMut, max: usize) -> Result<Option<BytesMut>, DecodeError> {
+/// Where the line at the start of `buf` ends (the index of its LF); `None` while the line is not
+/// complete, an error once it is longer than `max` without its end.
+fn line_end(buf: &[u8], max: usize) -> Result<Option<usize>, DecodeError> {
     match memchr::memchr(b'\n', buf) {
-        Some(end) if end <= max => {
-            let mut line = buf.split_to(end + 1);
-            line.truncate(end);
-            if line.last() == Some(&b'\r') {
-                line.truncate(end - 1);
-            }
-            Ok(Some(line))
-        }
+        Some(end) if end <= max => Ok(Some(end)),
         Some(_) => Err(DecodeError::TooLong(max)),
         None if buf.len() > max => Err(DecodeError::TooLong(max)),
         None => Ok(None),
     }
+}
+
+/// A line without the CR of its CR LF.
+fn without_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
 }
 
 /// The size of a chunk-size line, extensions ignored (`1a;name=value`).
@@ -285,7 +285,7 @@ fn take_trailers(buf: &mut BytesMut) -> Result<Option<HeaderMap>, DecodeError> {
     let section = buf.split_to(end);
     let mut trailers = HeaderMap::new();
     for line in section[..line_start].split(|&b| b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let line = without_cr(line);
         if line.is_empty() {
             continue;
         }

@@ -25,6 +25,7 @@ use super::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
 use super::pool::{Conn, Pool};
 use super::{UpstreamError, UpstreamFailure};
 use crate::proxy::body::{BodyTooLarge, RequestBody};
+use crate::proxy::headers::list_elements;
 
 /// The most header fields a response head may have (as hyper).
 const MAX_HEADERS: usize = 100;
@@ -316,7 +317,8 @@ fn parse_head(
     }
     let keep_alive = !http10
         && length != BodyLength::UntilClose
-        && !has_token(response.headers(), header::CONNECTION, "close");
+        && !list_elements(response.headers(), header::CONNECTION)
+            .any(|t| t.eq_ignore_ascii_case("close"));
     Ok(Some((response, length, keep_alive)))
 }
 
@@ -335,13 +337,7 @@ fn body_length(
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
         // Chunked only as the last coding; any other last coding runs until close.
-        let last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .rfind(|c| !c.is_empty());
+        let last = list_elements(headers, header::TRANSFER_ENCODING).next_back();
         return Ok(match last {
             Some(c) if c.eq_ignore_ascii_case("chunked") => BodyLength::Chunked,
             _ => BodyLength::UntilClose,
@@ -365,16 +361,6 @@ fn body_length(
         }
     }
     Ok(length.map_or(BodyLength::UntilClose, BodyLength::Length))
-}
-
-/// Whether a comma-separated header lists `token`.
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 /// Reads what the socket has into `buf`'s spare room (reserve before): the bytes read, 0 at the
