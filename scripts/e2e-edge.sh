@@ -28,6 +28,7 @@ PAGE_STREAMS=4                  # streams the browser page runs
 
 pass() { echo "ok   $*"; }
 fail() { echo "FAIL $*"; exit 1; }
+. scripts/lib/metrics.sh
 need() { command -v "$1" >/dev/null 2>&1; }
 
 missing=()
@@ -239,7 +240,8 @@ check(cu["events_per_read"]["mean"] < 1.5,
 PY
 
 # 3. The browser: headless Chromium loads the page through the buffering edge.
-before=$(curl -fs "$ADMIN/metrics")
+metrics_when_idle "127.0.0.1:$ADMIN_PORT" "$WORK/metrics-before.txt" || fail "the probes' streams never ended"
+before=$(cat "$WORK/metrics-before.txt")
 PROFILE=$(mktemp -d -p "$WORK")
 /usr/bin/chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
   --disable-background-networking --disable-component-update --disable-sync \
@@ -249,8 +251,17 @@ PROFILE=$(mktemp -d -p "$WORK")
 timeout 150 "${NODE_WS[@]}" scripts/e2e-edge/drive.mjs "$DEVTOOLS" "http://127.0.0.1:$EDGE_BUF/" \
   "$PAGE_STREAMS" "$TOKENS" >"$WORK/page.json" \
   || { tail -20 "$WORK/chromium.log"; fail "the page did not run in Chromium"; }
-sleep 0.5
-curl -fs "$ADMIN/metrics" >"$WORK/metrics.txt"
+# The page sends its beacons with sendBeacon, which does not wait for them: wait (up to 20 s) for
+# metronome to have taken as many as the page ran streams, then scrape once the streams are done.
+beacons_accepted() {
+  curl -fs "$ADMIN/metrics" | awk '/^metronome_beacons_total\{.*result="accepted"/ { n += $NF } END { print n + 0 }'
+}
+beacons_before=$(echo "$before" | awk '/^metronome_beacons_total\{.*result="accepted"/ { n += $NF } END { print n + 0 }')
+for _ in $(seq 1 200); do
+  [ "$(beacons_accepted)" -ge $((beacons_before + PAGE_STREAMS)) ] && break
+  sleep 0.1
+done
+metrics_when_idle "127.0.0.1:$ADMIN_PORT" "$WORK/metrics.txt" || fail "the page's streams never ended"
 echo "$before" >"$WORK/metrics-before.txt"
 python3 - "$WORK" "$PAGE_STREAMS" "$TOKENS" <<'PY' || fail "the beacon's client curve"
 import json, re, sys

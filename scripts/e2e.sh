@@ -37,6 +37,7 @@ wait_port() { # PORT
 }
 pass() { echo "ok   $*"; }
 fail() { echo "FAIL $*"; exit 1; }
+. scripts/lib/metrics.sh
 
 FIX_PORT=$(free_port); SIM_PORT=$(free_port); PROXY_PORT=$(free_port); ADMIN_PORT=$(free_port)
 FIXTURE=tests/fixtures/openai_chat_crlf_e2e.sse
@@ -98,8 +99,7 @@ $BIN probe --url "http://127.0.0.1:$PROXY_PORT/v1/chat/completions" --requests 2
 pass "a failing gate exits 1"
 
 # 3. The metrics.
-sleep 0.3
-curl -fs "http://127.0.0.1:$ADMIN_PORT/metrics" >"$WORK/metrics.txt"
+metrics_when_idle "127.0.0.1:$ADMIN_PORT" "$WORK/metrics.txt" || fail "streams never ended"
 promtool check metrics <"$WORK/metrics.txt" || fail "promtool check metrics"
 pass "/metrics passes promtool check metrics"
 for point in ingress egress; do

@@ -573,6 +573,13 @@ impl Drop for StreamLedger {
         metrics.proxy_delay.merge(&[route], &egress.proxy_delay);
 
         metrics
+            .request_duration
+            .observe(&[route], self.received.elapsed().as_secs_f64());
+        metrics.streams_active.with_label_values(&[route]).dec();
+        // The two counts of the stream itself go last. A scrape gathers the families one after
+        // another (in no fixed order) while streams are recorded, so one scrape can hold part of a
+        // stream; a scrape that *starts* after another saw these counts holds all of it.
+        metrics
             .streams
             .with_label_values(&[route, model, outcome.as_str()])
             .inc();
@@ -584,10 +591,6 @@ impl Drop for StreamLedger {
             .stream_format
             .with_label_values(&[route, format.name()])
             .inc();
-        metrics
-            .request_duration
-            .observe(&[route], self.received.elapsed().as_secs_f64());
-        metrics.streams_active.with_label_values(&[route]).dec();
 
         let finished = self.finished(
             ingress.as_mut().map(|(l, _)| l),

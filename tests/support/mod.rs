@@ -518,12 +518,19 @@ pub async fn scrape(proxy: &ProxyHandle) -> Metrics {
 
 /// Scrapes until `ready` holds (streams are recorded just after their last byte), or panics
 /// after 10 s with the last scrape.
+///
+/// Returns the scrape *after* the one where `ready` first held. A scrape gathers the metric
+/// families one at a time, in no fixed order, so the scrape that sees a stream's counts can be
+/// missing figures the stream recorded while it gathered; the ledger records those counts last,
+/// so the next scrape holds the whole stream.
 pub async fn scrape_until(proxy: &ProxyHandle, ready: impl Fn(&Metrics) -> bool) -> Metrics {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let m = scrape(proxy).await;
         if ready(&m) {
-            return m;
+            let settled = scrape(proxy).await;
+            assert!(ready(&settled), "a later scrape lost what made it ready");
+            return settled;
         }
         if Instant::now() > deadline {
             panic!("metrics never got ready:\n{}", m.0);
