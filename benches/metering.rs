@@ -3,9 +3,10 @@
 //! Run: `cargo bench --bench metering`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use metronome::clock::Tick;
 use metronome::format::Accounting;
 use metronome::ledger::EgressLedger;
 use metronome::meter::IngressMeter;
@@ -29,7 +30,7 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements(frames.len() as u64));
     group.bench_function("per_frame/scan+stamp+ledgers", |b| {
         b.iter(|| {
-            let started = Instant::now();
+            let started = Tick::now();
             let mut meter = IngressMeter::new(
                 Scanner::new(Framing::Sse, DEFAULT_MAX_EVENT_BYTES),
                 Accounting::openai(),
@@ -38,7 +39,7 @@ fn bench(c: &mut Criterion) {
             );
             let mut egress = EgressLedger::default();
             for (seq, frame) in frames.iter().enumerate() {
-                let at = Instant::now();
+                let at = Tick::now();
                 let counts = meter.frame(black_box(frame), at, &metrics);
                 egress.frame(
                     at,

@@ -9,6 +9,8 @@
 #                                                                   # measure (default: per_core)
 #   CLIENTS="native hyper" scripts/instructions-per-event.sh        # server.upstream_client values
 #                                                                   # (default: the binary's own)
+#   KEEP=DIR scripts/instructions-per-event.sh     # keep the callgrind outputs in DIR, for
+#                                                  # callgrind_annotate (one per run, named by it)
 #
 # For each binary: the sim (native, not measured) streams at a 2 ms cadence; the proxy runs under
 # callgrind; the probe (native) runs two loads of different sizes through it, and the difference
@@ -42,6 +44,10 @@ measure() {
     --max-tokens 100 --timeout 120s --detail "$work/probe.json" >/dev/null 2>&1 || true
   kill -TERM "$proxy"
   wait "$proxy" || true
+  if [ -n "${KEEP:-}" ]; then
+    mkdir -p "$KEEP"
+    cp "$out" "$KEEP/callgrind.$(basename "$bin").$threading.$client.$metering.$requests.out"
+  fi
   local ir events
   ir=$(grep -m1 '^summary:' "$out" | awk '{print $2}')
   events=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["errors"] == 0, d; print(d["token_events"])' "$work/probe.json")

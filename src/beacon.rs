@@ -6,13 +6,14 @@
 //! per stream, within a size cap; everything else is refused with 400 or 413 and counted, so a
 //! flood of beacons grows neither memory nor series.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
 
+use crate::clock::Tick;
 use crate::ledger::PointLedger;
 use crate::metrics::Point;
 use crate::proxy::body::ProxyBody;
@@ -168,12 +169,12 @@ fn validate(beacon: &Beacon) -> Result<(), String> {
 /// arrival times are rebuilt from the TTFT and the gaps.
 fn record(beacon: &Beacon, state: &ProxyState, route: &str, model: &str) {
     let metrics = &state.metrics;
-    let start = Instant::now();
-    let mut at = start + Duration::from_secs_f64(beacon.ttft_ms.unwrap_or(0.0) / 1e3);
+    let start = Tick::now();
+    let mut at = start.saturating_add(Duration::from_secs_f64(beacon.ttft_ms.unwrap_or(0.0) / 1e3));
     let mut point = PointLedger::default();
     point.token_events(at, 1, metrics);
     for gap in &beacon.gaps_ms {
-        at += Duration::from_secs_f64(gap / 1e3);
+        at = at.saturating_add(Duration::from_secs_f64(gap / 1e3));
         point.token_events(at, 1, metrics);
     }
     // Without a TTFT the first event's time is unknown: its gaps count, its TTFT does not.

@@ -11,11 +11,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::clock::Tick;
+
 use crate::format::Format;
 use crate::metrics::{LocalHistogram, Metrics, Outcome, Point};
 use crate::sketch::GapSketch;
 use crate::timeline::{
-    as_micros, micros_since, AtPoints, EgressStamps, FinishedStream, IngressTimeline, StreamFrames,
+    as_micros, AtPoints, EgressStamps, FinishedStream, IngressTimeline, StreamFrames,
     StreamRegistry,
 };
 
@@ -71,9 +73,9 @@ impl SmallCounts {
 /// One point's view of a stream: token-event timing, gaps, stalls and framing.
 #[derive(Debug, Default, Clone)]
 pub struct PointLedger {
-    first_byte: Option<Instant>,
-    first_token: Option<Instant>,
-    last_token: Option<Instant>,
+    first_byte: Option<Tick>,
+    first_token: Option<Tick>,
+    last_token: Option<Tick>,
     token_events: u64,
     itl: LocalHistogram,
     stalls: u64,
@@ -88,14 +90,14 @@ pub struct PointLedger {
 impl PointLedger {
     /// Body bytes were seen at `at`.
     #[inline]
-    pub fn bytes(&mut self, at: Instant) {
+    pub fn bytes(&mut self, at: Tick) {
         self.first_byte.get_or_insert(at);
     }
 
     /// `token_events` token events were seen at `at` (one frame, or one socket write): the first
     /// one's gap runs from the previous token event, the others' gaps are 0.
     #[inline]
-    pub fn token_events(&mut self, at: Instant, token_events: u32, metrics: &Metrics) {
+    pub fn token_events(&mut self, at: Tick, token_events: u32, metrics: &Metrics) {
         if token_events == 0 {
             return;
         }
@@ -103,11 +105,12 @@ impl PointLedger {
         let zero_gaps = token_events - 1;
         match self.last_token {
             Some(last) => {
-                let gap = at.saturating_duration_since(last);
-                let seconds = gap.as_secs_f64();
+                let nanos = at.nanos_since(last);
+                let gap = Duration::from_nanos(nanos);
+                let seconds = nanos as f64 * 1e-9;
                 self.itl.observe(bounds, seconds);
                 self.gaps.add(gap, 1);
-                if gap > metrics.stall_threshold() {
+                if nanos > metrics.stall_threshold_nanos() {
                     self.stalls += 1;
                     self.stall_durations
                         .get_or_insert_with(Box::default)
@@ -149,7 +152,7 @@ impl PointLedger {
     }
 
     /// Time to first token since `received`.
-    pub fn ttft(&self, received: Instant) -> Option<Duration> {
+    pub fn ttft(&self, received: Tick) -> Option<Duration> {
         Some(self.first_token?.saturating_duration_since(received))
     }
 
@@ -159,7 +162,7 @@ impl PointLedger {
     }
 
     /// The first and last token event.
-    pub fn token_span(&self) -> Option<(Instant, Instant)> {
+    pub fn token_span(&self) -> Option<(Tick, Tick)> {
         Some((self.first_token?, self.last_token?))
     }
 
@@ -170,21 +173,17 @@ impl PointLedger {
         route: &str,
         model: &str,
         point: Point,
-        received: Instant,
+        received: Tick,
         with_ttft: bool,
     ) {
         let p = point.as_str();
         if let Some(at) = self.first_byte {
-            metrics.ttfb.observe(
-                &[route, p],
-                at.saturating_duration_since(received).as_secs_f64(),
-            );
+            metrics.ttfb.observe(&[route, p], at.secs_since(received));
         }
         if let Some(at) = self.first_token.filter(|_| with_ttft) {
-            metrics.ttft.observe(
-                &[route, model, p],
-                at.saturating_duration_since(received).as_secs_f64(),
-            );
+            metrics
+                .ttft
+                .observe(&[route, model, p], at.secs_since(received));
         }
         metrics.itl.merge(&[route, model, p], &self.itl);
         if self.stalls > 0 {
@@ -286,23 +285,21 @@ impl EgressLedger {
     #[inline]
     pub fn frame(
         &mut self,
-        at: Instant,
+        at: Tick,
         write_seq: u64,
-        ingress: Instant,
+        ingress: Tick,
         events: u32,
         token_events: u32,
-        timeline: Option<(u32, Instant)>,
+        timeline: Option<(u32, Tick)>,
         metrics: &Metrics,
     ) {
         if let Some((seq, received)) = timeline {
-            self.stamps.set(seq, micros_since(received, at));
+            self.stamps.set(seq, at.micros_since(received));
         }
         self.frames_stamped += 1;
         self.point.bytes(at);
-        self.proxy_delay.observe(
-            metrics.proxy_delay.bounds(),
-            at.saturating_duration_since(ingress).as_secs_f64(),
-        );
+        self.proxy_delay
+            .observe(metrics.proxy_delay.bounds(), at.secs_since(ingress));
         if self.last_write != Some(write_seq) {
             self.point.events_in_frame(self.write_events, metrics);
             self.last_write = Some(write_seq);
@@ -345,7 +342,7 @@ pub struct StreamLedger {
     info: StreamInfo,
     route: Arc<str>,
     /// When metronome received the request: the start of TTFT and TTFB.
-    received: Instant,
+    received: Tick,
     /// Stamped by the client connection's egress clock, possibly from another task.
     egress: Mutex<EgressLedger>,
     /// Put here once by the ingress side when it stops (boxed: an empty slot costs a pointer,
@@ -374,7 +371,7 @@ impl StreamLedger {
             metrics,
             registry,
             route: info.route.clone(),
-            received: info.received,
+            received: Tick::from_instant(info.received),
             info,
             egress: Mutex::new(EgressLedger::default()),
             ingress: Mutex::new(None),
@@ -393,7 +390,7 @@ impl StreamLedger {
     }
 
     /// When metronome received the request.
-    pub fn received(&self) -> Instant {
+    pub fn received(&self) -> Tick {
         self.received
     }
 
@@ -405,9 +402,9 @@ impl StreamLedger {
     /// A frame reached the client socket; `seq` is its place in the timeline when kept there.
     pub fn egress_frame(
         &self,
-        at: Instant,
+        at: Tick,
         write_seq: u64,
-        ingress: Instant,
+        ingress: Tick,
         events: u32,
         token_events: u32,
         seq: Option<u32>,
@@ -478,7 +475,7 @@ impl StreamLedger {
             model,
             outcome: outcome.as_str(),
             started_unix_ms: self.info.started_unix_ms,
-            duration_us: as_micros(received.elapsed()),
+            duration_us: as_micros(Tick::now().saturating_duration_since(received)),
             frames_total: ingress.frames_total,
             frames_dropped: ingress.frames_total.saturating_sub(frames.len() as u64),
             token_events: ingress.point.token_event_count(),
@@ -574,7 +571,7 @@ impl Drop for StreamLedger {
 
         metrics
             .request_duration
-            .observe(&[route], self.received.elapsed().as_secs_f64());
+            .observe(&[route], Tick::now().secs_since(self.received));
         metrics.streams_active.with_label_values(&[route]).dec();
         // The two counts of the stream itself go last. A scrape gathers the families one after
         // another (in no fixed order) while streams are recorded, so one scrape can hold part of a

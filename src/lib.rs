@@ -24,6 +24,7 @@
 
 pub mod admin;
 pub mod beacon;
+pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod format;

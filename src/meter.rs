@@ -3,13 +3,12 @@
 //!
 //! Kept apart from the reader task so that the benchmark measures exactly what the proxy runs.
 
-use std::time::Instant;
-
+use crate::clock::Tick;
 use crate::format::Accounting;
 use crate::ledger::IngressLedger;
 use crate::metrics::Metrics;
 use crate::scan::{Event, EventSink, Scanner};
-use crate::timeline::{micros_since, IngressFrame};
+use crate::timeline::IngressFrame;
 
 /// Scanner, accountant and ingress ledger of one stream.
 #[derive(Debug)]
@@ -18,7 +17,7 @@ pub struct IngressMeter {
     accounting: Accounting,
     ledger: IngressLedger,
     /// When the stream began, for timeline stamps.
-    received: Instant,
+    received: Tick,
     /// Frames kept in the timeline.
     max_frames: usize,
 }
@@ -42,7 +41,7 @@ impl IngressMeter {
     pub fn new(
         scanner: Scanner,
         accounting: Accounting,
-        received: Instant,
+        received: Tick,
         max_frames: usize,
     ) -> Self {
         IngressMeter {
@@ -56,7 +55,7 @@ impl IngressMeter {
 
     /// Meters one frame read at `at`.
     #[inline]
-    pub fn frame(&mut self, bytes: &[u8], at: Instant, metrics: &Metrics) -> FrameCounts {
+    pub fn frame(&mut self, bytes: &[u8], at: Tick, metrics: &Metrics) -> FrameCounts {
         let mut sink = IngressSink {
             accounting: &mut self.accounting,
             ledger: &mut self.ledger,
@@ -69,7 +68,7 @@ impl IngressMeter {
         if ledger.timeline.len() < self.max_frames {
             counts.seq = Some(ledger.timeline.len() as u32);
             ledger.timeline.push(IngressFrame {
-                ingress_us: micros_since(self.received, at),
+                ingress_us: at.micros_since(self.received),
                 bytes: u32::try_from(bytes.len()).unwrap_or(u32::MAX),
                 events: u16::try_from(counts.events).unwrap_or(u16::MAX),
                 token_events: u16::try_from(counts.token_events).unwrap_or(u16::MAX),
@@ -85,7 +84,7 @@ impl IngressMeter {
 
     /// The body ended: events that complete only at the end (an NDJSON line without its newline)
     /// are counted, and the ledger is handed over.
-    pub fn finish(mut self, at: Instant, metrics: &Metrics) -> IngressLedger {
+    pub fn finish(mut self, at: Tick, metrics: &Metrics) -> IngressLedger {
         let mut sink = IngressSink {
             accounting: &mut self.accounting,
             ledger: &mut self.ledger,

@@ -7,14 +7,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
-
-/// Times since a stream began, in microseconds, saturating (a u32 covers 71 minutes).
-pub fn micros_since(start: Instant, at: Instant) -> u32 {
-    u32::try_from(at.saturating_duration_since(start).as_micros()).unwrap_or(u32::MAX)
-}
 
 /// One frame as the ingress reader saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -390,16 +390,23 @@ mod fast {
                 return None; // the new text ends early, or escapes the closing quote
             }
             std::str::from_utf8(&data[open + 1..close]).ok()?;
-            let model = match self.model {
+            let model = self.model.map(|(start, end)| {
                 // The model is before the text or after it, never inside it.
                 // After it, the model is as far from the end as in the template.
-                Some((start, end)) if start > open => {
+                let span = if start > open {
                     let at = |i: usize| data.len() - (self.bytes.len() - i);
-                    Some(std::str::from_utf8(&data[at(start)..at(end)]).ok()?)
-                }
-                Some((start, end)) => Some(std::str::from_utf8(&data[start..end]).ok()?),
-                None => None,
-            };
+                    at(start)..at(end)
+                } else {
+                    start..end
+                };
+                let model = &data[span];
+                debug_assert_eq!(model, &self.bytes[start..end]);
+                // SAFETY: `model` lies in `head` or `tail`, which `data` was just checked to
+                // start or end with, so it is byte for byte the template's model, and that was
+                // a `&str` (its summary's) when the template was kept: checking its UTF-8 again
+                // on every event would find what was already found.
+                unsafe { std::str::from_utf8_unchecked(model) }
+            });
             Some(Summary {
                 model,
                 error: self.error,

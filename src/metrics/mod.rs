@@ -339,6 +339,12 @@ impl Metrics {
         Duration::from_nanos(self.stall_threshold_nanos.load(Ordering::Relaxed))
     }
 
+    /// The stall threshold in nanoseconds, to compare a gap's without making a `Duration`.
+    #[inline]
+    pub fn stall_threshold_nanos(&self) -> u64 {
+        self.stall_threshold_nanos.load(Ordering::Relaxed)
+    }
+
     /// Changes the stall threshold (a reload): gaps measured from now on are compared with it.
     pub fn set_stall_threshold(&self, threshold: Duration) {
         self.stall_threshold_nanos

@@ -20,10 +20,10 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::clock::Tick;
 use crate::ledger::StreamLedger;
 
 /// A frame handed to hyper, waiting for its bytes to reach the socket.
@@ -32,7 +32,7 @@ struct PendingFrame {
     /// Socket byte count at which the frame is out.
     threshold: u64,
     ledger: Arc<StreamLedger>,
-    ingress: Instant,
+    ingress: Tick,
     events: u32,
     token_events: u32,
     /// Place in the stream's timeline, when kept there.
@@ -84,7 +84,7 @@ impl EgressClock {
         &self,
         len: usize,
         ledger: &Arc<StreamLedger>,
-        ingress: Instant,
+        ingress: Tick,
         events: u32,
         token_events: u32,
         seq: Option<u32>,
@@ -109,7 +109,7 @@ impl EgressClock {
             return;
         }
         let write_seq = self.writes.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
+        let now = Tick::now();
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         // Thresholds rise in hand-off order on HTTP/1.1; on HTTP/2 streams interleave, so look at
         // every waiting frame rather than stopping at the first that is not out.

@@ -36,6 +36,7 @@ use tokio::time::Sleep;
 
 use super::egress_clock::{EgressClock, Standby};
 use super::BoxError;
+use crate::clock::Tick;
 use crate::format::Accounting;
 use crate::ledger::{IngressEnd, StreamLedger};
 use crate::meter::IngressMeter;
@@ -45,7 +46,7 @@ use crate::scan::{Framing, Scanner};
 #[derive(Debug)]
 struct MeteredFrame {
     bytes: Bytes,
-    ingress: Instant,
+    ingress: Tick,
     events: u32,
     token_events: u32,
     /// Place in the stream's timeline, when kept there.
@@ -139,7 +140,7 @@ struct State {
     /// How the upstream ended, once it did; delivered after the queue.
     ending: Option<Ending>,
     /// When the last frame (or the stream) began, for the idle timeout.
-    last_read: Instant,
+    last_read: Tick,
     /// Fires at the idle deadline; moved on lazily, not per frame.
     idle: Pin<Box<Sleep>>,
     /// The waker `idle` will wake (it need not be polled again for the same task).
@@ -196,7 +197,7 @@ where
             queue: VecDeque::new(),
             queued_bytes: 0,
             ending: None,
-            last_read: now,
+            last_read: Tick::from_instant(now),
             idle: Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
                 now + settings.idle_timeout,
             ))),
@@ -272,7 +273,7 @@ impl Shared {
             if bytes.is_empty() {
                 continue;
             }
-            let at = Instant::now();
+            let at = Tick::now();
             state.last_read = at;
             let Some(meter) = state.meter.as_mut() else {
                 continue; // cannot happen: the meter outlives the upstream
@@ -306,7 +307,7 @@ impl Shared {
                     return Poll::Pending;
                 }
             }
-            let deadline = state.last_read + self.idle_timeout;
+            let deadline = state.last_read.to_instant() + self.idle_timeout;
             if Instant::now() >= deadline {
                 self.count_upstream_error("timeout");
                 let ending = Ending::Failed(StreamError::Idle(self.idle_timeout));
@@ -329,7 +330,7 @@ impl Shared {
             state.ending = Some(ending);
         }
         if let Some(meter) = state.meter.take() {
-            let ledger = meter.finish(Instant::now(), self.ledger.metrics());
+            let ledger = meter.finish(Tick::now(), self.ledger.metrics());
             self.ledger.ingress_finished(ledger, end);
         }
         // A parked reader task has nothing left to read: let it end and let go of the stream.

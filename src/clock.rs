@@ -1,0 +1,123 @@
+//! Monotonic clock readings as whole nanoseconds, for the metering path.
+//!
+//! Every frame is stamped at ingress and at egress, and each stamp is compared with several
+//! others: the previous token event (the gap), the frame's ingress stamp (the proxy delay) and the
+//! start of the stream (its timeline). With `std::time::Instant` each comparison is a `timespec`
+//! subtraction with its carry and checks, about 30 instructions; a [`Tick`] is one `i64`, read as
+//! the time since a process-wide origin once per clock read, and compared by subtraction.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A monotonic clock reading: nanoseconds since the process's clock origin (negative for an
+/// `Instant` taken before it). Covers ±292 years.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Tick(i64);
+
+/// The process's clock origin: the first time anything asked for it.
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+fn saturating_nanos(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+// === impl Tick ===
+
+impl Tick {
+    /// The clock now.
+    #[inline]
+    pub fn now() -> Tick {
+        Tick::from_instant(Instant::now())
+    }
+
+    /// The reading of `instant`.
+    #[inline]
+    pub fn from_instant(instant: Instant) -> Tick {
+        let origin = origin();
+        match instant.checked_duration_since(origin) {
+            Some(after) => Tick(saturating_nanos(after)),
+            None => Tick(-saturating_nanos(origin.duration_since(instant))),
+        }
+    }
+
+    /// The `Instant` of this reading (for timers, which take one).
+    pub fn to_instant(self) -> Instant {
+        let origin = origin();
+        let offset = Duration::from_nanos(self.0.unsigned_abs());
+        if self.0 >= 0 {
+            origin + offset
+        } else {
+            origin - offset
+        }
+    }
+
+    /// Nanoseconds from `earlier` to this reading; 0 if `earlier` is later.
+    #[inline]
+    pub fn nanos_since(self, earlier: Tick) -> u64 {
+        self.0.saturating_sub(earlier.0).max(0) as u64
+    }
+
+    /// The time from `earlier` to this reading; zero if `earlier` is later.
+    #[inline]
+    pub fn saturating_duration_since(self, earlier: Tick) -> Duration {
+        Duration::from_nanos(self.nanos_since(earlier))
+    }
+
+    /// Seconds from `earlier` to this reading; 0 if `earlier` is later.
+    #[inline]
+    pub fn secs_since(self, earlier: Tick) -> f64 {
+        self.nanos_since(earlier) as f64 * 1e-9
+    }
+
+    /// Microseconds from `earlier` to this reading, saturating (a u32 covers 71 minutes).
+    #[inline]
+    pub fn micros_since(self, earlier: Tick) -> u32 {
+        u32::try_from(self.nanos_since(earlier) / 1_000).unwrap_or(u32::MAX)
+    }
+
+    /// This reading moved on by `d`.
+    pub fn saturating_add(self, d: Duration) -> Tick {
+        Tick(self.0.saturating_add(saturating_nanos(d)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readings_compare_as_the_instants_they_came_from() {
+        let before_origin = Instant::now();
+        let now = Tick::now();
+        let earlier = Tick::from_instant(before_origin);
+        assert!(earlier <= now);
+        let later = now.saturating_add(Duration::from_millis(1500));
+        assert_eq!(later.nanos_since(now), 1_500_000_000);
+        assert_eq!(later.micros_since(now), 1_500_000);
+        assert_eq!(later.secs_since(now), 1.5);
+        assert_eq!(now.nanos_since(later), 0, "saturates, never negative");
+        assert_eq!(
+            later.saturating_duration_since(now),
+            Duration::from_millis(1500)
+        );
+
+        // An Instant from before the origin reads negative and round-trips.
+        let long_ago = before_origin - Duration::from_secs(3);
+        let tick = Tick::from_instant(long_ago);
+        assert_eq!(tick.to_instant(), long_ago);
+        assert_eq!(
+            Tick::from_instant(before_origin).saturating_duration_since(tick),
+            Duration::from_secs(3)
+        );
+        let i = Instant::now() + Duration::from_nanos(123_456_789);
+        assert_eq!(Tick::from_instant(i).to_instant(), i);
+        assert_eq!(
+            Tick::from_instant(i).nanos_since(Tick::from_instant(before_origin)),
+            i.duration_since(before_origin).as_nanos() as u64
+        );
+        assert_eq!(Tick(0).micros_since(Tick(i64::MIN)), u32::MAX);
+    }
+}
