@@ -349,7 +349,7 @@ pub struct StreamLedger {
     /// not a second ingress ledger's worth of memory for the whole stream).
     ingress: Mutex<Option<Box<(IngressLedger, IngressEnd)>>>,
     /// The stream's place among the requests in flight, held until it is recorded.
-    _in_flight: Option<tokio::sync::OwnedSemaphorePermit>,
+    in_flight: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 // === impl StreamLedger ===
@@ -375,7 +375,7 @@ impl StreamLedger {
             info,
             egress: Mutex::new(EgressLedger::default()),
             ingress: Mutex::new(None),
-            _in_flight: in_flight.into(),
+            in_flight: in_flight.into(),
         })
     }
 
@@ -506,8 +506,12 @@ impl StreamLedger {
 
 impl Drop for StreamLedger {
     fn drop(&mut self) {
-        let metrics = &*self.metrics;
-        let route = &*self.route;
+        // Owned handles (a reference count each, once per stream): the registry's record below
+        // takes `self` mutably before the last counts.
+        let metrics_handle = self.metrics.clone();
+        let metrics = &*metrics_handle;
+        let route_label = self.route.clone();
+        let route = &*route_label;
         let mut ingress = self
             .ingress
             .get_mut()
@@ -573,22 +577,10 @@ impl Drop for StreamLedger {
             .request_duration
             .observe(&[route], Tick::now().secs_since(self.received));
         metrics.streams_active.with_label_values(&[route]).dec();
-        // The two counts of the stream itself go last. A scrape gathers the families one after
-        // another (in no fixed order) while streams are recorded, so one scrape can hold part of a
-        // stream; a scrape that *starts* after another saw these counts holds all of it.
-        metrics
-            .streams
-            .with_label_values(&[route, model, outcome.as_str()])
-            .inc();
         let format = ingress
             .as_ref()
             .and_then(|(l, _)| l.format)
             .unwrap_or(Format::Unknown);
-        metrics
-            .stream_format
-            .with_label_values(&[route, format.name()])
-            .inc();
-
         let finished = self.finished(
             ingress.as_mut().map(|(l, _)| l),
             model_label.clone(),
@@ -605,6 +597,20 @@ impl Drop for StreamLedger {
             "stream recorded"
         );
         self.registry.finished(finished);
+        drop(self.in_flight.take());
+
+        // The two counts of the stream itself go last, after its figures, its place in
+        // `/streams` and its place among the requests in flight. A scrape gathers the families one after another (in no fixed order) while
+        // streams are recorded, so one scrape can hold part of a stream; anything that starts
+        // after a scrape saw these counts finds all of the stream.
+        metrics
+            .streams
+            .with_label_values(&[route, model, outcome.as_str()])
+            .inc();
+        metrics
+            .stream_format
+            .with_label_values(&[route, format.name()])
+            .inc();
     }
 }
 

@@ -118,7 +118,7 @@ async fn a_finished_stream_has_a_summary_and_a_frame_timeline() {
 async fn the_ring_and_the_frames_are_bounded() {
     let upstream = Upstream::openai_chat()
         .tokens(20)
-        .every(ms(1))
+        .every(ms(5))
         .start()
         .await;
     let proxy = proxy_with(upstream.addr, |c| {
@@ -144,9 +144,13 @@ async fn the_ring_and_the_frames_are_bounded() {
         vec![ids[2].as_str(), ids[1].as_str()],
         "newest first, two kept"
     );
+    // The upstream writes 24 frames; on a loaded machine some arrive together and are read as
+    // one, so the count read is the stream's own.
+    let read = list["streams"][0]["frames"].as_u64().unwrap();
+    assert!((6..=24).contains(&read), "{read} frames read");
     let (_, detail) = json(proxy.admin_addr, &format!("/streams/{}", ids[2])).await;
     assert_eq!(detail["frames"].as_array().unwrap().len(), 5);
-    assert_eq!(detail["frames_dropped"], 24 - 5);
+    assert_eq!(detail["frames_dropped"], read - 5);
     assert_eq!(
         json(proxy.admin_addr, &format!("/streams/{}", ids[0]))
             .await

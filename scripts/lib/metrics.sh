@@ -4,7 +4,7 @@
 # Scrapes http://$1/metrics into $2 once no stream is in flight (every
 # `metronome_streams_active` series is 0), waiting up to 20 s. A scrape gathers the metric
 # families one at a time, in no fixed order, while the last stream may still be being recorded;
-# the ledger takes the gauge down just before it counts the stream in `metronome_streams_total`
+# the ledger takes the gauge down shortly before it counts the stream in `metronome_streams_total`
 # and `metronome_stream_format_total`, its last steps. So the scrape written to $2 is a new one,
 # taken 0.2 s after the gauge was seen at 0.
 metrics_when_idle() {

@@ -351,6 +351,15 @@ impl Metrics {
             .store(nanos(threshold), Ordering::Relaxed);
     }
 
+    /// Adds a collector of the embedding program's own to the exposition (a program that runs the
+    /// proxy as a library, or a test that makes scrapes slow).
+    pub fn register(
+        &self,
+        collector: Box<dyn prometheus::core::Collector>,
+    ) -> prometheus::Result<()> {
+        self.registry.register(collector)
+    }
+
     /// Encodes every metric in the Prometheus text format (version 0.0.4).
     pub fn encode(&self) -> String {
         let mut out = String::new();
