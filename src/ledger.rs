@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crate::clock::Tick;
 
 use crate::format::Format;
+use crate::meter::FrameCounts;
 use crate::metrics::{LocalHistogram, Metrics, Outcome, Point};
 use crate::sketch::GapSketch;
 use crate::timeline::{
@@ -245,6 +246,9 @@ pub struct IngressLedger {
     pub timeline: IngressTimeline,
     /// The stream's API as detected (set when the ingress reader stops).
     pub format: Option<Format>,
+    /// Events that completed only when the body ended (an NDJSON line without its newline):
+    /// their bytes went out with the last frame, whose egress stamp they take.
+    pub completed_at_end: crate::meter::FrameCounts,
 }
 
 // === impl IngressLedger ===
@@ -274,6 +278,8 @@ pub struct EgressLedger {
     stamps: EgressStamps,
     /// Frames whose bytes reached the client socket.
     frames_stamped: u64,
+    /// When the last of them did.
+    last_stamp: Option<Tick>,
 }
 
 // === impl EgressLedger ===
@@ -297,6 +303,7 @@ impl EgressLedger {
             self.stamps.set(seq, at.micros_since(received));
         }
         self.frames_stamped += 1;
+        self.last_stamp = Some(at);
         self.point.bytes(at);
         self.proxy_delay
             .observe(metrics.proxy_delay.bounds(), at.secs_since(ingress));
@@ -309,7 +316,15 @@ impl EgressLedger {
         self.point.token_events(at, token_events, metrics);
     }
 
-    fn finish(&mut self, metrics: &Metrics) {
+    /// The stream is over. `completed_at_end` are the events that completed only when the body
+    /// ended: their bytes were in the last frame, so they count in the last socket write, at its
+    /// stamp (when every frame reached the socket; otherwise they never reached the client).
+    fn finish(&mut self, completed_at_end: FrameCounts, delivered: bool, metrics: &Metrics) {
+        if let Some(at) = self.last_stamp.filter(|_| delivered) {
+            self.write_events += completed_at_end.events;
+            self.point
+                .token_events(at, completed_at_end.token_events, metrics);
+        }
         self.point.events_in_frame(self.write_events, metrics);
         self.write_events = 0;
     }
@@ -567,7 +582,14 @@ impl Drop for StreamLedger {
         }
 
         let egress = self.egress.get_mut().unwrap_or_else(|e| e.into_inner());
-        egress.finish(metrics);
+        let (completed_at_end, delivered) = match &ingress {
+            Some((ledger, _)) => (
+                ledger.completed_at_end,
+                egress.frames_stamped >= ledger.frames_total,
+            ),
+            None => (FrameCounts::default(), false),
+        };
+        egress.finish(completed_at_end, delivered, metrics);
         egress
             .point
             .record(metrics, route, model, Point::Egress, self.received, true);

@@ -98,6 +98,7 @@ impl IngressMeter {
             self.ledger
                 .point
                 .token_events(at, counts.token_events, metrics);
+            self.ledger.completed_at_end = counts;
         }
         self.ledger.format = Some(self.accounting.format());
         self.ledger

@@ -332,3 +332,39 @@ async fn sim_tgi_and_anthropic_streams_are_counted_exactly() {
     proxy.shutdown().await;
     sim.shutdown().await.unwrap();
 }
+
+/// An NDJSON stream whose last line, a token event, has no newline: that event completes only
+/// when the body ends, after its bytes went out with the last frame. Both points count it (the
+/// egress point used to miss it: one gap fewer than ingress).
+#[tokio::test]
+async fn a_last_ndjson_line_without_its_newline_counts_at_both_points() {
+    let line = |text: &str| {
+        format!(r#"{{"model":"llama3.2","response":"{text}","done":false}}"#).into_bytes()
+    };
+    let mut steps = Vec::new();
+    for text in ["a", "b", "c"] {
+        let mut frame = line(text);
+        frame.push(b'\n');
+        steps.push(Step::Frame(ms(5), Bytes::from(frame)));
+    }
+    steps.push(Step::Frame(ms(5), Bytes::from(line("d"))));
+    let upstream = Upstream::script("application/x-ndjson", steps)
+        .start()
+        .await;
+    let proxy = proxy_to(upstream.addr).await;
+    let got = request(proxy.proxy_addr, "POST", "/api/generate", "{}", false).await;
+    assert!(got.error.is_none(), "{:?}", got.error);
+
+    let m = scrape_until(&proxy, |m| m.get(FORMAT, &[]).is_some()).await;
+    assert_eq!(m.value(FORMAT, &[("format", "ollama")]), 1.0, "{}", m.0);
+    for point in ["ingress", "egress"] {
+        let at = [("point", point)];
+        assert_eq!(m.value(ITL, &at), 3.0, "{point}: four token events");
+        assert_eq!(
+            m.value("metronome_events_per_frame_sum", &at),
+            4.0,
+            "{point}"
+        );
+    }
+    proxy.shutdown().await;
+}
