@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::clock::Tick;
-
 use crate::format::Format;
 use crate::meter::FrameCounts;
 use crate::metrics::{LocalHistogram, Metrics, Outcome, Point};
@@ -248,7 +247,7 @@ pub struct IngressLedger {
     pub format: Option<Format>,
     /// Events that completed only when the body ended (an NDJSON line without its newline):
     /// their bytes went out with the last frame, whose egress stamp they take.
-    pub completed_at_end: crate::meter::FrameCounts,
+    pub completed_at_end: FrameCounts,
 }
 
 // === impl IngressLedger ===
