@@ -14,12 +14,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use super::egress_clock::{EgressClock, EgressIo};
@@ -53,6 +54,17 @@ pub async fn serve(
         // One HTTP/2 connection may carry as many streams as metronome takes requests (hyper's
         // default is 200); `limits.max_requests` still bounds them all together.
         .max_concurrent_streams(u32::try_from(limits.max_requests).unwrap_or(u32::MAX));
+    // Plain connections are served by hyper's HTTP/1 or HTTP/2 connection directly, chosen by
+    // peeking at the client's first bytes (see `sniff`); TLS ones by hyper-util's auto builder.
+    let mut h1 = http1::Builder::new();
+    h1.timer(TokioTimer::new())
+        .header_read_timeout(state.config.client_idle_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(u32::try_from(limits.max_requests).unwrap_or(u32::MAX));
+    let plain = Arc::new(PlainBuilders { h1, h2 });
     let acceptor = match &state.tls {
         Some(cert) => match tls::server_config(cert.clone()) {
             Ok(config) => Some(TlsAcceptor::from(config)),
@@ -97,28 +109,43 @@ pub async fn serve(
             clock: clock.clone(),
             client: client.clone(),
         };
-        let io = EgressIo::new(stream, clock);
         let state = state.clone();
-        let builder = builder.clone();
-        let acceptor = acceptor.clone();
         let watcher = drain.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            match acceptor {
-                None => serve_connection(io, &builder, watcher, state, connection).await,
-                Some(acceptor) => {
-                    let handshake = tokio::time::timeout(
-                        state.config.tls_handshake_timeout,
-                        acceptor.accept(io),
-                    );
-                    match handshake.await {
-                        Ok(Ok(tls)) => {
-                            serve_connection(tls, &builder, watcher, state, connection).await
-                        }
-                        Ok(Err(e)) => tracing::debug!(error = %e, %remote, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+        let Some(acceptor) = acceptor.clone() else {
+            let plain = plain.clone();
+            tokio::spawn(async move {
+                let deadline = tokio::time::Instant::now() + state.config.client_idle_timeout;
+                let Some(protocol) = sniff(&stream, deadline).await else {
+                    return; // closed, or silent for the idle timeout, before a first request
+                };
+                let io = TokioIo::new(EgressIo::new(stream, clock));
+                let service =
+                    service_fn(move |request| handle(request, state.clone(), connection.clone()));
+                // A task of its own per protocol, so a connection holds only its protocol's
+                // state (an HTTP/1 connection does not carry an HTTP/2 one's size).
+                match protocol {
+                    Protocol::Http1 => {
+                        let conn = plain.h1.serve_connection(io, service);
+                        tokio::spawn(watch_plain(watcher, conn, remote, permit));
+                    }
+                    Protocol::Http2 => {
+                        let conn = plain.h2.serve_connection(io, service);
+                        tokio::spawn(watch_plain(watcher, conn, remote, permit));
                     }
                 }
+            });
+            continue;
+        };
+        let io = EgressIo::new(stream, clock);
+        let builder = builder.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let handshake =
+                tokio::time::timeout(state.config.tls_handshake_timeout, acceptor.accept(io));
+            match handshake.await {
+                Ok(Ok(tls)) => serve_connection(tls, &builder, watcher, state, connection).await,
+                Ok(Err(e)) => tracing::debug!(error = %e, %remote, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
             }
         });
     }
@@ -130,7 +157,74 @@ pub async fn serve(
     }
 }
 
-/// Serves HTTP on one connection's IO (plain, or TLS over the clocked socket).
+/// hyper's HTTP/1 and HTTP/2 connection builders, for plain connections.
+struct PlainBuilders {
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
+}
+
+/// The protocol a plain connection's client speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// What an HTTP/2 client with prior knowledge sends first (RFC 9113 section 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Tells HTTP/2 from HTTP/1 by the client's first bytes, without consuming them; `None` when the
+/// client closes or sends nothing decisive before `deadline`.
+///
+/// hyper-util's auto builder reads the first 24 bytes itself and hands them back to hyper through
+/// a rewinding reader, so hyper's first read of an HTTP/1 request returns just those 24 bytes.
+/// Its next read then finds its 8 KiB buffer in use and doubles it: 16 KiB held by every HTTP/1
+/// connection for its life (measured with DHAT, `scripts/heap-per-stream.sh`). Peeking leaves the
+/// bytes in the socket, so hyper's first read gets the whole head into 8 KiB.
+///
+/// "PRI" is not an HTTP/1 method (RFC 9113 section 3.4), so four bytes decide: a client that
+/// starts with "PRI " speaks HTTP/2 (hyper checks the rest of the preface). Fewer bytes that could
+/// still begin the preface are peeked again after a millisecond: clients send a request's first
+/// bytes in one segment, so this loop almost never turns.
+async fn sniff(stream: &TcpStream, deadline: tokio::time::Instant) -> Option<Protocol> {
+    let mut first = [0u8; 4];
+    loop {
+        let n = tokio::time::timeout_at(deadline, stream.peek(&mut first))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        if !H2_PREFACE.starts_with(&first[..n]) {
+            return Some(Protocol::Http1);
+        }
+        if n == first.len() {
+            return Some(Protocol::Http2);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Serves a plain connection until it ends (or drains), holding its place among the open ones.
+async fn watch_plain<C>(
+    watcher: Arc<Drain>,
+    conn: C,
+    remote: std::net::SocketAddr,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) where
+    C: GracefulConnection<Error = hyper::Error>,
+{
+    let _permit = permit;
+    if let Err(e) = Drain::watch(&watcher, conn).await {
+        tracing::debug!(error = %e, %remote, "client connection ended with an error");
+    }
+}
+
+/// Serves HTTP on one TLS connection over the clocked socket.
 async fn serve_connection<I>(
     io: I,
     builder: &auto::Builder<TokioExecutor>,
@@ -253,5 +347,80 @@ impl<C: GracefulConnection> Future for Watched<C> {
             }
         }
         this.conn.poll(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// A connected pair on loopback: the client's end and the accepted end.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        (client, accepted)
+    }
+
+    fn in_five_seconds() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(5)
+    }
+
+    /// Sends `first`, then `rest` 30 ms later, and returns what `sniff` told.
+    async fn sniffed(first: &[u8], rest: &[u8]) -> Option<Protocol> {
+        let (mut client, accepted) = pair().await;
+        client.write_all(first).await.unwrap();
+        let rest = rest.to_vec();
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            client.write_all(&rest).await.unwrap();
+            client
+        });
+        let told = sniff(&accepted, in_five_seconds()).await;
+        let _client = writer.await.unwrap();
+        // Nothing was consumed: the bytes are all still there for hyper.
+        let mut buf = [0u8; 64];
+        let n = accepted.peek(&mut buf).await.unwrap();
+        assert!(n >= first.len(), "peeked {n} bytes");
+        assert_eq!(&buf[..first.len()], first);
+        told
+    }
+
+    #[tokio::test]
+    async fn the_first_bytes_tell_http2_from_http1_and_stay_in_the_socket() {
+        assert_eq!(
+            sniffed(b"POST /v1/chat/completions HTTP/1.1\r\n", b"").await,
+            Some(Protocol::Http1)
+        );
+        assert_eq!(sniffed(H2_PREFACE, b"").await, Some(Protocol::Http2));
+        // Bytes that could still begin the preface wait for more.
+        assert_eq!(
+            sniffed(b"P", b"UT /x HTTP/1.1\r\n").await,
+            Some(Protocol::Http1)
+        );
+        assert_eq!(
+            sniffed(b"PR", &H2_PREFACE[2..]).await,
+            Some(Protocol::Http2)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_that_closes_or_stays_silent_is_not_served() {
+        let (client, accepted) = pair().await;
+        drop(client);
+        assert_eq!(sniff(&accepted, in_five_seconds()).await, None);
+
+        let (_client, accepted) = pair().await;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        assert_eq!(sniff(&accepted, deadline).await, None);
+
+        // Half a preface, then silence: the deadline still holds.
+        let (mut client, accepted) = pair().await;
+        client.write_all(b"PR").await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        assert_eq!(sniff(&accepted, deadline).await, None);
     }
 }
