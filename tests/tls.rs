@@ -11,6 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use metronome::probe::{measure, summarize, Load, ProbeConfig, ProbeRun, Stop};
 use metronome::proxy::ProxyHandle;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use support::*;
@@ -128,6 +129,24 @@ async fn tls_proxy_streaming(pki: &Pki, tokens: usize) -> (ProxyHandle, Vec<u8>)
 }
 
 /// The chat URL on the proxy's TLS listener, by the name its certificate carries.
+/// A probe of `requests` streams, `concurrency` at a time, to `url`, trusting the test CA.
+fn probe_trusting(pki: &Pki, url: &str, requests: u64, concurrency: usize) -> ProbeConfig {
+    let mut config = ProbeConfig::new(url, "m").unwrap();
+    config.stop = Stop::Requests(requests);
+    config.load = Load::Closed { concurrency };
+    config.timeout = std::time::Duration::from_secs(10);
+    config.ca = Some(pki.ca_path());
+    config
+}
+
+/// The errors of a probe run's streams, as text.
+fn stream_errors(run: &ProbeRun) -> Vec<String> {
+    run.streams
+        .iter()
+        .filter_map(|s| s.error.as_ref().map(|e| e.to_string()))
+        .collect()
+}
+
 fn https_chat_url(proxy: &ProxyHandle) -> String {
     format!(
         "https://localhost:{}/v1/chat/completions",
@@ -183,23 +202,14 @@ async fn curl_with_cacert_streams_through_the_tls_listener() {
 
 #[tokio::test]
 async fn the_probe_measures_streams_over_https_with_its_cacert_and_refuses_an_unknown_ca() {
-    use metronome::probe::{measure, summarize, Load, ProbeConfig, Stop};
     let pki = Pki::new();
     let (proxy, _) = tls_proxy_streaming(&pki, 6).await;
-    let mut config = ProbeConfig::new(&https_chat_url(&proxy), "m").unwrap();
-    config.stop = Stop::Requests(4);
-    config.load = Load::Closed { concurrency: 2 };
-    config.timeout = std::time::Duration::from_secs(10);
-    config.ca = Some(pki.ca_path());
+    let mut config = probe_trusting(&pki, &https_chat_url(&proxy), 4, 2);
     for http2 in [false, true] {
         config.http2 = http2;
         let run = measure(&config).await.unwrap();
         let report = summarize(&run, config.stall_threshold);
-        let errors: Vec<_> = run
-            .streams
-            .iter()
-            .filter_map(|s| s.error.as_ref())
-            .collect();
+        let errors = stream_errors(&run);
         assert_eq!(
             (report.requests, report.errors),
             (4, 0),
@@ -304,7 +314,6 @@ async fn the_probe_offers_in_alpn_only_the_protocol_it_speaks() {
     // A server that accepts only h2, or only http/1.1, in ALPN refuses a client that does not
     // offer it: the probe offers exactly the protocol it was asked for (`--http2` or not), so
     // it cannot be switched to another without noticing.
-    use metronome::probe::{measure, summarize, Load, ProbeConfig, Stop};
     let pki = Pki::new();
     let (cert, key) = pki.leaf("alpn", "localhost");
     for (server, http2, served) in [
@@ -315,19 +324,11 @@ async fn the_probe_offers_in_alpn_only_the_protocol_it_speaks() {
     ] {
         let port = tls_upstream(&cert, &key, None, &[server]).await;
         let url = format!("https://127.0.0.1:{port}/v1/chat/completions");
-        let mut config = ProbeConfig::new(&url, "m").unwrap();
-        config.stop = Stop::Requests(2);
-        config.load = Load::Closed { concurrency: 1 };
-        config.timeout = std::time::Duration::from_secs(10);
-        config.ca = Some(pki.ca_path());
+        let mut config = probe_trusting(&pki, &url, 2, 1);
         config.http2 = http2;
         let run = measure(&config).await.unwrap();
         let report = summarize(&run, config.stall_threshold);
-        let errors: Vec<String> = run
-            .streams
-            .iter()
-            .filter_map(|s| s.error.as_ref().map(|e| e.to_string()))
-            .collect();
+        let errors = stream_errors(&run);
         let case = format!("server {server}, probe http2={http2}: {errors:?}");
         if served {
             assert_eq!((report.requests, report.errors), (2, 0), "{case}");

@@ -40,30 +40,36 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) {
     let limits = &state.config.limits;
+    // The same settings for both kinds of builder below. hyper times both the idle wait for the
+    // next request and the reading of its head. One HTTP/2 connection may carry as many streams
+    // as metronome takes requests (hyper's default is 200); `limits.max_requests` still bounds
+    // them all together.
+    let header_read_timeout = state.config.client_idle_timeout;
+    let max_buf_size = limits.max_header_bytes.max(8192);
+    let max_header_list_size = u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX);
+    let max_concurrent_streams = u32::try_from(limits.max_requests).unwrap_or(u32::MAX);
+    // TLS connections: hyper-util's auto builder.
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        // hyper times both the idle wait for the next request and the reading of its head.
-        .header_read_timeout(state.config.client_idle_timeout)
-        .max_buf_size(limits.max_header_bytes.max(8192));
+        .header_read_timeout(header_read_timeout)
+        .max_buf_size(max_buf_size);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        // One HTTP/2 connection may carry as many streams as metronome takes requests (hyper's
-        // default is 200); `limits.max_requests` still bounds them all together.
-        .max_concurrent_streams(u32::try_from(limits.max_requests).unwrap_or(u32::MAX));
-    // Plain connections are served by hyper's HTTP/1 or HTTP/2 connection directly, chosen by
-    // peeking at the client's first bytes (see `sniff`); TLS ones by hyper-util's auto builder.
+        .max_header_list_size(max_header_list_size)
+        .max_concurrent_streams(max_concurrent_streams);
+    // Plain connections: hyper's HTTP/1 or HTTP/2 connection directly, chosen by peeking at the
+    // client's first bytes (see `sniff`).
     let mut h1 = http1::Builder::new();
     h1.timer(TokioTimer::new())
-        .header_read_timeout(state.config.client_idle_timeout)
-        .max_buf_size(limits.max_header_bytes.max(8192));
+        .header_read_timeout(header_read_timeout)
+        .max_buf_size(max_buf_size);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        .max_concurrent_streams(u32::try_from(limits.max_requests).unwrap_or(u32::MAX));
+        .max_header_list_size(max_header_list_size)
+        .max_concurrent_streams(max_concurrent_streams);
     let plain = Arc::new(PlainBuilders { h1, h2 });
     let acceptor = match &state.tls {
         Some(cert) => match tls::server_config(cert.clone()) {
@@ -407,20 +413,27 @@ mod tests {
         );
     }
 
+    /// `sniff` within 5 s, or a failure (not a hang) if it ignores its deadline.
+    async fn bounded(sniffing: impl Future<Output = Option<Protocol>>) -> Option<Protocol> {
+        tokio::time::timeout(Duration::from_secs(5), sniffing)
+            .await
+            .expect("sniff kept to its deadline")
+    }
+
     #[tokio::test]
     async fn a_client_that_closes_or_stays_silent_is_not_served() {
         let (client, accepted) = pair().await;
         drop(client);
-        assert_eq!(sniff(&accepted, in_five_seconds()).await, None);
+        assert_eq!(bounded(sniff(&accepted, in_five_seconds())).await, None);
 
         let (_client, accepted) = pair().await;
         let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
-        assert_eq!(sniff(&accepted, deadline).await, None);
+        assert_eq!(bounded(sniff(&accepted, deadline)).await, None);
 
         // Half a preface, then silence: the deadline still holds.
         let (mut client, accepted) = pair().await;
         client.write_all(b"PR").await.unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
-        assert_eq!(sniff(&accepted, deadline).await, None);
+        assert_eq!(bounded(sniff(&accepted, deadline)).await, None);
     }
 }
