@@ -7,6 +7,8 @@
 #
 #   scripts/heap-per-stream.sh [BIN]      # default: target/release/metronome (built)
 #   STREAMS=500 scripts/heap-per-stream.sh
+#   TLS=1 scripts/heap-per-stream.sh      # the listener terminates TLS (the probe agrees to
+#                                         # http/1.1 in ALPN); a CA and a leaf made with openssl
 #
 # The sim streams 3,000-token streams at a 50 ms gap (none ends during the run); the probe opens
 # the streams over 6 s; the proxy is stopped 16 s in, and DHAT's peak (t-gmax) is read. Prints the
@@ -26,6 +28,20 @@ bin=${1:-}
 
 sim_port=$(free_port); port=$(free_port); admin=$(free_port)
 proxy_config "$port" "$admin" "$sim_port" true
+url="http://127.0.0.1:$port"
+tls_args=()
+if [ "${TLS:-0}" = 1 ]; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=bench-ca \
+    -keyout "$work/ca.key" -out "$work/ca.pem" 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
+    -keyout "$work/leaf.key" -out "$work/leaf.csr" 2>/dev/null
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' >"$work/leaf.ext"
+  openssl x509 -req -in "$work/leaf.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial \
+    -days 1 -extfile "$work/leaf.ext" -out "$work/leaf.pem" 2>/dev/null
+  printf '\n[tls]\ncert = "%s"\nkey = "%s"\n' "$work/leaf.pem" "$work/leaf.key" >>"$work/m.toml"
+  url="https://localhost:$port"
+  tls_args=(--cacert "$work/ca.pem")
+fi
 "$bin" sim --listen "127.0.0.1:$sim_port" --gap 50ms --max-tokens-cap 10000 >"$work/sim.log" 2>&1 &
 pids+=($!)
 wait_port "$sim_port"
@@ -33,7 +49,7 @@ TOKIO_WORKER_THREADS=2 valgrind --tool=dhat --dhat-out-file="$work/dhat.out" \
   "$bin" serve --config "$work/m.toml" >"$work/proxy.log" 2>&1 &
 proxy=$!
 wait_port "$port"
-"$bin" probe --url "http://127.0.0.1:$port" --rate $((streams / 6 + 1)) --concurrency "$streams" \
+"$bin" probe --url "$url" "${tls_args[@]}" --rate $((streams / 6 + 1)) --concurrency "$streams" \
   --duration 6s --max-tokens 3000 --timeout 300s --json "$work/probe.json" >"$work/probe.log" 2>&1 &
 probe=$!
 pids+=("$probe")
@@ -58,6 +74,8 @@ def site(p):
     frames = [re.sub(r"/root/\.cargo/registry/src/[^/]*/", "", f) for f in frames]
     frames = [re.sub(r"<[^()]*>", "<…>", f) for f in frames]
     return " ← ".join(f[:90] for f in frames[:2]) or "?"
+if not any(p.get("gb", 0) for p in pps):
+    sys.exit("DHAT saw no heap: did the proxy start? (see the script's proxy.log)")
 print(f"Heap at its peak with {streams} streams open: {total / 1024:.0f} KiB, "
       f"{total / streams / 1024:.1f} KiB per stream (DHAT t-gmax).\n")
 print("| bytes per stream | blocks per stream | allocated at |")

@@ -175,6 +175,86 @@ async fn the_listener_terminates_tls_over_http1_and_h2() {
     proxy.shutdown().await;
 }
 
+/// Streams one request over a TLS connection to `port` that offers `alpn` (none when empty) and
+/// speaks HTTP/2 or HTTP/1.1 with hyper's client connection; the protocol the server agreed to
+/// in ALPN, the status and the body.
+async fn post_over_tls(
+    ca: &Path,
+    port: u16,
+    alpn: &[&str],
+    http2: bool,
+) -> (Option<Vec<u8>>, u16, Vec<u8>) {
+    let mut config = metronome::tls::client_config(Some(ca), None).unwrap();
+    config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = connector.connect(name, tcp).await.unwrap();
+    let agreed = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    let io = TokioIo::new(tls);
+    let request = |version| {
+        http::Request::post(format!("https://localhost:{port}/v1/chat/completions"))
+            .version(version)
+            .header(http::header::HOST, format!("localhost:{port}"))
+            .body(Full::new(Bytes::from(r#"{"stream":true}"#)))
+            .unwrap()
+    };
+    let response = if http2 {
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        sender
+            .send_request(request(http::Version::HTTP_2))
+            .await
+            .unwrap()
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        sender
+            .send_request(request(http::Version::HTTP_11))
+            .await
+            .unwrap()
+    };
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (agreed, status, body.to_vec())
+}
+
+#[tokio::test]
+async fn the_listener_serves_the_protocol_alpn_agreed_and_tells_it_by_the_first_bytes_without_alpn()
+{
+    let pki = Pki::new();
+    let (proxy, expected) = tls_proxy_streaming(&pki, 6).await;
+    let port = proxy.proxy_addr.port();
+    // What the client offers in ALPN, whether it speaks HTTP/2, what the server agrees to.
+    let cases: [(&[&str], bool, Option<&str>); 4] = [
+        (&["h2"], true, Some("h2")),
+        (&["http/1.1"], false, Some("http/1.1")),
+        // A client that names no protocol: HTTP/2 with prior knowledge, or HTTP/1.1.
+        (&[], true, None),
+        (&[], false, None),
+    ];
+    for (alpn, http2, agreed) in cases {
+        let case = format!("alpn {alpn:?}, http2={http2}");
+        let (got, status, body) = post_over_tls(&pki.ca_path(), port, alpn, http2).await;
+        assert_eq!(got.as_deref(), agreed.map(str::as_bytes), "{case}");
+        assert_eq!(status, 200, "{case}");
+        assert_eq!(body, expected, "{case}");
+    }
+    let m = scrape_until(&proxy, |m| m.value("metronome_streams_total", &[]) == 4.0).await;
+    assert_eq!(
+        m.value(
+            "metronome_inter_token_latency_seconds_count",
+            &[("point", "egress")]
+        ),
+        4.0 * 5.0
+    );
+    proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn curl_with_cacert_streams_through_the_tls_listener() {
     let pki = Pki::new();

@@ -48,20 +48,18 @@ pub async fn serve(
     let max_buf_size = limits.max_header_bytes.max(8192);
     let max_header_list_size = u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX);
     let max_concurrent_streams = u32::try_from(limits.max_requests).unwrap_or(u32::MAX);
-    // TLS connections: hyper-util's auto builder.
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
+    // TLS connections whose client named no protocol in ALPN: hyper-util's auto builder.
+    let mut auto = auto::Builder::new(TokioExecutor::new());
+    auto.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
         .max_buf_size(max_buf_size);
-    builder
-        .http2()
+    auto.http2()
         .timer(TokioTimer::new())
         .max_header_list_size(max_header_list_size)
         .max_concurrent_streams(max_concurrent_streams);
-    // Plain connections: hyper's HTTP/1 or HTTP/2 connection directly, chosen by peeking at the
-    // client's first bytes (see `sniff`).
+    // Every other connection: hyper's HTTP/1 or HTTP/2 connection directly, chosen by ALPN or,
+    // on plain connections, by peeking at the client's first bytes (see `sniff`).
     let mut h1 = http1::Builder::new();
     h1.timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
@@ -70,7 +68,7 @@ pub async fn serve(
     h2.timer(TokioTimer::new())
         .max_header_list_size(max_header_list_size)
         .max_concurrent_streams(max_concurrent_streams);
-    let plain = Arc::new(PlainBuilders { h1, h2 });
+    let builders = Arc::new(Builders { h1, h2, auto });
     let acceptor = match &state.tls {
         Some(cert) => match tls::server_config(cert.clone()) {
             Ok(config) => Some(TlsAcceptor::from(config)),
@@ -118,38 +116,32 @@ pub async fn serve(
         let state = state.clone();
         let watcher = drain.clone();
         let Some(acceptor) = acceptor.clone() else {
-            let plain = plain.clone();
+            let builders = builders.clone();
             tokio::spawn(async move {
                 let deadline = tokio::time::Instant::now() + state.config.client_idle_timeout;
                 let Some(protocol) = sniff(&stream, deadline).await else {
                     return; // closed, or silent for the idle timeout, before a first request
                 };
-                let io = TokioIo::new(EgressIo::new(stream, clock));
-                let service =
-                    service_fn(move |request| handle(request, state.clone(), connection.clone()));
-                // A task of its own per protocol, so a connection holds only its protocol's
-                // state (an HTTP/1 connection does not carry an HTTP/2 one's size).
-                match protocol {
-                    Protocol::Http1 => {
-                        let conn = plain.h1.serve_connection(io, service);
-                        tokio::spawn(watch_plain(watcher, conn, remote, permit));
-                    }
-                    Protocol::Http2 => {
-                        let conn = plain.h2.serve_connection(io, service);
-                        tokio::spawn(watch_plain(watcher, conn, remote, permit));
-                    }
-                }
+                let io = EgressIo::new(stream, clock);
+                builders.spawn(protocol, io, watcher, state, connection, permit);
             });
             continue;
         };
         let io = EgressIo::new(stream, clock);
-        let builder = builder.clone();
+        let builders = builders.clone();
         tokio::spawn(async move {
-            let _permit = permit;
             let handshake =
                 tokio::time::timeout(state.config.tls_handshake_timeout, acceptor.accept(io));
             match handshake.await {
-                Ok(Ok(tls)) => serve_connection(tls, &builder, watcher, state, connection).await,
+                Ok(Ok(tls)) => match Protocol::from_alpn(tls.get_ref().1.alpn_protocol()) {
+                    Some(protocol) => {
+                        builders.spawn(protocol, tls, watcher, state, connection, permit)
+                    }
+                    None => {
+                        let _permit = permit;
+                        serve_connection(tls, &builders.auto, watcher, state, connection).await
+                    }
+                },
                 Ok(Err(e)) => tracing::debug!(error = %e, %remote, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
             }
@@ -163,17 +155,66 @@ pub async fn serve(
     }
 }
 
-/// hyper's HTTP/1 and HTTP/2 connection builders, for plain connections.
-struct PlainBuilders {
+/// hyper's connection builders, each configured once from the settings.
+struct Builders {
+    /// HTTP/1 connections, plain or TLS.
     h1: http1::Builder,
+    /// HTTP/2 connections, plain or TLS.
     h2: http2::Builder<TokioExecutor>,
+    /// TLS connections whose client named no protocol in ALPN, so only its first bytes can tell.
+    auto: auto::Builder<TokioExecutor>,
 }
 
-/// The protocol a plain connection's client speaks.
+impl Builders {
+    /// Serves HTTP on one connection whose protocol is known, in a task of its own per protocol:
+    /// a connection holds only its protocol's state (an HTTP/1 connection does not carry an
+    /// HTTP/2 one's size, nor the handshake's or the sniff's).
+    fn spawn<I>(
+        &self,
+        protocol: Protocol,
+        io: I,
+        watcher: Arc<Drain>,
+        state: Arc<ProxyState>,
+        connection: Connection,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let remote = connection.remote;
+        let io = TokioIo::new(io);
+        let service = service_fn(move |request| handle(request, state.clone(), connection.clone()));
+        match protocol {
+            Protocol::Http1 => {
+                let conn = self.h1.serve_connection(io, service);
+                tokio::spawn(watch(watcher, conn, remote, permit));
+            }
+            Protocol::Http2 => {
+                let conn = self.h2.serve_connection(io, service);
+                tokio::spawn(watch(watcher, conn, remote, permit));
+            }
+        }
+    }
+}
+
+/// The protocol a connection's client speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Protocol {
     Http1,
     Http2,
+}
+
+// === impl Protocol ===
+
+impl Protocol {
+    /// The protocol a TLS client chose in ALPN; `None` when it named none (the listener offers
+    /// only "h2" and "http/1.1", so rustls agrees to nothing else).
+    fn from_alpn(alpn: Option<&[u8]>) -> Option<Protocol> {
+        match alpn? {
+            b"h2" => Some(Protocol::Http2),
+            b"http/1.1" => Some(Protocol::Http1),
+            _ => None,
+        }
+    }
 }
 
 /// What an HTTP/2 client with prior knowledge sends first (RFC 9113 section 3.4).
@@ -215,8 +256,8 @@ async fn sniff(stream: &TcpStream, deadline: tokio::time::Instant) -> Option<Pro
     }
 }
 
-/// Serves a plain connection until it ends (or drains), holding its place among the open ones.
-async fn watch_plain<C>(
+/// Serves a connection until it ends (or drains), holding its place among the open ones.
+async fn watch<C>(
     watcher: Arc<Drain>,
     conn: C,
     remote: std::net::SocketAddr,
@@ -230,7 +271,8 @@ async fn watch_plain<C>(
     }
 }
 
-/// Serves HTTP on one TLS connection over the clocked socket.
+/// Serves HTTP on one TLS connection whose client named no protocol in ALPN, over the clocked
+/// socket: hyper-util's auto builder tells HTTP/2 from HTTP/1 by the first bytes.
 async fn serve_connection<I>(
     io: I,
     builder: &auto::Builder<TokioExecutor>,
