@@ -125,12 +125,7 @@ printf 'Streams open at once: %s; D1 %s, LL %s (size, ways, line).\n\n' "$stream
 printf '| proxy | metering | instructions per token event | D1 misses per event | LL misses per event | token events (large - small run) |\n'
 printf '|---|---|---|---|---|---|\n'
 for bin in "$@"; do
-  sim_port=$(free_port)
-  "$bin" sim --listen "127.0.0.1:$sim_port" --gap 1s --ttft 100ms \
-    --max-tokens-cap 100 >"$work/sim.log" 2>&1 &
-  sim=$!
-  pids+=("$sim")
-  wait_port "$sim_port"
+  start_sim "$bin" --gap 1s --ttft 100ms --max-tokens-cap 100
   for kind in $kinds; do
     read -r ir_s d1_s ll_s ev_s < <(measure "$bin" "$kind" 4 "$sim_port")
     read -r ir_l d1_l ll_l ev_l < <(measure "$bin" "$kind" 12 "$sim_port")
@@ -145,6 +140,5 @@ print(f"| {proxy} | {metering} | {per(ir_l, ir_s):,.0f} | "
       f"{per(d1_l, d1_s):,.1f} | {per(ll_l, ll_s):,.1f} | {d_ev:,} |")
 EOF
   done
-  kill "$sim" 2>/dev/null || true
-  wait "$sim" 2>/dev/null || true
+  stop_sim
 done

@@ -57,11 +57,7 @@ measure() {
 printf '| binary | threading | upstream client | metering | instructions per token event | token events (large - small run) |\n'
 printf '|---|---|---|---|---|---|\n'
 for bin in "$@"; do
-  sim_port=$(free_port)
-  "$bin" sim --listen "127.0.0.1:$sim_port" --gap 2ms --ttft 5ms >"$work/sim.log" 2>&1 &
-  sim=$!
-  pids+=("$sim")
-  wait_port "$sim_port"
+  start_sim "$bin" --gap 2ms --ttft 5ms
   for threading in ${THREADING:-per_core}; do
    for client in ${CLIENTS:-default}; do
     for metering in true false; do
@@ -77,6 +73,5 @@ EOF
     done
    done
   done
-  kill "$sim" 2>/dev/null || true
-  wait "$sim" 2>/dev/null || true
+  stop_sim
 done

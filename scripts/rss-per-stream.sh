@@ -58,11 +58,7 @@ measure() {
 printf '| binary | metering | streams | idle RSS | RSS per open stream |\n'
 printf '|---|---|---|---|---|\n'
 for bin in "$@"; do
-  sim_port=$(free_port)
-  "$bin" sim --listen "127.0.0.1:$sim_port" --gap 50ms --max-tokens-cap 10000 >"$work/sim.log" 2>&1 &
-  sim=$!
-  pids+=("$sim")
-  wait_port "$sim_port"
+  start_sim "$bin" --gap 50ms --max-tokens-cap 10000
   for metering in true false; do
     read -r idle open < <(measure "$bin" "$metering" "$sim_port")
     python3 - "$bin" "$metering" "$streams" "$idle" "$open" <<'EOF'
@@ -73,6 +69,5 @@ print(f"| {bin_} | {'on' if metering == 'true' else 'off'} | {int(streams):,} | 
       f"{int(idle) / 1024:.1f} MiB | {per:.1f} KiB |")
 EOF
   done
-  kill "$sim" 2>/dev/null || true
-  wait "$sim" 2>/dev/null || true
+  stop_sim
 done

@@ -78,12 +78,8 @@ events=200000
 printf '| path | recvfrom | writev | epoll_wait | futex | all four, per event |\n'
 printf '|---|---|---|---|---|---|\n'
 for path in "$@"; do
-  sim_port=$(free_port)
+  start_sim "$bin" --gap 50ms --ttft 100ms
   port=$(free_port)
-  "$bin" sim --listen "127.0.0.1:$sim_port" --gap 50ms --ttft 100ms >"$work/sim.log" 2>&1 &
-  sim=$!
-  pids+=("$sim")
-  wait_port "$sim_port"
   read -r -a proxy < <(start_proxy "$path" "$sim_port" "$port")
   pids+=("${proxy[@]}")
   "$bin" probe --url "http://127.0.0.1:$port" --rate 99 --duration 25s --concurrency 1100 \

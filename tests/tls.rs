@@ -128,7 +128,18 @@ async fn tls_proxy_streaming(pki: &Pki, tokens: usize) -> (ProxyHandle, Vec<u8>)
     )
 }
 
-/// The chat URL on the proxy's TLS listener, by the name its certificate carries.
+/// The inter-token gaps the egress point counted, once `streams` streams are recorded.
+async fn egress_gaps_once_recorded(proxy: &ProxyHandle, streams: f64) -> f64 {
+    let m = scrape_until(proxy, |m| {
+        m.value("metronome_streams_total", &[]) == streams
+    })
+    .await;
+    m.value(
+        "metronome_inter_token_latency_seconds_count",
+        &[("point", "egress")],
+    )
+}
+
 /// A probe of `requests` streams, `concurrency` at a time, to `url`, trusting the test CA.
 fn probe_trusting(pki: &Pki, url: &str, requests: u64, concurrency: usize) -> ProbeConfig {
     let mut config = ProbeConfig::new(url, "m").unwrap();
@@ -147,6 +158,7 @@ fn stream_errors(run: &ProbeRun) -> Vec<String> {
         .collect()
 }
 
+/// The chat URL on the proxy's TLS listener, by the name its certificate carries.
 fn https_chat_url(proxy: &ProxyHandle) -> String {
     format!(
         "https://localhost:{}/v1/chat/completions",
@@ -164,14 +176,7 @@ async fn the_listener_terminates_tls_over_http1_and_h2() {
         assert_eq!(status, 200);
         assert_eq!(body, expected, "http2={http2}");
     }
-    let m = scrape_until(&proxy, |m| m.value("metronome_streams_total", &[]) == 2.0).await;
-    assert_eq!(
-        m.value(
-            "metronome_inter_token_latency_seconds_count",
-            &[("point", "egress")]
-        ),
-        14.0
-    );
+    assert_eq!(egress_gaps_once_recorded(&proxy, 2.0).await, 14.0);
     proxy.shutdown().await;
 }
 
@@ -244,14 +249,7 @@ async fn the_listener_serves_the_protocol_alpn_agreed_and_tells_it_by_the_first_
         assert_eq!(status, 200, "{case}");
         assert_eq!(body, expected, "{case}");
     }
-    let m = scrape_until(&proxy, |m| m.value("metronome_streams_total", &[]) == 4.0).await;
-    assert_eq!(
-        m.value(
-            "metronome_inter_token_latency_seconds_count",
-            &[("point", "egress")]
-        ),
-        4.0 * 5.0
-    );
+    assert_eq!(egress_gaps_once_recorded(&proxy, 4.0).await, 4.0 * 5.0);
     proxy.shutdown().await;
 }
 

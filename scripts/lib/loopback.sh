@@ -48,3 +48,21 @@ check_upstream = false
 enabled = $4
 TOML
 }
+
+# Starts `$1 sim` on a free port with the rest of the arguments, logging to $work/sim.log; sets
+# `sim` (its pid, also in `pids`) and `sim_port`, and returns once it listens.
+start_sim() {
+  local bin=$1
+  shift
+  sim_port=$(free_port)
+  "$bin" sim --listen "127.0.0.1:$sim_port" "$@" >"$work/sim.log" 2>&1 &
+  sim=$!
+  pids+=("$sim")
+  wait_port "$sim_port"
+}
+
+# Stops the sim `start_sim` started.
+stop_sim() {
+  kill "$sim" 2>/dev/null || true
+  wait "$sim" 2>/dev/null || true
+}
