@@ -184,6 +184,14 @@ fn sse_answer() -> String {
     out + "0\r\n\r\n"
 }
 
+/// The output tokens the chat route counted from token events.
+fn counted_chat_tokens(m: &Metrics) -> f64 {
+    m.value(
+        "metronome_output_tokens_total",
+        &[("route", "chat"), ("source", "counted")],
+    )
+}
+
 /// A proxy in front of `upstream` whose readiness check stays away from it (each answer here is
 /// scripted for one request), on one worker.
 async fn proxy(
@@ -368,12 +376,53 @@ async fn a_body_without_a_length_runs_until_the_upstream_closes() {
     assert!(got.error.is_none(), "{:?}", got.error);
     assert!(String::from_utf8_lossy(&got.bytes()).ends_with("data: [DONE]\n\n"));
     let m = one_chat_stream_ended_as(&proxy, "complete").await;
+    assert_eq!(counted_chat_tokens(&m), 2.0);
+    proxy.shutdown().await;
+}
+
+/// The native client's read buffer starts small (a few SSE frames) and grows while reads fill
+/// it: a response head, a chunk-size line and a frame each larger than that first buffer, written
+/// in one go, arrive whole and counted.
+#[tokio::test]
+async fn a_head_a_chunk_line_and_a_frame_larger_than_the_first_read_arrive_whole() {
+    let big_header = "h".repeat(6_000);
+    let big_text = "t".repeat(40_000);
+    let events = [
+        format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{big_text}\"}}}}],\"model\":\"m\"}}\n\n"),
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}],\"model\":\"m\"}\n\n"
+            .to_string(),
+        "data: [DONE]\n\n".to_string(),
+    ];
+    let mut answer_bytes = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-big: {big_header}\r\n\
+         transfer-encoding: chunked\r\n\r\n"
+    );
+    for (i, event) in events.iter().enumerate() {
+        // The first chunk's size line carries an extension longer than the first read buffer
+        // (within the decoder's 4 KiB bound for a size line).
+        let extension = if i == 0 {
+            format!(";x={}", "e".repeat(3_000))
+        } else {
+            String::new()
+        };
+        answer_bytes.push_str(&format!("{:x}{extension}\r\n{event}\r\n", event.len()));
+    }
+    answer_bytes.push_str("0\r\n\r\n");
+    let upstream = raw_upstream(vec![answer(&answer_bytes)]).await;
+    let proxy = proxy(&upstream, |_| {}).await;
+    let got = stream_chat(proxy.proxy_addr).await;
+    assert_eq!(got.status, 200);
+    assert!(got.error.is_none(), "{:?}", got.error);
+    assert_eq!(got.headers["x-big"], big_header.as_str());
+    assert_eq!(got.bytes(), events.concat().into_bytes());
+    let m = one_chat_stream_ended_as(&proxy, "complete").await;
+    assert_eq!(counted_chat_tokens(&m), 2.0);
     assert_eq!(
         m.value(
-            "metronome_output_tokens_total",
-            &[("route", "chat"), ("source", "counted")]
+            "metronome_inter_token_latency_seconds_count",
+            &[("point", "egress")]
         ),
-        2.0
+        1.0
     );
     proxy.shutdown().await;
 }
