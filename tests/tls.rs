@@ -89,15 +89,25 @@ async fn post(client: &HttpsClient, url: String) -> (u16, Vec<u8>) {
     (status, body.to_vec())
 }
 
-/// The CN of the certificate the server at `port` presents.
-async fn served_cn(ca: &Path, port: u16) -> String {
-    let config = Arc::new(metronome::tls::client_config(Some(ca), None).unwrap());
-    let connector = tokio_rustls::TlsConnector::from(config);
+/// A TLS connection to `localhost:port`, trusting `ca`, offering `alpn` (nothing when empty).
+async fn tls_connect(
+    ca: &Path,
+    port: u16,
+    alpn: &[&str],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let mut config = metronome::tls::client_config(Some(ca), None).unwrap();
+    config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = connector.connect(name, tcp).await.unwrap();
+    connector.connect(name, tcp).await.unwrap()
+}
+
+/// The CN of the certificate the server at `port` presents.
+async fn served_cn(ca: &Path, port: u16) -> String {
+    let tls = tls_connect(ca, port, &[]).await;
     let cert = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
     let text = String::from_utf8_lossy(cert.as_ref()).to_string();
     ["cert-a", "cert-b"]
@@ -189,14 +199,7 @@ async fn post_over_tls(
     alpn: &[&str],
     http2: bool,
 ) -> (Option<Vec<u8>>, u16, Vec<u8>) {
-    let mut config = metronome::tls::client_config(Some(ca), None).unwrap();
-    config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = connector.connect(name, tcp).await.unwrap();
+    let tls = tls_connect(ca, port, alpn).await;
     let agreed = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
     let io = TokioIo::new(tls);
     let request = |version| {

@@ -123,7 +123,7 @@ pub async fn serve(
                     return; // closed, or silent for the idle timeout, before a first request
                 };
                 let io = EgressIo::new(stream, clock);
-                builders.spawn(protocol, io, watcher, state, connection, permit);
+                builders.spawn(Some(protocol), io, watcher, state, connection, permit);
             });
             continue;
         };
@@ -133,15 +133,10 @@ pub async fn serve(
             let handshake =
                 tokio::time::timeout(state.config.tls_handshake_timeout, acceptor.accept(io));
             match handshake.await {
-                Ok(Ok(tls)) => match Protocol::from_alpn(tls.get_ref().1.alpn_protocol()) {
-                    Some(protocol) => {
-                        builders.spawn(protocol, tls, watcher, state, connection, permit)
-                    }
-                    None => {
-                        let _permit = permit;
-                        serve_connection(tls, &builders.auto, watcher, state, connection).await
-                    }
-                },
+                Ok(Ok(tls)) => {
+                    let protocol = Protocol::from_alpn(tls.get_ref().1.alpn_protocol());
+                    builders.spawn(protocol, tls, watcher, state, connection, permit)
+                }
                 Ok(Err(e)) => tracing::debug!(error = %e, %remote, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
             }
@@ -166,12 +161,13 @@ struct Builders {
 }
 
 impl Builders {
-    /// Serves HTTP on one connection whose protocol is known, in a task of its own per protocol:
-    /// a connection holds only its protocol's state (an HTTP/1 connection does not carry an
-    /// HTTP/2 one's size, nor the handshake's or the sniff's).
+    /// Serves HTTP on one connection in a task of its own per protocol, so that a connection
+    /// holds only its protocol's state (an HTTP/1 connection does not carry an HTTP/2 one's
+    /// size, nor the handshake's or the sniff's). `None`: a TLS client that named no protocol
+    /// in ALPN, served by the auto builder, which tells the two apart by the first bytes.
     fn spawn<I>(
         &self,
-        protocol: Protocol,
+        protocol: Option<Protocol>,
         io: I,
         watcher: Arc<Drain>,
         state: Arc<ProxyState>,
@@ -184,12 +180,16 @@ impl Builders {
         let io = TokioIo::new(io);
         let service = service_fn(move |request| handle(request, state.clone(), connection.clone()));
         match protocol {
-            Protocol::Http1 => {
+            Some(Protocol::Http1) => {
                 let conn = self.h1.serve_connection(io, service);
                 tokio::spawn(watch(watcher, conn, remote, permit));
             }
-            Protocol::Http2 => {
+            Some(Protocol::Http2) => {
                 let conn = self.h2.serve_connection(io, service);
+                tokio::spawn(watch(watcher, conn, remote, permit));
+            }
+            None => {
+                let conn = self.auto.serve_connection(io, service).into_owned();
                 tokio::spawn(watch(watcher, conn, remote, permit));
             }
         }
@@ -263,30 +263,10 @@ async fn watch<C>(
     remote: std::net::SocketAddr,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) where
-    C: GracefulConnection<Error = hyper::Error>,
+    C: GracefulConnection,
+    C::Error: std::fmt::Display,
 {
     let _permit = permit;
-    if let Err(e) = Drain::watch(&watcher, conn).await {
-        tracing::debug!(error = %e, %remote, "client connection ended with an error");
-    }
-}
-
-/// Serves HTTP on one TLS connection whose client named no protocol in ALPN, over the clocked
-/// socket: hyper-util's auto builder tells HTTP/2 from HTTP/1 by the first bytes.
-async fn serve_connection<I>(
-    io: I,
-    builder: &auto::Builder<TokioExecutor>,
-    watcher: Arc<Drain>,
-    state: Arc<ProxyState>,
-    connection: Connection,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let remote = connection.remote;
-    let service = service_fn(move |request| handle(request, state.clone(), connection.clone()));
-    let conn = builder
-        .serve_connection(TokioIo::new(io), service)
-        .into_owned();
     if let Err(e) = Drain::watch(&watcher, conn).await {
         tracing::debug!(error = %e, %remote, "client connection ended with an error");
     }
@@ -435,6 +415,17 @@ mod tests {
         assert!(n >= first.len(), "peeked {n} bytes");
         assert_eq!(&buf[..first.len()], first);
         told
+    }
+
+    #[test]
+    fn alpn_names_the_protocol_and_no_name_leaves_it_to_the_first_bytes() {
+        assert_eq!(Protocol::from_alpn(Some(b"h2")), Some(Protocol::Http2));
+        assert_eq!(
+            Protocol::from_alpn(Some(b"http/1.1")),
+            Some(Protocol::Http1)
+        );
+        assert_eq!(Protocol::from_alpn(None), None);
+        assert_eq!(Protocol::from_alpn(Some(b"spdy/3")), None);
     }
 
     #[tokio::test]
