@@ -9,6 +9,8 @@
 #   STREAMS=500 scripts/heap-per-stream.sh
 #   TLS=1 scripts/heap-per-stream.sh      # the listener terminates TLS (the probe agrees to
 #                                         # http/1.1 in ALPN); a CA and a leaf made with openssl
+#   DEPTH=6 scripts/heap-per-stream.sh    # show 6 frames of each site (default 2)
+#   MIN_BYTES=10 scripts/heap-per-stream.sh  # list sites down to 10 bytes per stream (default 100)
 #
 # The sim streams 3,000-token streams at a 50 ms gap (none ends during the run); the probe opens
 # the streams over 6 s; the proxy is stopped 16 s in, and DHAT's peak (t-gmax) is read. Prints the
@@ -60,9 +62,9 @@ sleep 2
 kill -TERM "$proxy"
 wait "$proxy" || true
 
-python3 - "$work/dhat.out" "$streams" <<'PY'
+python3 - "$work/dhat.out" "$streams" "${DEPTH:-2}" <<'PY'
 import json, re, sys
-path, streams = sys.argv[1], int(sys.argv[2])
+path, streams, depth = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 d = json.load(open(path))
 ftbl, pps = d["ftbl"], d["pps"]
 total = sum(p.get("gb", 0) for p in pps)
@@ -73,7 +75,7 @@ def site(p):
     frames = [f for f in frames if not skip.search(f)]
     frames = [re.sub(r"/root/\.cargo/registry/src/[^/]*/", "", f) for f in frames]
     frames = [re.sub(r"<[^()]*>", "<…>", f) for f in frames]
-    return " ← ".join(f[:90] for f in frames[:2]) or "?"
+    return " ← ".join(f[:90] for f in frames[:depth]) or "?"
 if not any(p.get("gb", 0) for p in pps):
     sys.exit("DHAT saw no heap: did the proxy start? (see the script's proxy.log)")
 print(f"Heap at its peak with {streams} streams open: {total / 1024:.0f} KiB, "
@@ -83,7 +85,7 @@ print("|---|---|---|")
 rest = 0
 for p in sorted(pps, key=lambda p: -p.get("gb", 0)):
     per = p.get("gb", 0) / streams
-    if per < 100:
+    if per < float(__import__("os").environ.get("MIN_BYTES", "100")):
         rest += p.get("gb", 0)
         continue
     print(f"| {per:,.0f} | {p.get('gbk', 0) / streams:.2f} | {site(p)} |")

@@ -4,6 +4,8 @@
 #
 #   scripts/rss-per-stream.sh [BIN ...]            # default: target/release/metronome
 #   STREAMS=1000 RATE=100 scripts/rss-per-stream.sh /tmp/metronome-before target/release/metronome
+#   PROXY_TOML=$'[timeline]\nmax_frames = 0' scripts/rss-per-stream.sh   # without the configured
+#                                                       # per-stream timeline buffer
 #
 # For each binary and metering setting: the sim streams 3,000-token streams at a 50 ms gap (so none
 # ends during the run); after one warm-up stream the proxy's VmRSS is read (idle); the probe then

@@ -299,7 +299,12 @@ impl EgressLedger {
         metrics: &Metrics,
     ) {
         if let Some((seq, received)) = timeline {
-            self.stamps.set(seq, at.micros_since(received));
+            // The same reading of the ingress stamp as the ingress timeline keeps.
+            self.stamps.set(
+                seq,
+                ingress.micros_since(received),
+                at.micros_since(received),
+            );
         }
         self.frames_stamped += 1;
         self.last_stamp = Some(at);

@@ -63,18 +63,39 @@ fn get_varint(log: &[u8], pos: &mut usize) -> Option<u64> {
     }
 }
 
+/// The zigzag form of a signed change: small either way stays small as a varint.
+#[inline]
+fn zigzag(change: u32) -> u64 {
+    let change = change as i32;
+    u64::from(((change << 1) ^ (change >> 31)) as u32)
+}
+
+/// The change a [`zigzag`] value stands for (wrapping).
+#[inline]
+fn unzigzag(value: u64) -> u32 {
+    let value = value as u32;
+    ((value >> 1) as i32 ^ -((value & 1) as i32)) as u32
+}
+
 /// The frames a stream keeps in its timeline, as the ingress reader saw them, in a compact log.
 ///
-/// A frame is three or four varints: the growth of its ingress stamp since the previous frame's
-/// (µs, wrapping, so any stamp comes back exactly), its length, and its event counts
-/// (`events << 1 | 1` when every event is a token event, else `events << 1` and then the token
-/// events). A frame of a token stream takes about 6 bytes, where an [`IngressFrame`] takes 12;
-/// the log grows as frames come, as a `Vec` does (no allocation for most frames).
+/// A frame is two to four varints: how much its gap since the previous frame's ingress stamp
+/// differs from the previous frame's gap (µs); how much its length differs from the previous
+/// frame's, shifted left by one, with the low bit set when its event counts are the previous
+/// frame's (both changes zigzag and wrapping, so any frame comes back exactly); and, unless that
+/// bit is set, its event counts (`events << 1 | 1` when every event is a token event, else
+/// `events << 1` and then the token events). A server's cadence, frame sizes and events per
+/// frame are steady, so a frame of a token stream takes about 3 bytes (a gap within 8 ms of the
+/// last one, a length within 31 bytes), where an [`IngressFrame`] takes 12; the log grows as
+/// frames come, as a `Vec` does (no allocation for most frames).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct IngressTimeline {
     log: Vec<u8>,
     frames: u32,
     last_us: u32,
+    last_gap: u32,
+    last_bytes: u32,
+    last_events: (u16, u16),
 }
 
 // === impl IngressTimeline ===
@@ -84,18 +105,26 @@ impl IngressTimeline {
     #[inline]
     pub fn push(&mut self, frame: IngressFrame) {
         make_room(&mut self.log, 16); // the most a frame takes: 5 + 5 + 3 + 3
+        let gap = frame.ingress_us.wrapping_sub(self.last_us);
+        put_varint(&mut self.log, zigzag(gap.wrapping_sub(self.last_gap)));
+        self.last_us = frame.ingress_us;
+        self.last_gap = gap;
+        let counts = (frame.events, frame.token_events);
+        let same_counts = counts == self.last_events;
         put_varint(
             &mut self.log,
-            u64::from(frame.ingress_us.wrapping_sub(self.last_us)),
+            zigzag(frame.bytes.wrapping_sub(self.last_bytes)) << 1 | u64::from(same_counts),
         );
-        self.last_us = frame.ingress_us;
-        put_varint(&mut self.log, u64::from(frame.bytes));
-        let events = u64::from(frame.events) << 1;
-        if frame.token_events == frame.events {
-            put_varint(&mut self.log, events | 1);
-        } else {
-            put_varint(&mut self.log, events);
-            put_varint(&mut self.log, u64::from(frame.token_events));
+        self.last_bytes = frame.bytes;
+        self.last_events = counts;
+        if !same_counts {
+            let events = u64::from(frame.events) << 1;
+            if frame.token_events == frame.events {
+                put_varint(&mut self.log, events | 1);
+            } else {
+                put_varint(&mut self.log, events);
+                put_varint(&mut self.log, u64::from(frame.token_events));
+            }
         }
         self.frames += 1;
     }
@@ -113,19 +142,23 @@ impl IngressTimeline {
     /// The frames in order.
     pub fn iter(&self) -> impl Iterator<Item = IngressFrame> + '_ {
         let mut pos = 0;
-        let mut at = 0u32;
+        let (mut at, mut gap, mut bytes) = (0u32, 0u32, 0u32);
+        let (mut events, mut token_events) = (0u16, 0u16);
         std::iter::from_fn(move || {
             let log = &self.log[..];
-            let delta = get_varint(log, &mut pos)? as u32;
-            at = at.wrapping_add(delta);
-            let bytes = get_varint(log, &mut pos)? as u32;
-            let counts = get_varint(log, &mut pos)?;
-            let events = (counts >> 1) as u16;
-            let token_events = if counts & 1 == 1 {
-                events
-            } else {
-                get_varint(log, &mut pos)? as u16
-            };
+            gap = gap.wrapping_add(unzigzag(get_varint(log, &mut pos)?));
+            at = at.wrapping_add(gap);
+            let length = get_varint(log, &mut pos)?;
+            bytes = bytes.wrapping_add(unzigzag(length >> 1));
+            if length & 1 == 0 {
+                let counts = get_varint(log, &mut pos)?;
+                events = (counts >> 1) as u16;
+                token_events = if counts & 1 == 1 {
+                    events
+                } else {
+                    get_varint(log, &mut pos)? as u16
+                };
+            }
             Some(IngressFrame {
                 ingress_us: at,
                 bytes,
@@ -136,33 +169,39 @@ impl IngressTimeline {
     }
 }
 
-/// The egress stamps of a stream's kept frames, by frame sequence (µs since the stream began), in
-/// a compact log: a varint per frame, 0 for a frame without a stamp, else one plus the zigzag
-/// encoding of the change since the previous stamp (wrapping, so any stamp comes back exactly).
-/// A frame stamped 50 ms after the previous one takes 3 bytes, where a `u32` takes 4; frames
-/// are stamped in order, so a stamp is appended (a stamp for an earlier frame is still put in
-/// its place, by rewriting the log).
+/// The egress stamps of a stream's kept frames, by frame sequence, in a compact log: a varint per
+/// frame, 0 for a frame without a stamp, else one plus the frame's time from its ingress stamp to
+/// its egress stamp (µs, wrapping, so any stamp comes back exactly given the ingress one). That
+/// time is the proxy's delay, tens of µs while the client keeps up: a frame takes one byte, where
+/// its egress stamp since the stream began takes four as a `u32` (and three as a change from the
+/// previous stamp, 50 ms before). Frames are stamped in order, so a stamp is appended (a stamp
+/// for an earlier frame is still put in its place, by rewriting the log).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct EgressStamps {
     log: Vec<u8>,
     frames: u32,
-    last_us: u32,
 }
 
 // === impl EgressStamps ===
 
 impl EgressStamps {
-    /// Frame `seq` reached the client socket at `us`.
+    /// Frame `seq`, read at `ingress_us`, reached the client socket at `egress_us` (both µs since
+    /// the stream began, as the ingress timeline keeps `ingress_us`).
     #[inline]
-    pub fn set(&mut self, seq: u32, us: u32) {
+    pub fn set(&mut self, seq: u32, ingress_us: u32, egress_us: u32) {
+        self.put(seq, egress_us.wrapping_sub(ingress_us));
+    }
+
+    /// Puts frame `seq`'s time from ingress to egress.
+    fn put(&mut self, seq: u32, delay_us: u32) {
         if seq < self.frames {
             // Not in order: rebuild the log with the stamp in its place.
-            let mut stamps: Vec<Option<u32>> = self.iter().collect();
-            stamps[seq as usize] = Some(us);
+            let mut delays: Vec<Option<u32>> = self.delays().collect();
+            delays[seq as usize] = Some(delay_us);
             *self = EgressStamps::default();
-            for (i, stamp) in stamps.into_iter().enumerate() {
-                if let Some(us) = stamp {
-                    self.set(i as u32, us);
+            for (i, delay) in delays.into_iter().enumerate() {
+                if let Some(delay) = delay {
+                    self.put(i as u32, delay);
                 }
             }
             return;
@@ -171,26 +210,17 @@ impl EgressStamps {
             self.log.push(0);
         }
         make_room(&mut self.log, 5);
-        let change = us.wrapping_sub(self.last_us) as i32;
-        let zigzag = ((change << 1) ^ (change >> 31)) as u32;
-        put_varint(&mut self.log, u64::from(zigzag) + 1);
-        self.last_us = us;
+        put_varint(&mut self.log, u64::from(delay_us) + 1);
         self.frames = seq + 1;
     }
 
-    /// The stamps from frame 0 to the last one stamped; `None` for a frame without one.
-    pub fn iter(&self) -> impl Iterator<Item = Option<u32>> + '_ {
+    /// Each frame's time from its ingress stamp to its egress stamp, from frame 0 to the last one
+    /// stamped; `None` for a frame without one.
+    pub fn delays(&self) -> impl Iterator<Item = Option<u32>> + '_ {
         let mut pos = 0;
-        let mut last = 0u32;
         std::iter::from_fn(move || {
             let value = get_varint(&self.log, &mut pos)?;
-            if value == 0 {
-                return Some(None);
-            }
-            let zigzag = (value - 1) as u32;
-            let change = ((zigzag >> 1) as i32) ^ -((zigzag & 1) as i32);
-            last = last.wrapping_add(change as u32);
-            Some(Some(last))
+            Some(value.checked_sub(1).map(|d| d as u32))
         })
     }
 }
@@ -225,13 +255,17 @@ impl StreamFrames {
 
     /// Each kept frame with its egress stamp, if it has one.
     pub fn records(&self) -> Vec<FrameRecord> {
-        let mut egress = self.egress.iter();
+        let mut delays = self.egress.delays();
         self.ingress
             .iter()
             .map(|f| FrameRecord {
                 ingress_us: f.ingress_us,
                 // A stamp of u32::MAX (71 minutes, saturated) reads as no stamp, as it always did.
-                egress_us: egress.next().flatten().filter(|s| *s != u32::MAX),
+                egress_us: delays
+                    .next()
+                    .flatten()
+                    .map(|d| f.ingress_us.wrapping_add(d))
+                    .filter(|s| *s != u32::MAX),
                 bytes: f.bytes,
                 events: f.events,
                 token_events: f.token_events,
@@ -600,6 +634,9 @@ mod tests {
             (4_000_000_000, u32::MAX, u16::MAX, u16::MAX),
             (u32::MAX, 1, u16::MAX, 0),
             (17, 128, 64, 64), // stamps that go back (never seen) still come back exactly
+            (20, 128, 64, 64), // the counts of the frame before: not written again
+            (25, 0, 64, 64),
+            (26, 1, 64, 63),
         ];
         let mut timeline = IngressTimeline::default();
         let mut expected = Vec::new();
@@ -618,45 +655,97 @@ mod tests {
     }
 
     #[test]
-    fn a_token_frame_takes_about_six_bytes() {
+    fn a_token_frame_at_a_jittery_cadence_takes_three_bytes() {
         let mut timeline = IngressTimeline::default();
-        for i in 0..1000u32 {
-            timeline.push(IngressFrame {
-                ingress_us: 100_000 + i * 50_000,
-                bytes: 230,
+        let mut expected = Vec::new();
+        let mut at = 100_000u32;
+        let mut seed = 7u32;
+        for _ in 0..1000 {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            let jitter = (seed >> 8) % 6_000; // the gap: 47 to 53 ms
+            at += 47_000 + jitter;
+            let frame = IngressFrame {
+                ingress_us: at,
+                bytes: 220 + (seed >> 20) % 30,
                 events: 1,
                 token_events: 1,
-            });
+            };
+            timeline.push(frame);
+            expected.push(frame);
         }
-        assert!(timeline.log.len() <= 6 * 1000, "{}", timeline.log.len());
+        // The first frame takes 6 bytes (its counts, a 100 ms gap, a length from 0), the second 4
+        // (its gap is half the first's).
+        assert!(timeline.log.len() <= 3 * 1000 + 4, "{}", timeline.log.len());
+        assert_eq!(timeline.iter().collect::<Vec<_>>(), expected);
         // Grown by half at a time: never more than half again what it holds.
         assert!(timeline.log.capacity() <= timeline.log.len() * 3 / 2 + 16);
+    }
+
+    proptest::proptest! {
+        /// Whatever the stamps, lengths and counts, the log gives every frame back exactly.
+        #[test]
+        fn any_frames_come_back_exactly(
+            frames in proptest::collection::vec(
+                (proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>(),
+                 proptest::prelude::any::<u16>(), proptest::prelude::any::<u16>()),
+                0..64,
+            )
+        ) {
+            let mut timeline = IngressTimeline::default();
+            let frames: Vec<IngressFrame> = frames
+                .into_iter()
+                .map(|(ingress_us, bytes, events, token_events)| IngressFrame {
+                    ingress_us,
+                    bytes,
+                    events,
+                    token_events,
+                })
+                .collect();
+            for frame in &frames {
+                timeline.push(*frame);
+            }
+            proptest::prop_assert_eq!(timeline.len(), frames.len());
+            proptest::prop_assert_eq!(timeline.iter().collect::<Vec<_>>(), frames);
+        }
     }
 
     #[test]
     fn egress_stamps_come_back_in_their_places() {
         let mut stamps = EgressStamps::default();
-        stamps.set(0, 10);
-        stamps.set(1, 60_010);
-        stamps.set(3, 5); // a hole at 2, and a stamp that goes back
-        stamps.set(4, u32::MAX);
-        stamps.set(5, 0);
+        stamps.set(0, 0, 10);
+        stamps.set(1, 60_000, 60_010);
+        stamps.set(3, 4, 5); // a hole at 2
+        stamps.set(4, 7, u32::MAX);
+        stamps.set(5, u32::MAX - 1, 3); // wrapped: comes back exactly all the same
+        stamps.set(6, 9, 9);
         assert_eq!(
-            stamps.iter().collect::<Vec<_>>(),
+            stamps.delays().collect::<Vec<_>>(),
             vec![
                 Some(10),
-                Some(60_010),
+                Some(10),
                 None,
+                Some(1),
+                Some(u32::MAX - 7),
                 Some(5),
-                Some(u32::MAX),
                 Some(0)
             ]
         );
-        stamps.set(2, 7); // out of order: rewritten in place
-        stamps.set(1, 8); // stamped again: the later stamp wins, as with an array
+        // A frame the proxy held for 200 ms (a slow client) takes 3 bytes; one it passed on
+        // within 127 µs takes one.
+        assert_eq!(stamps.log.len(), 1 + 1 + 1 + 1 + 5 + 1 + 1);
+        stamps.set(2, 100, 107); // out of order: rewritten in place
+        stamps.set(1, 60_000, 60_008); // stamped again: the later stamp wins, as with an array
         assert_eq!(
-            stamps.iter().collect::<Vec<_>>(),
-            vec![Some(10), Some(8), Some(7), Some(5), Some(u32::MAX), Some(0)]
+            stamps.delays().collect::<Vec<_>>(),
+            vec![
+                Some(10),
+                Some(8),
+                Some(7),
+                Some(1),
+                Some(u32::MAX - 7),
+                Some(5),
+                Some(0)
+            ]
         );
     }
 
@@ -672,9 +761,9 @@ mod tests {
                 token_events: u16::from(i % 2 == 0),
             });
         }
-        egress.set(0, 150);
-        egress.set(1, u32::MAX); // saturated: reads as no stamp
-        egress.set(2, 260);
+        egress.set(0, 0, 150);
+        egress.set(1, 100, u32::MAX); // saturated: reads as no stamp
+        egress.set(2, 200, 260);
         let frames = StreamFrames::new(ingress, egress);
         assert_eq!(frames.len(), 4);
         let egress_us: Vec<_> = frames.records().iter().map(|f| f.egress_us).collect();

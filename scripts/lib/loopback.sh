@@ -29,6 +29,7 @@ wait_port() {
 # Writes a metronome configuration to $work/m.toml: proxy on 127.0.0.1:$1, admin on :$2, the
 # upstream on :$3, metering $4 (true/false), server.threading $5 (default per_core),
 # server.upstream_client $6 (default: the key is not written, for binaries older than it).
+# PROXY_TOML, when set, is appended (more tables: `PROXY_TOML=$'[timeline]\nmax_frames = 0'`).
 proxy_config() {
   local client_line=""
   [ "${6:-default}" = default ] || client_line="upstream_client = \"$6\""
@@ -46,6 +47,7 @@ check_upstream = false
 
 [metering]
 enabled = $4
+${PROXY_TOML:-}
 TOML
 }
 

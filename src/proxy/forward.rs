@@ -175,7 +175,12 @@ pub async fn handle(
             received,
             permit,
         );
-        return Ok(Response::from_parts(parts, ProxyBody::Passthrough { body }));
+        return Ok(Response::from_parts(
+            parts,
+            ProxyBody::Passthrough {
+                body: Box::pin(body),
+            },
+        ));
     };
 
     let id = state.stream_ids.next();

@@ -6,6 +6,7 @@
 //! beyond `limits.max_header_bytes` are answered 431 by hyper.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,6 +24,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
+use super::body::ProxyBody;
 use super::egress_clock::{EgressClock, EgressIo};
 use super::forward::{handle, Connection};
 use super::{ProxyState, UpstreamClient};
@@ -150,6 +152,10 @@ pub async fn serve(
     }
 }
 
+/// One request's handling, from its head to its response head (see `Builders::spawn`).
+type RequestFuture =
+    Pin<Box<dyn Future<Output = Result<hyper::Response<ProxyBody>, Infallible>> + Send>>;
+
 /// hyper's connection builders, each configured once from the settings.
 struct Builders {
     /// HTTP/1 connections, plain or TLS.
@@ -178,7 +184,13 @@ impl Builders {
     {
         let remote = connection.remote;
         let io = TokioIo::new(io);
-        let service = service_fn(move |request| handle(request, state.clone(), connection.clone()));
+        // The request's future is boxed, so it is freed once the response head is out: hyper
+        // keeps a service future's slot (inline in the HTTP/2 stream's task, boxed beside the
+        // HTTP/1 connection) for as long as the connection or stream lives, and `handle`'s
+        // state is about 3.5 KiB that an open stream would otherwise hold resident.
+        let service = service_fn(move |request| -> RequestFuture {
+            Box::pin(handle(request, state.clone(), connection.clone()))
+        });
         match protocol {
             Some(Protocol::Http1) => {
                 let conn = self.h1.serve_connection(io, service);
@@ -257,19 +269,21 @@ async fn sniff(stream: &TcpStream, deadline: tokio::time::Instant) -> Option<Pro
 }
 
 /// Serves a connection until it ends (or drains), holding its place among the open ones.
-async fn watch<C>(
+///
+/// A plain function returning [`Watched`] rather than an `async fn`: an `async fn` keeps its
+/// arguments and the future it awaits in separate slots, so its task would hold the hyper
+/// connection's size twice for the connection's whole life.
+fn watch<C>(
     watcher: Arc<Drain>,
     conn: C,
     remote: std::net::SocketAddr,
     permit: tokio::sync::OwnedSemaphorePermit,
-) where
+) -> Watched<C>
+where
     C: GracefulConnection,
     C::Error: std::fmt::Display,
 {
-    let _permit = permit;
-    if let Err(e) = Drain::watch(&watcher, conn).await {
-        tracing::debug!(error = %e, %remote, "client connection ended with an error");
-    }
+    Drain::watch(&watcher, conn, remote, permit)
 }
 
 /// Asks every open connection to finish gracefully, and waits for them. Each connection has its
@@ -301,8 +315,14 @@ impl Drain {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Serves `conn` until it ends; on shutdown, it finishes its requests and closes.
-    fn watch<C: GracefulConnection>(drain: &Arc<Drain>, conn: C) -> Watched<C> {
+    /// Serves `conn` until it ends; on shutdown, it finishes its requests and closes. `permit`
+    /// holds the connection's place under `limits.max_connections` until then.
+    fn watch<C: GracefulConnection>(
+        drain: &Arc<Drain>,
+        conn: C,
+        remote: std::net::SocketAddr,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Watched<C> {
         let signal = Arc::new(StopSignal::default());
         let id = drain.next.fetch_add(1, Ordering::Relaxed);
         drain.open().insert(id, Arc::downgrade(&signal));
@@ -315,6 +335,8 @@ impl Drain {
             drain: drain.clone(),
             id,
             stopping: false,
+            remote,
+            _permit: permit,
         }
     }
 
@@ -339,7 +361,8 @@ impl Drain {
 }
 
 pin_project_lite::pin_project! {
-    /// A connection served until it ends, stopping gracefully when the drain asks.
+    /// A connection served until it ends, stopping gracefully when the drain asks; the task
+    /// that serves the connection is this future alone. An error ending it is logged.
     struct Watched<C> {
         #[pin]
         conn: C,
@@ -347,6 +370,8 @@ pin_project_lite::pin_project! {
         drain: Arc<Drain>,
         id: u64,
         stopping: bool,
+        remote: std::net::SocketAddr,
+        _permit: tokio::sync::OwnedSemaphorePermit,
     }
 
     impl<C> PinnedDrop for Watched<C> {
@@ -361,8 +386,12 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<C: GracefulConnection> Future for Watched<C> {
-    type Output = C::Output;
+impl<C> Future for Watched<C>
+where
+    C: GracefulConnection,
+    C::Error: std::fmt::Display,
+{
+    type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -374,7 +403,10 @@ impl<C: GracefulConnection> Future for Watched<C> {
                 this.conn.as_mut().graceful_shutdown();
             }
         }
-        this.conn.poll(cx)
+        if let Err(e) = std::task::ready!(this.conn.poll(cx)) {
+            tracing::debug!(error = %e, remote = %this.remote, "client connection ended with an error");
+        }
+        Poll::Ready(())
     }
 }
 

@@ -31,11 +31,12 @@ use crate::proxy::headers::list_elements;
 const MAX_HEADERS: usize = 100;
 /// The longest response head read.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// A connection's first read buffer: several SSE frames of a chat stream (about 250 bytes each).
+/// A connection's first read buffer: a few SSE frames of a chat stream (about 250 bytes each).
 /// It doubles, up to [`MAX_READ`], while reads fill it (frames with log-probabilities, a large
 /// body that is not a stream). Each open stream holds one, so it is small: 2 KiB rather than 4
-/// saved about 2 KiB of resident memory per stream (BENCHMARKS.md, seventh round).
-const FIRST_READ: usize = 2 * 1024;
+/// saved about 2 KiB of resident memory per stream, and 1 KiB rather than 2 another 1.1
+/// (BENCHMARKS.md, seventh and eighth rounds); a read still takes one frame whole.
+const FIRST_READ: usize = 1024;
 /// The largest read buffer.
 const MAX_READ: usize = 64 * 1024;
 /// Request body bytes gathered before a write (a body that is all there goes out with its head
@@ -463,7 +464,10 @@ impl Body for NativeBody {
                     );
                 }
                 Ok(Decoded::NeedMore) => {
-                    if conn.buf.capacity() - conn.buf.len() < this.read_size / 4 {
+                    // At least half the read size free, so a read takes a chat frame whole (512
+                    // bytes at the first read size); reclaiming the buffer in place is cheap
+                    // once hyper has written the frames split off it.
+                    if conn.buf.capacity() - conn.buf.len() < this.read_size / 2 {
                         conn.buf.reserve(this.read_size);
                     }
                     let room = conn.buf.capacity() - conn.buf.len();
