@@ -336,6 +336,8 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
             if url.scheme_str() != Some("https") {
                 return Err(ConfigError::CaWithoutTls);
             }
+            // Read here only to refuse a bad file as a usage error (exit 2) before any stream
+            // starts; the client reads it again when it is built, once per run.
             crate::tls::client_config(Some(path), None).map_err(ConfigError::InvalidCa)?;
         }
         Ok(ProbeConfig {
