@@ -9,7 +9,7 @@
 //! Memory per stream is a few KiB whatever the stream's length.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::clock::Tick;
 use crate::format::Format;
@@ -342,7 +342,7 @@ pub struct StreamInfo {
     /// Its route label.
     pub route: Arc<str>,
     /// When metronome received the request: the start of TTFT and TTFB.
-    pub received: Instant,
+    pub received: Tick,
     /// The same moment on the wall clock, ms since the Unix epoch (for people).
     pub started_unix_ms: u64,
     /// The response content type.
@@ -358,10 +358,8 @@ pub struct StreamInfo {
 pub struct StreamLedger {
     metrics: Arc<Metrics>,
     registry: Arc<StreamRegistry>,
+    /// Its ID, route and start (`info.received`, read for every frame's timeline stamp).
     info: StreamInfo,
-    route: Arc<str>,
-    /// When metronome received the request: the start of TTFT and TTFB.
-    received: Tick,
     /// Stamped by the client connection's egress clock, possibly from another task.
     egress: Mutex<EgressLedger>,
     /// Put here once by the ingress side when it stops (boxed: an empty slot costs a pointer,
@@ -389,8 +387,6 @@ impl StreamLedger {
         Arc::new(StreamLedger {
             metrics,
             registry,
-            route: info.route.clone(),
-            received: Tick::from_instant(info.received),
             info,
             egress: Mutex::new(EgressLedger::default()),
             ingress: Mutex::new(None),
@@ -405,12 +401,12 @@ impl StreamLedger {
 
     /// The stream's route label.
     pub fn route(&self) -> &str {
-        &self.route
+        &self.info.route
     }
 
     /// When metronome received the request.
     pub fn received(&self) -> Tick {
-        self.received
+        self.info.received
     }
 
     /// Frames a stream keeps in its timeline.
@@ -435,7 +431,7 @@ impl StreamLedger {
             ingress,
             events,
             token_events,
-            seq.map(|seq| (seq, self.received)),
+            seq.map(|seq| (seq, self.info.received)),
             &self.metrics,
         );
     }
@@ -478,7 +474,7 @@ impl StreamLedger {
         model: Arc<str>,
         outcome: Outcome,
     ) -> FinishedStream {
-        let received = self.received;
+        let received = self.info.received;
         let egress = self.egress.get_mut().unwrap_or_else(|e| e.into_inner());
         let us = |d: Option<Duration>| d.map(as_micros);
         let mut empty = IngressLedger::default();
@@ -490,7 +486,7 @@ impl StreamLedger {
         let (tokens, _) = ingress.output_tokens();
         FinishedStream {
             id: self.info.id.clone(),
-            route: self.route.clone(),
+            route: self.info.route.clone(),
             model,
             outcome: outcome.as_str(),
             started_unix_ms: self.info.started_unix_ms,
@@ -529,7 +525,7 @@ impl Drop for StreamLedger {
         // takes `self` mutably before the last counts.
         let metrics_handle = self.metrics.clone();
         let metrics = &*metrics_handle;
-        let route_label = self.route.clone();
+        let route_label = self.info.route.clone();
         let route = &*route_label;
         let mut ingress = self
             .ingress
@@ -550,9 +546,14 @@ impl Drop for StreamLedger {
         let model = &*model_label;
 
         if let Some((ledger, _)) = &ingress {
-            ledger
-                .point
-                .record(metrics, route, model, Point::Ingress, self.received, true);
+            ledger.point.record(
+                metrics,
+                route,
+                model,
+                Point::Ingress,
+                self.info.received,
+                true,
+            );
             let bounds = metrics.tokens_per_event.bounds();
             metrics
                 .tokens_per_event
@@ -594,14 +595,19 @@ impl Drop for StreamLedger {
             None => (FrameCounts::default(), false),
         };
         egress.finish(completed_at_end, delivered, metrics);
-        egress
-            .point
-            .record(metrics, route, model, Point::Egress, self.received, true);
+        egress.point.record(
+            metrics,
+            route,
+            model,
+            Point::Egress,
+            self.info.received,
+            true,
+        );
         metrics.proxy_delay.merge(&[route], &egress.proxy_delay);
 
         metrics
             .request_duration
-            .observe(&[route], Tick::now().secs_since(self.received));
+            .observe(&[route], Tick::now().secs_since(self.info.received));
         metrics.streams_active.with_label_values(&[route]).dec();
         let format = ingress
             .as_ref()

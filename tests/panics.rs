@@ -94,7 +94,7 @@ async fn a_panicking_stream_task_does_not_take_down_other_streams() {
             StreamInfo {
                 id: Arc::from(format!("stream-{n}")),
                 route: Arc::from("chat"),
-                received: Instant::now(),
+                received: metronome::clock::Tick::now(),
                 started_unix_ms: 0,
                 content_type: "text/event-stream".into(),
                 traceparent: None,

@@ -442,3 +442,55 @@ async fn hyper_is_still_there_when_asked_for() {
     one_chat_stream_ended_as(&proxy, "complete").await;
     proxy.shutdown().await;
 }
+
+/// Two frames that come together, more than the read buffer has room for, are handed on as two
+/// frames, not three: a read that fills the room is followed at once by one that takes the rest
+/// of the chunk, before decoding. (Without it, the second frame went on in two parts, each a
+/// frame to the meter: one proxy delay and one socket write too many.)
+#[tokio::test]
+async fn two_frames_that_come_together_beyond_the_room_are_not_split() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let text = "t".repeat(600);
+    let event = format!(
+        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}],\"model\":\"m\"}}\n\n"
+    );
+    let chunk = format!("{:x}\r\n{event}\r\n", event.len());
+    let expected = format!("{event}{event}");
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = vec![0u8; 64 * 1024];
+        let _ = socket.read(&mut request).await.unwrap();
+        // The head alone first, so the body's first read has what the head left of the buffer.
+        socket
+            .write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                  transfer-encoding: chunked\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Two frames of about 700 bytes in one write: more than the room (under 1 KiB).
+        socket
+            .write_all(format!("{chunk}{chunk}").as_bytes())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        socket.write_all(b"0\r\n\r\n").await.unwrap();
+        // Hold the connection until the proxy is done with it.
+        let _ = socket.read(&mut request).await;
+    });
+    let proxy = proxy_with(addr, |c| {
+        c.readiness.check_upstream = false;
+    })
+    .await;
+    let got = stream_chat(proxy.proxy_addr).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.bytes(), expected.into_bytes());
+    let m = one_chat_stream_ended_as(&proxy, "complete").await;
+    assert_eq!(
+        m.value("metronome_proxy_delay_seconds_count", &[("route", "chat")]),
+        2.0
+    );
+    proxy.shutdown().await;
+}

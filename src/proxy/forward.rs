@@ -17,6 +17,7 @@ use super::headers::{append_forwarded, content_type_essence, remove_hop_by_hop};
 use super::metered::{meter, MeterSettings};
 use super::upstream::UpstreamFailure;
 use super::{ProxyState, UpstreamClient};
+use crate::clock::Tick;
 use crate::format::{Accounting, Format};
 use crate::ledger::{StreamInfo, StreamLedger};
 use crate::metrics::status_class;
@@ -200,7 +201,7 @@ pub async fn handle(
     let info = StreamInfo {
         id: Arc::from(id),
         route: route.name.clone(),
-        received,
+        received: Tick::from_instant(received),
         started_unix_ms,
         content_type,
         traceparent,

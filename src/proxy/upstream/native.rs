@@ -90,6 +90,7 @@ impl NativeClient {
             read_size: FIRST_READ,
             release: keep_alive.then(|| (self.pool.clone(), authority)),
             failed: None,
+            read_error: None,
         };
         Ok(response.map(|()| body))
     }
@@ -406,6 +407,8 @@ pub struct NativeBody {
     release: Option<(Pool, Arc<str>)>,
     /// An error to give on the next poll.
     failed: Option<NativeBodyError>,
+    /// The read that followed a full one failed: given when the bytes before it have gone.
+    read_error: Option<std::io::Error>,
 }
 
 // === impl NativeBody ===
@@ -467,6 +470,9 @@ impl Body for NativeBody {
                     // At least half the read size free, so a read takes a chat frame whole (512
                     // bytes at the first read size); reclaiming the buffer in place is cheap
                     // once hyper has written the frames split off it.
+                    if let Some(e) = this.read_error.take() {
+                        return this.fail(e.into(), cx);
+                    }
                     if conn.buf.capacity() - conn.buf.len() < this.read_size / 2 {
                         conn.buf.reserve(this.read_size);
                     }
@@ -482,6 +488,16 @@ impl Body for NativeBody {
                         Ok(n) => {
                             if n == room {
                                 this.read_size = (this.read_size * 2).min(MAX_READ);
+                                // The read filled the room, so the socket may hold the rest of
+                                // a chunk (two frames that came together, say): take it before
+                                // decoding, so that the frame is not handed on in two parts.
+                                // Nothing more, or the end, is found again by the next read.
+                                conn.buf.reserve(this.read_size);
+                                if let Poll::Ready(Err(e)) =
+                                    poll_read(&mut conn.io, &mut conn.buf, cx)
+                                {
+                                    this.read_error = Some(e);
+                                }
                             }
                         }
                         Err(e) => return this.fail(e.into(), cx),
