@@ -47,8 +47,8 @@ measure() {
   port=$(free_port)
   admin=$(free_port)
   if [ "$kind" = nginx ]; then
-    nginx_config "$port" "$sim_port"
-    command=(nginx -c "$work/nginx.conf" -p "$work/nginx")
+    nginx_config "$port" "$sim_port" 1 # one process, so that callgrind sees it all
+    command=(nginx -c "$work/nginx.conf" -p "$work")
   else
     proxy_config "$port" "$admin" "$sim_port" "$kind"
     command=("$bin" serve --config "$work/m.toml")
@@ -80,38 +80,6 @@ d = json.load(open(probe))
 assert d["errors"] == 0, d
 print(c["Ir"], c["D1mr"] + c["D1mw"], c["DLmr"] + c["DLmw"], d["token_events"])
 EOF
-}
-
-# nginx as the benchmark runs it (scripts/bench.py), in one process so that callgrind sees it all.
-nginx_config() {
-  mkdir -p "$work/nginx"
-  cat >"$work/nginx.conf" <<CONF
-worker_processes 1;
-master_process off;
-daemon off;
-user root;
-pid $work/nginx/nginx.pid;
-error_log $work/nginx/error.log warn;
-worker_rlimit_nofile 20000;
-events { worker_connections 20000; multi_accept on; }
-http {
-    access_log off;
-    client_body_temp_path $work/nginx;
-    proxy_temp_path $work/nginx;
-    keepalive_timeout 300s;
-    upstream sim { server 127.0.0.1:$2; keepalive 4096; }
-    server {
-        listen 127.0.0.1:$1 backlog=4096;
-        location / {
-            proxy_pass http://sim;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_read_timeout 300s;
-        }
-    }
-}
-CONF
 }
 
 kinds="true false"

@@ -62,9 +62,10 @@ sleep 2
 kill -TERM "$proxy"
 wait "$proxy" || true
 
-python3 - "$work/dhat.out" "$streams" "${DEPTH:-2}" <<'PY'
+python3 - "$work/dhat.out" "$streams" "${DEPTH:-2}" "${MIN_BYTES:-100}" <<'PY'
 import json, re, sys
 path, streams, depth = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+min_bytes = float(sys.argv[4])
 d = json.load(open(path))
 ftbl, pps = d["ftbl"], d["pps"]
 total = sum(p.get("gb", 0) for p in pps)
@@ -85,7 +86,7 @@ print("|---|---|---|")
 rest = 0
 for p in sorted(pps, key=lambda p: -p.get("gb", 0)):
     per = p.get("gb", 0) / streams
-    if per < float(__import__("os").environ.get("MIN_BYTES", "100")):
+    if per < min_bytes:
         rest += p.get("gb", 0)
         continue
     print(f"| {per:,.0f} | {p.get('gbk', 0) / streams:.2f} | {site(p)} |")

@@ -35,30 +35,7 @@ start_proxy() {
   admin=$(free_port)
   case $path in
     nginx)
-      mkdir -p "$work/nginx"
-      cat >"$work/nginx.conf" <<EOF
-worker_processes auto;
-daemon off;
-pid $work/nginx/nginx.pid;
-error_log $work/nginx/error.log warn;
-worker_rlimit_nofile 8192;
-events { worker_connections 8192; }
-http {
-    access_log off;
-    client_body_temp_path $work/nginx;
-    proxy_temp_path $work/nginx;
-    upstream sim { server 127.0.0.1:$sim_port; keepalive 2048; }
-    server {
-        listen 127.0.0.1:$port backlog=4096;
-        location / {
-            proxy_pass http://sim;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-        }
-    }
-}
-EOF
+      nginx_config "$port" "$sim_port"
       nginx -c "$work/nginx.conf" -p "$work" >"$work/proxy.log" 2>&1 &
       ;;
     *)

@@ -444,11 +444,26 @@ async fn hyper_is_still_there_when_asked_for() {
 }
 
 /// Two frames that come together, more than the read buffer has room for, are handed on as two
-/// frames, not three: a read that fills the room is followed at once by one that takes the rest
-/// of the chunk, before decoding. (Without it, the second frame went on in two parts, each a
-/// frame to the meter: one proxy delay and one socket write too many.)
+/// frames, not three: a read that fills the room (the body's, or the head's last one) is followed
+/// at once by one that takes the rest of the chunk, before decoding. (Without it, the second
+/// frame went on in two parts, each a frame to the meter: one proxy delay and one socket write
+/// too many.)
 #[tokio::test]
 async fn two_frames_that_come_together_beyond_the_room_are_not_split() {
+    // The head alone first, so that the body's first read has what the head left of the buffer;
+    // then the head and the frames in one write, so that the head's read fills the buffer.
+    for head_alone in [true, false] {
+        assert_eq!(
+            frames_metered_of_two_that_came_together(head_alone).await,
+            2.0,
+            "head alone: {head_alone}"
+        );
+    }
+}
+
+/// Streams two frames of about 700 bytes written at once (more than the first read buffer's
+/// room, under 1 KiB) and returns how many frames the proxy metered.
+async fn frames_metered_of_two_that_came_together(head_alone: bool) -> f64 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let text = "t".repeat(600);
@@ -461,20 +476,16 @@ async fn two_frames_that_come_together_beyond_the_room_are_not_split() {
         let (mut socket, _) = listener.accept().await.unwrap();
         let mut request = vec![0u8; 64 * 1024];
         let _ = socket.read(&mut request).await.unwrap();
-        // The head alone first, so the body's first read has what the head left of the buffer.
-        socket
-            .write_all(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
-                  transfer-encoding: chunked\r\n\r\n",
-            )
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        // Two frames of about 700 bytes in one write: more than the room (under 1 KiB).
-        socket
-            .write_all(format!("{chunk}{chunk}").as_bytes())
-            .await
-            .unwrap();
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                    transfer-encoding: chunked\r\n\r\n";
+        let frames = if head_alone {
+            socket.write_all(head.as_bytes()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            format!("{chunk}{chunk}")
+        } else {
+            format!("{head}{chunk}{chunk}")
+        };
+        socket.write_all(frames.as_bytes()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         socket.write_all(b"0\r\n\r\n").await.unwrap();
         // Hold the connection until the proxy is done with it.
@@ -488,9 +499,7 @@ async fn two_frames_that_come_together_beyond_the_room_are_not_split() {
     assert_eq!(got.status, 200);
     assert_eq!(got.bytes(), expected.into_bytes());
     let m = one_chat_stream_ended_as(&proxy, "complete").await;
-    assert_eq!(
-        m.value("metronome_proxy_delay_seconds_count", &[("route", "chat")]),
-        2.0
-    );
+    let frames = m.value("metronome_proxy_delay_seconds_count", &[("route", "chat")]);
     proxy.shutdown().await;
+    frames
 }

@@ -68,3 +68,41 @@ stop_sim() {
   kill "$sim" 2>/dev/null || true
   wait "$sim" 2>/dev/null || true
 }
+
+# Writes $work/nginx.conf: nginx as the benchmark runs it (scripts/bench.py), on 127.0.0.1:$1 in
+# front of the upstream on :$2, `proxy_buffering off`, keep-alive upstream connections, as many
+# connections as the open-file limit allows. $3 worker processes (default auto); with 1, the
+# master process does the work itself (`master_process off`), so that a tool following one
+# process (valgrind) sees all of it. Start it with `nginx -c "$work/nginx.conf" -p "$work"`.
+nginx_config() {
+  local workers=${3:-auto} master="" files
+  [ "$workers" = 1 ] && master="master_process off;"
+  files=$(ulimit -n)
+  mkdir -p "$work/nginx"
+  cat >"$work/nginx.conf" <<CONF
+worker_processes $workers;
+$master
+daemon off;
+pid $work/nginx/nginx.pid;
+error_log $work/nginx/error.log warn;
+worker_rlimit_nofile $files;
+events { worker_connections $files; multi_accept on; }
+http {
+    access_log off;
+    client_body_temp_path $work/nginx;
+    proxy_temp_path $work/nginx;
+    keepalive_timeout 300s;
+    upstream sim { server 127.0.0.1:$2; keepalive 4096; }
+    server {
+        listen 127.0.0.1:$1 backlog=4096;
+        location / {
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 300s;
+        }
+    }
+}
+CONF
+}

@@ -84,7 +84,10 @@ impl NativeClient {
         };
         write_request(&mut conn.io, &parts, body).await?;
         let (response, length, keep_alive) = read_head(&mut conn, head_only).await?;
+        // The head's last read may have filled the buffer with the first frames too.
+        let filled = conn.buf.len() == conn.buf.capacity();
         let body = NativeBody {
+            filled,
             conn: Some(conn),
             decoder: Decoder::new(length),
             read_size: FIRST_READ,
@@ -407,7 +410,11 @@ pub struct NativeBody {
     release: Option<(Pool, Arc<str>)>,
     /// An error to give on the next poll.
     failed: Option<NativeBodyError>,
-    /// The read that followed a full one failed: given when the bytes before it have gone.
+    /// The last read filled the buffer's room, so the socket may hold the rest of a chunk (two
+    /// frames that came together, say): the next poll reads once more before decoding, so that
+    /// a frame is not handed on in two parts.
+    filled: bool,
+    /// That extra read failed: given when the bytes before it have gone.
     read_error: Option<std::io::Error>,
 }
 
@@ -457,6 +464,13 @@ impl Body for NativeBody {
             let Some(conn) = this.conn.as_mut() else {
                 return Poll::Ready(None);
             };
+            if std::mem::take(&mut this.filled) {
+                // Nothing more, or the end, is found again by the next read.
+                conn.buf.reserve(this.read_size);
+                if let Poll::Ready(Err(e)) = poll_read(&mut conn.io, &mut conn.buf, cx) {
+                    this.read_error = Some(e);
+                }
+            }
             match this.decoder.decode(&mut conn.buf) {
                 Err(e) => return this.fail(e.into(), cx),
                 Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
@@ -467,12 +481,12 @@ impl Body for NativeBody {
                     );
                 }
                 Ok(Decoded::NeedMore) => {
-                    // At least half the read size free, so a read takes a chat frame whole (512
-                    // bytes at the first read size); reclaiming the buffer in place is cheap
-                    // once hyper has written the frames split off it.
                     if let Some(e) = this.read_error.take() {
                         return this.fail(e.into(), cx);
                     }
+                    // At least half the read size free, so a read takes a chat frame whole (512
+                    // bytes at the first read size); reclaiming the buffer in place is cheap
+                    // once hyper has written the frames split off it.
                     if conn.buf.capacity() - conn.buf.len() < this.read_size / 2 {
                         conn.buf.reserve(this.read_size);
                     }
@@ -488,16 +502,7 @@ impl Body for NativeBody {
                         Ok(n) => {
                             if n == room {
                                 this.read_size = (this.read_size * 2).min(MAX_READ);
-                                // The read filled the room, so the socket may hold the rest of
-                                // a chunk (two frames that came together, say): take it before
-                                // decoding, so that the frame is not handed on in two parts.
-                                // Nothing more, or the end, is found again by the next read.
-                                conn.buf.reserve(this.read_size);
-                                if let Poll::Ready(Err(e)) =
-                                    poll_read(&mut conn.io, &mut conn.buf, cx)
-                                {
-                                    this.read_error = Some(e);
-                                }
+                                this.filled = true;
                             }
                         }
                         Err(e) => return this.fail(e.into(), cx),
