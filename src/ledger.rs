@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::clock::Tick;
 use crate::format::Format;
 use crate::meter::FrameCounts;
-use crate::metrics::{LocalHistogram, Metrics, Outcome, Point};
+use crate::metrics::{BucketCounts, LocalHistogram, Metrics, Outcome, Point};
 use crate::sketch::GapSketch;
 use crate::timeline::{
     as_micros, AtPoints, EgressStamps, FinishedStream, IngressTimeline, StreamFrames,
@@ -77,7 +77,9 @@ pub struct PointLedger {
     first_token: Option<Tick>,
     last_token: Option<Tick>,
     token_events: u64,
-    itl: LocalHistogram,
+    /// The gaps' buckets. Their sum is the span from the first token event to the last and their
+    /// count is one less than the token events, so neither is added up per gap.
+    itl: BucketCounts,
     stalls: u64,
     /// Made at the first stall: most streams have none.
     stall_durations: Option<Box<LocalHistogram>>,
@@ -108,7 +110,7 @@ impl PointLedger {
                 let nanos = at.nanos_since(last);
                 let gap = Duration::from_nanos(nanos);
                 let seconds = nanos as f64 * 1e-9;
-                self.itl.observe(bounds, seconds);
+                self.itl.add(bounds, seconds, 1);
                 self.gaps.add(gap, 1);
                 if nanos > metrics.stall_threshold_nanos() {
                     self.stalls += 1;
@@ -121,7 +123,7 @@ impl PointLedger {
                 self.first_token = Some(at);
             }
         }
-        self.itl.observe_n(bounds, 0.0, zero_gaps);
+        self.itl.add(bounds, 0.0, zero_gaps);
         self.gaps.add(Duration::ZERO, zero_gaps);
         self.last_token = Some(at);
         self.token_events += u64::from(token_events);
@@ -146,9 +148,13 @@ impl PointLedger {
         self.stalls
     }
 
-    /// The inter-token gaps recorded (for tests and summaries).
-    pub fn itl(&self) -> &LocalHistogram {
-        &self.itl
+    /// The inter-token gaps recorded: bucket counts, their sum (the span from the first token
+    /// event to the last) and their count (one less than the token events).
+    pub fn itl(&self) -> LocalHistogram {
+        let sum = self
+            .token_span()
+            .map_or(0.0, |(first, last)| last.secs_since(first));
+        LocalHistogram::from_counts(&self.itl, sum, self.token_events.saturating_sub(1))
     }
 
     /// Time to first token since `received`.
@@ -185,7 +191,7 @@ impl PointLedger {
                 .ttft
                 .observe(&[route, model, p], at.secs_since(received));
         }
-        metrics.itl.merge(&[route, model, p], &self.itl);
+        metrics.itl.merge(&[route, model, p], &self.itl());
         if self.stalls > 0 {
             metrics
                 .stalls
@@ -693,6 +699,61 @@ mod tests {
             .collect();
         same_merge(&values);
         assert!(std::mem::size_of::<SmallCounts>() <= 40);
+    }
+
+    #[test]
+    fn the_gap_histogram_is_what_adding_each_gap_would_give() {
+        let metrics = Metrics::new(
+            &crate::metrics::Buckets::default(),
+            crate::metrics::ModelLabels::new(&[], 10),
+            Duration::from_millis(200),
+        )
+        .unwrap();
+        let bounds = metrics.itl.bounds().to_vec();
+        let mut point = PointLedger::default();
+        let mut each = LocalHistogram::default();
+        let mut at = Tick::now();
+        let mut last: Option<Tick> = None;
+        let mut x: u64 = 7;
+        for _ in 0..2_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Gaps from 0 to about 1 s, now and then a stall; 1 to 4 token events a frame, now
+            // and then a frame without one.
+            at = at.saturating_add(Duration::from_nanos(match x % 50 {
+                0 => 300_000_000,
+                _ => (x >> 12) % 1_000_000_000,
+            }));
+            let token_events = ((x >> 40) % 5) as u32;
+            point.token_events(at, token_events, &metrics);
+            if token_events > 0 {
+                if let Some(last) = last {
+                    each.observe(&bounds, at.secs_since(last));
+                }
+                if last.is_some() || token_events > 1 {
+                    let zeros = token_events - 1;
+                    each.observe_n(&bounds, 0.0, zeros);
+                }
+                last = Some(at);
+            }
+        }
+        let itl = point.itl();
+        assert_eq!(itl.count(), each.count());
+        assert_eq!(itl.count(), point.token_event_count() - 1);
+        let (sum, expected) = (itl.sum(), each.sum());
+        assert!(
+            (sum - expected).abs() < 1e-9 * expected,
+            "{sum} against {expected}"
+        );
+        let family = HistogramFamily::new("t", "help", &["how"], &bounds).unwrap();
+        family.merge(&["kept"], &itl);
+        family.merge(&["each"], &each);
+        assert_eq!(
+            family.totals(&[(0, "kept")]).0,
+            family.totals(&[(0, "each")]).0
+        );
+        assert_eq!(PointLedger::default().itl().count(), 0);
     }
 
     #[test]

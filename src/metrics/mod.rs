@@ -13,7 +13,7 @@ use std::time::Duration;
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::Deserialize;
 
-pub use histogram::{HistogramFamily, LocalHistogram, MAX_BOUNDS};
+pub use histogram::{BucketCounts, HistogramFamily, LocalHistogram, MAX_BOUNDS};
 pub use models::ModelLabels;
 
 /// Where a figure was measured.
