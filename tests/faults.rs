@@ -749,6 +749,46 @@ async fn an_http2_client_with_200_concurrent_streams_on_one_connection_gets_them
 }
 
 #[tokio::test]
+async fn each_worker_reuses_the_upstream_connections_of_its_own_pool() {
+    // `per_core` with two workers: each serves the client connections it accepts, with upstream
+    // connections from a pool of its own (a connection is registered with the event loop of the
+    // worker that opened it). Streams one after another, each on a client connection of its own,
+    // whichever worker takes it: one upstream connection per worker at most, however many
+    // streams, and each waits in its pool afterwards. A worker that did not reuse its pool's
+    // connection (or never checked one in) would open one per stream it served.
+    const STREAMS: usize = 12;
+    let upstream = Upstream::openai_chat().tokens(3).start().await;
+    let proxy = proxy_with(upstream.addr, |c| {
+        c.threading = metronome::config::Threading::PerCore;
+        c.workers = std::num::NonZeroUsize::new(2);
+        // No background readiness check: its connections would count too.
+        c.readiness.check_upstream = false;
+    })
+    .await;
+    for done in 1..=STREAMS {
+        let got = stream_chat(proxy.proxy_addr).await;
+        assert!(got.error.is_none(), "stream {done}: {:?}", got.error);
+        // Recorded: its upstream connection is back in its worker's pool.
+        scrape_until(&proxy, |m| {
+            m.get("metronome_streams_total", &[("outcome", "complete")]) == Some(done as f64)
+        })
+        .await;
+    }
+    assert_eq!(upstream.stats.requests.load(Ordering::SeqCst), STREAMS);
+    let accepted = upstream.stats.connections_accepted.load(Ordering::SeqCst);
+    assert!(
+        (1..=2).contains(&accepted),
+        "{accepted} upstream connections for {STREAMS} streams one after another on 2 workers"
+    );
+    assert_eq!(
+        upstream.stats.connections_open.load(Ordering::SeqCst),
+        accepted,
+        "every upstream connection waits in its worker's pool"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
 async fn idle_upstream_connections_are_reused_within_upstream_idle_and_closed_after_it() {
     // An upstream that keeps idle connections open for ever (the scripted one has no timeout):
     // the proxy's pool reuses its idle connection for the next request, and closes it once it has

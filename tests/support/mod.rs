@@ -74,6 +74,8 @@ pub struct UpstreamStats {
     pub frames_taken: AtomicUsize,
     /// Connections accepted and not yet closed.
     pub connections_open: AtomicUsize,
+    /// Connections accepted in all.
+    pub connections_accepted: AtomicUsize,
 }
 
 /// A running scripted upstream.
@@ -281,6 +283,7 @@ impl Upstream {
                 let script = script.clone();
                 let stats = stats2.clone();
                 stats.connections_open.fetch_add(1, Ordering::SeqCst);
+                stats.connections_accepted.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let keep_alive = script.keep_alive;
                     let conn_stats = stats.clone();
