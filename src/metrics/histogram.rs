@@ -19,21 +19,11 @@ use prometheus::proto;
 pub const MAX_BOUNDS: usize = 32;
 
 /// Per-stream samples of one histogram: counts per bucket (the last one is `+Inf`), sum and count.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LocalHistogram {
-    counts: [u32; MAX_BOUNDS + 1],
+    buckets: BucketCounts,
     sum: f64,
     count: u64,
-}
-
-impl Default for LocalHistogram {
-    fn default() -> Self {
-        LocalHistogram {
-            counts: [0; MAX_BOUNDS + 1],
-            sum: 0.0,
-            count: 0,
-        }
-    }
 }
 
 // === impl LocalHistogram ===
@@ -51,8 +41,7 @@ impl LocalHistogram {
         if n == 0 {
             return;
         }
-        let bucket = bounds.partition_point(|b| *b < value);
-        self.counts[bucket] = self.counts[bucket].saturating_add(n);
+        self.buckets.add(bounds, value, n);
         self.sum += value * f64::from(n);
         self.count += u64::from(n);
     }
@@ -60,7 +49,7 @@ impl LocalHistogram {
     /// The samples whose bucket counts are `counts`, with the `sum` and `count` their owner kept.
     pub fn from_counts(counts: &BucketCounts, sum: f64, count: u64) -> Self {
         LocalHistogram {
-            counts: counts.counts,
+            buckets: counts.clone(),
             sum,
             count,
         }
@@ -128,7 +117,7 @@ impl Series {
         if local.count == 0 {
             return;
         }
-        for (shared, add) in self.counts.iter().zip(local.counts.iter()) {
+        for (shared, add) in self.counts.iter().zip(local.buckets.counts.iter()) {
             if *add > 0 {
                 shared.fetch_add(u64::from(*add), Ordering::Relaxed);
             }
