@@ -749,13 +749,15 @@ async fn an_http2_client_with_200_concurrent_streams_on_one_connection_gets_them
 }
 
 #[tokio::test]
-async fn each_worker_reuses_the_upstream_connections_of_its_own_pool() {
+async fn per_core_workers_reuse_their_pooled_upstream_connections() {
     // `per_core` with two workers: each serves the client connections it accepts, with upstream
     // connections from a pool of its own (a connection is registered with the event loop of the
     // worker that opened it). Streams one after another, each on a client connection of its own,
     // whichever worker takes it: one upstream connection per worker at most, however many
     // streams, and each waits in its pool afterwards. A worker that did not reuse its pool's
-    // connection (or never checked one in) would open one per stream it served.
+    // connection (or never checked one in) would open one per stream it served. What this cannot
+    // tell is a pool per worker from one pool shared by both (at most two either way): which
+    // worker accepts a connection is the kernel's choice, and nothing outside says which did.
     const STREAMS: usize = 12;
     let upstream = Upstream::openai_chat().tokens(3).start().await;
     let proxy = proxy_with(upstream.addr, |c| {
