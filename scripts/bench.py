@@ -42,6 +42,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import hiccups
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "target" / "release" / "metronome"
 PATHS = ["direct", "metronome", "nginx", "haproxy", "passthrough"]
@@ -434,6 +436,7 @@ class Bench:
         stream_s = a.ttft_s + a.tokens * a.gap_s
         rate = streams / stream_s
         name = f"L{level}-r{repeat}-{path}"
+        wake = self.machine_wake_lateness()
         proc, port = self.start_proxy(path)
         pids = tree(proc.pid) if proc else []
         time.sleep(0.5)
@@ -461,6 +464,7 @@ class Bench:
             "token_events": detail["token_events"],
             "itl_us": detail["itl_us"], "ttft_us": detail["ttft_us"],
             "probe_cpu_s": detail["probe_cpu_s"], "sim_cpu_s": sim_cpu1 - sim_cpu0,
+            "wake_late_us": wake,
         }
         if pids:
             result["cpu_s"] = cpu1 - cpu0
@@ -482,6 +486,15 @@ class Bench:
             self.procs.stop(proc)
         (self.work / f"{name}.result.json").write_text(json.dumps(result, indent=1))
         return result
+
+    def machine_wake_lateness(self):
+        """How late the machine wakes a sleeping thread on each CPU, just before a run (with the
+        sim idle and no proxy started): how noisy the machine is at that moment, which changes
+        from minute to minute on a shared machine and sets the tail more than any proxy does in
+        a noisy one (scripts/hiccups.py). None with --wake-sleeps 0."""
+        if not self.args.wake_sleeps:
+            return None
+        return hiccups.measure(count=self.args.wake_sleeps)
 
     def run_levels(self):
         a = self.args
@@ -751,7 +764,8 @@ def summarize(results, paths):
                    "errors": sum(r["errors"] for r in mine),
                    "requests": sum(r["requests"] for r in mine),
                    "token_events": med([r["token_events"] for r in mine]),
-                   "loads": [r["load_before"] for r in mine]}
+                   "loads": [r["load_before"] for r in mine],
+                   "wakes": [r.get("wake_late_us") for r in mine]}
             for key in ("p50", "p99", "p999"):
                 row[f"itl_{key}"] = med([r["itl_us"][key] for r in mine])
             for key in ("p50", "p99"):
@@ -813,12 +827,21 @@ def table(rows):
     return "\n".join(lines)
 
 
+def wake_p99s(wake):
+    """One run's wake-up lateness p99 per CPU, `CPU 0 / CPU 1` in µs ("-" if not measured)."""
+    if not wake:
+        return "-"
+    return " / ".join(f"{wake[cpu]['p99']:.0f}" for cpu in sorted(wake))
+
+
 def generators_table(rows):
-    lines = ["| level | path | sim CPU s per M events | probe CPU s per M events | load average before each run |",
-             "|---|---|---|---|---|"]
+    lines = ["| level | path | sim CPU s per M events | probe CPU s per M events | load average before each run "
+             "| wake-up lateness p99 per CPU before each run (µs) |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['level']:,} | {r['path']} | {r['sim_cpu_per_m']:.2f} | "
-                     f"{r['probe_cpu_per_m']:.2f} | {'; '.join(r['loads'])} |")
+                     f"{r['probe_cpu_per_m']:.2f} | {'; '.join(r['loads'])} | "
+                     f"{'; '.join(wake_p99s(w) for w in r['wakes'])} |")
     return "\n".join(lines)
 
 
@@ -919,6 +942,9 @@ def parse_args(argv):
                     help="50 streams for 10 s, direct and metronome only; fails on any error")
     ap.add_argument("--hold-threading", default="per_core", choices=["per_core", "shared"],
                     help="metronome's server.threading in the hold run")
+    ap.add_argument("--wake-sleeps", type=int, default=1000,
+                    help="sleeps of 1 ms per CPU measuring the machine's wake-up lateness before "
+                         "each run (scripts/hiccups.py; 0 skips it)")
     ap.add_argument("--pin", action="store_true",
                     help="levels: every proxy on CPU 0 alone, sim and probe on CPU 1 (so the "
                          "client-side inflation is the proxy's, not the generators' contention)")
@@ -961,6 +987,7 @@ def parse_args(argv):
         args.levels, args.paths, args.repeats = "50", "direct,metronome", 1
         args.duration, args.tokens = 10, 40
         args.no_saturation, args.no_write, args.hold = True, True, 0
+        args.wake_sleeps = min(args.wake_sleeps, 200)
     args.metronome_env = dict(kv.split("=", 1) for kv in args.metronome_env)
     args.levels = [int(x) for x in args.levels.split(",") if x]
     args.paths = [p for p in args.paths.split(",") if p]
@@ -1074,7 +1101,10 @@ def main(argv):
         out.append("")
         out.append(table(rows))
         out.append("")
-        out.append("Generators and load (the sim and the probe share the same two cores):")
+        out.append("Generators, load and the machine's wake-up lateness (the sim and the probe share the "
+                   "same two cores; the lateness is `scripts/hiccups.py` with "
+                   f"{args.wake_sleeps:,} sleeps of 1 ms per CPU just before each run: how noisy the "
+                   "machine was at that moment):")
         out.append("")
         out.append(generators_table(rows))
     if held:
@@ -1115,8 +1145,9 @@ def main(argv):
     if args.smoke:
         for r in rows:
             log(f"smoke {r['path']}: {r['requests']} streams, {r['token_events']} token events, "
-                f"{r['errors']} errors")
-        if failures or not rows or any(r["token_events"] == 0 for r in rows):
+                f"{r['errors']} errors, wake-up lateness p99 {'; '.join(wake_p99s(w) for w in r['wakes'])} µs")
+        unmeasured = args.wake_sleeps and any(not w for r in rows for w in r["wakes"])
+        if failures or not rows or any(r["token_events"] == 0 for r in rows) or unmeasured:
             log("smoke FAILED")
             return 1
         log("smoke passed")

@@ -159,6 +159,9 @@ pub struct Attribution {
     pub gaps: u64,
     /// The client's gap percentiles (nearest rank over the matched gaps), each split into its parts.
     pub gap_ms: Percentiles<GapSplit>,
+    /// The matched gaps at ingress, at egress and at the client, each point ranked on its own:
+    /// where a tail is born.
+    pub gaps_at_points_ms: GapsAtPoints,
     /// The client's TTFT percentiles over joined streams, each split into its parts.
     pub ttft_ms: Percentiles<TtftSplit>,
     /// Of all the time the client waited between token events, the share metronome added and
@@ -182,6 +185,54 @@ pub struct Percentiles<T> {
     pub p95: Option<T>,
     /// 99th percentile.
     pub p99: Option<T>,
+}
+
+/// The matched gaps as each point saw them, each point's gaps ranked on their own (nearest rank),
+/// in milliseconds. `gap_ms` splits one pair of token events at each percentile, which says what
+/// made that pair's gap; these say where a tail is born. An ingress p99 as high as the client's
+/// was there before metronome read the events (the upstream, or the path and the machine between
+/// it and metronome); a client p99 above the egress p99 was added after metronome wrote them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct GapsAtPoints {
+    /// Gaps between the token events' ingress stamps (as metronome read them): `generation`.
+    pub ingress: GapQuantiles,
+    /// Gaps between their egress stamps (as metronome wrote them): `generation + metronome`.
+    pub egress: GapQuantiles,
+    /// The same gaps at the client: `client`.
+    pub client: GapQuantiles,
+}
+
+/// p50, p99 and p99.9 (nearest rank) of one point's gaps, in milliseconds; `None` without gaps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct GapQuantiles {
+    /// Median.
+    pub p50: Option<f64>,
+    /// 99th percentile.
+    pub p99: Option<f64>,
+    /// 99.9th percentile.
+    pub p999: Option<f64>,
+}
+
+impl GapQuantiles {
+    /// `p50 / p99 / p99.9 ms` to two decimals, `missing` in place of an absent figure: how the
+    /// text and HTML reports print a point (a tail born between two points is often a few
+    /// hundred µs, below the reports' usual precision).
+    pub fn as_ms_text(&self, missing: &str) -> String {
+        let figure = |v: Option<f64>| v.map_or_else(|| missing.to_owned(), |v| format!("{v:.2}"));
+        let figures = [self.p50, self.p99, self.p999].map(figure).join(" / ");
+        format!("{figures} ms")
+    }
+
+    /// The quantiles of `gaps_us` (any order).
+    fn of(mut gaps_us: Vec<i64>) -> Self {
+        gaps_us.sort_unstable();
+        let per_mille = |p| super::stats::nearest_rank_per_mille(&gaps_us, p).map(ms);
+        GapQuantiles {
+            p50: per_mille(500),
+            p99: per_mille(990),
+            p999: per_mille(999),
+        }
+    }
 }
 
 /// [`GapParts`] in milliseconds, for the report.
@@ -380,6 +431,13 @@ impl AttributionBuilder {
             p95: ttft(95),
             p99: ttft(99),
         };
+        let point =
+            |part: fn(&GapParts) -> i64| GapQuantiles::of(self.gaps.iter().map(part).collect());
+        a.gaps_at_points_ms = GapsAtPoints {
+            ingress: point(|g| g.generation),
+            egress: point(|g| g.generation + g.metronome),
+            client: point(|g| g.client),
+        };
         let total: i64 = self.gaps.iter().map(|g| g.client).sum();
         let positive =
             |part: fn(&GapParts) -> i64| -> i64 { self.gaps.iter().map(|g| part(g).max(0)).sum() };
@@ -480,6 +538,41 @@ mod tests {
         r.sent = Some(sent);
         r.token_times = arrivals_us.iter().map(|a| sent + us(*a)).collect();
         r
+    }
+
+    #[test]
+    fn each_point_ranks_its_own_gaps() {
+        // 101 token frames 30 ms apart. The upstream sends the 51st 5 ms late, metronome holds
+        // the 81st 2 ms, and the client reads the 91st 1 ms late; every other frame reaches the
+        // client 300 us after metronome wrote it.
+        let t0 = Instant::now();
+        let mut frames = Vec::new();
+        let mut arrivals = Vec::new();
+        for k in 0..101u64 {
+            let ingress = 30_000 * (k + 1) + if k == 50 { 5_000 } else { 0 };
+            let egress = ingress + 10 + if k == 80 { 2_000 } else { 0 };
+            frames.push(frame(ingress, egress, 1, 1));
+            arrivals.push(egress + 300 + if k == 90 { 1_000 } else { 0 });
+        }
+        let mut b = AttributionBuilder::new("http://a");
+        b.joined(&client(t0, &arrivals), &timeline(frames));
+        let a = b.finish();
+        assert_eq!(a.gaps, 100);
+        // Sorted, ingress: 25, 98 x 30, 35. Egress adds 28 and 32 in place of two 30s; the
+        // client adds 29 and 31 as well. p99 is the 99th of 100, p99.9 the 100th.
+        let at = a.gaps_at_points_ms;
+        let all = |q: GapQuantiles| (q.p50, q.p99, q.p999);
+        assert_eq!(all(at.ingress), (Some(30.0), Some(30.0), Some(35.0)));
+        assert_eq!(all(at.egress), (Some(30.0), Some(32.0), Some(35.0)));
+        assert_eq!(all(at.client), (Some(30.0), Some(32.0), Some(35.0)));
+        let text = crate::probe::report_text::render_attribution(&a);
+        assert!(
+            text.contains(
+                "  gaps alone   p50 / p99 / p99.9 at ingress 30.00 / 30.00 / 35.00 ms, \
+                 at egress 30.00 / 32.00 / 35.00 ms, at the client 30.00 / 32.00 / 35.00 ms\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
@@ -658,8 +751,16 @@ mod tests {
         assert_eq!(a.clumping.events_per_read.p95, Some(4.0));
         assert_eq!(a.clumping.events_per_frame.mean, Some(1.0));
         assert_eq!(a.clumping.events_per_frame.p95, Some(1.0));
+        // Each point alone: the upstream and metronome kept the 30 ms cadence; the edge made the
+        // client's tail.
+        let at = a.gaps_at_points_ms;
+        let all = |q: GapQuantiles| (q.p50, q.p99, q.p999);
+        assert_eq!(all(at.ingress), (Some(30.0), Some(30.0), Some(30.0)));
+        assert_eq!(all(at.egress), (Some(30.0), Some(30.0), Some(30.0)));
+        assert_eq!(all(at.client), (Some(30.0), Some(120.0), Some(120.0)));
         let json = serde_json::to_value(&a).unwrap();
         assert_eq!(json["gap_ms"]["p99"]["after_metronome"], 90.0);
+        assert_eq!(json["gaps_at_points_ms"]["client"]["p99"], 120.0);
         assert_eq!(json["streams_not_joined"]["not_found"], 1);
         assert_eq!(
             json["clumping"]["events_per_read"],
@@ -675,6 +776,8 @@ mod tests {
         assert!(json["wait_share"]["after_metronome"].is_null());
         assert!(json["clumping"]["events_per_read"]["mean"].is_null());
         assert!(json["base_delay_ms"]["p50"].is_null());
+        assert!(json["gaps_at_points_ms"]["client"]["p99"].is_null());
         assert_eq!(json["streams_joined"], 0);
+        assert!(!crate::probe::report_text::render_attribution(&a).contains("gaps alone"));
     }
 }

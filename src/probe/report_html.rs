@@ -234,6 +234,17 @@ fn attribution_section(out: &mut String, a: &Attribution) {
         ms(a.base_delay_ms.p50),
         ms(a.base_delay_ms.max)
     );
+    let points = &a.gaps_at_points_ms;
+    if points.client.p50.is_some() {
+        let _ = writeln!(
+            out,
+            "<p class=\"note\">The gaps at each point alone (p50 / p99 / p99.9), where a tail is \
+             born: at ingress {}, at egress {}, at the client {}.</p>",
+            points.ingress.as_ms_text("–"),
+            points.egress.as_ms_text("–"),
+            points.client.as_ms_text("–")
+        );
+    }
     if not_joined > 0 {
         let _ = writeln!(
             out,
@@ -631,7 +642,7 @@ mod tests {
 
     #[test]
     fn attribution_section_when_joined() {
-        use crate::probe::attribution::{GapSplit, Percentiles};
+        use crate::probe::attribution::{GapQuantiles, GapSplit, GapsAtPoints, Percentiles};
         let t0 = Instant::now();
         let run = ProbeRun {
             started: t0,
@@ -653,12 +664,26 @@ mod tests {
             }),
             ..Percentiles::default()
         };
+        let q = |p99| GapQuantiles {
+            p50: Some(30.0),
+            p99: Some(p99),
+            p999: None,
+        };
+        a.gaps_at_points_ms = GapsAtPoints {
+            ingress: q(30.0),
+            egress: q(30.0),
+            client: q(480.0),
+        };
         a.streams_not_joined.fetch_error = 1;
         a.detail.examples.insert("fetch_error", "a <b>".into());
         report.attribution = Some(a);
         let html = render_html(&run, &report, "t");
         assert!(html.contains("<h2>Where the gaps come from</h2>"));
         assert!(html.contains("<tr><th>ITL p99</th><td class=\"n\">480.0ms</td>"));
+        assert!(html.contains(
+            "at ingress 30.00 / 30.00 / – ms, at egress 30.00 / 30.00 / – ms, at the client \
+             30.00 / 480.00 / – ms."
+        ));
         assert!(html.contains("fetch_error: a &lt;b&gt;"));
     }
 

@@ -122,6 +122,16 @@ pub fn render_attribution(a: &Attribution) -> String {
             signed(g.after_metronome)
         );
     }
+    let points = &a.gaps_at_points_ms;
+    if points.client.p50.is_some() {
+        let _ = writeln!(
+            out,
+            "  gaps alone   p50 / p99 / p99.9 at ingress {}, at egress {}, at the client {}",
+            points.ingress.as_ms_text("-"),
+            points.egress.as_ms_text("-"),
+            points.client.as_ms_text("-")
+        );
+    }
     for (name, split) in [
         ("p50", a.ttft_ms.p50),
         ("p95", a.ttft_ms.p95),
