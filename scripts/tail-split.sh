@@ -4,11 +4,13 @@
 # with `probe --join`, so the report's attribution section gives the gaps at ingress, at egress and
 # at the client, each ranked on its own (`gaps alone`), and the split of the client's percentile
 # gaps. The same load straight to the sim runs first, for reference; then the machine's own
-# wake-up lateness (scripts/hiccups.py), which shows whether the run met a noisy minute.
+# wake-up lateness (scripts/hiccups.py), which shows whether the run met a noisy minute. Between
+# the two, scripts/tail-episodes.py says whether the late frames were late alone or together.
 #
 #   scripts/tail-split.sh                              # 1,000 streams of 200 tokens 50 ms apart, 20 s
 #   scripts/tail-split.sh --streams 200 --gap 10ms --tokens 1000
 #   scripts/tail-split.sh --sim-rt                     # the sim at SCHED_FIFO, so its timers are on time
+#   scripts/tail-split.sh --gaps-csv gaps.csv          # keep every gap's parts (probe --gaps-csv)
 #
 # metronome keeps every stream's timeline (timeline.max_streams is raised to the streams the run
 # starts), which costs memory but nothing per frame. Everything runs on 127.0.0.1; every process
@@ -16,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-streams=1000 tokens=200 gap=50ms duration=20 sim_rt=false
+streams=1000 tokens=200 gap=50ms duration=20 sim_rt=false gaps_csv=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --streams) streams=$2; shift 2 ;;
@@ -24,7 +26,8 @@ while [ $# -gt 0 ]; do
     --gap) gap=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
     --sim-rt) sim_rt=true; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --gaps-csv) gaps_csv=$2; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "tail-split.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -64,7 +67,11 @@ echo "Direct to the sim, for reference (the ITL line is what the upstream and th
 probe --url "http://127.0.0.1:$sim_port" | grep -E '^(streams|ITL) '
 echo
 echo "Through metronome on CPU 0:"
-probe --url "http://127.0.0.1:$proxy_port" --join "http://127.0.0.1:$admin_port"
+probe --url "http://127.0.0.1:$proxy_port" --join "http://127.0.0.1:$admin_port" \
+  --gaps-csv "${gaps_csv:-$work/gaps.csv}"
+echo
+echo "Late ingress gaps, alone or together (scripts/tail-episodes.py on the probe's --gaps-csv):"
+python3 scripts/tail-episodes.py "${gaps_csv:-$work/gaps.csv}" || true
 echo
 echo "The machine's wake-up lateness right after the run (scripts/hiccups.py --count 2000):"
 python3 scripts/hiccups.py --count 2000

@@ -23,7 +23,8 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use metronome::probe::{
-    attribute_run, measure, AdminUrl, Load, ProbeConfig, ProbeRun, Read, Stop, StreamRecord,
+    attribute_run, attribute_run_with_rows, measure, AdminUrl, Load, ProbeConfig, ProbeRun, Read,
+    Stop, StreamRecord, GAP_ROWS_CSV_HEADER,
 };
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
@@ -192,7 +193,25 @@ async fn known_generation_metronome_and_edge_shares_are_attributed_exactly() {
         streams,
     };
     let admin_url = AdminUrl::parse(&format!("http://{addr}")).unwrap();
-    let a = attribute_run(&admin_url, &run).await;
+    let (a, rows) = attribute_run_with_rows(&admin_url, &run).await;
+
+    // `probe --gaps-csv`: one row per matched gap, in stream and event order; g's stall is the
+    // gap that ends at its token event 5, which reached the client 380.52 ms into the run.
+    assert_eq!(rows.len(), 27);
+    let stall = rows.iter().find(|r| r.stream == 0 && r.event == 5).unwrap();
+    assert_eq!(
+        stall.csv_line(),
+        "0,5,380520,230000,230000,0,0\n",
+        "{stall:?}"
+    );
+    assert_eq!(rows.iter().filter(|r| r.stream == 0).count(), 9);
+    assert!(rows
+        .windows(2)
+        .all(|w| (w[0].stream, w[0].event) < (w[1].stream, w[1].event)));
+    assert_eq!(
+        GAP_ROWS_CSV_HEADER,
+        "stream,event,client_at_us,client_us,generation_us,metronome_us,after_metronome_us\n"
+    );
 
     assert_eq!(a.streams_joined, 3);
     assert_eq!(a.streams_not_joined.not_found, 1);

@@ -136,6 +136,13 @@ pub struct OutputArgs {
     /// after metronome (the `attribution` section).
     #[arg(long, value_name = "ADMIN_URL")]
     pub join: Option<String>,
+
+    /// With --join: write every matched gap to this file as CSV, one row per gap (stream, event,
+    /// client arrival in µs from the run's start, the client gap and its generation, metronome
+    /// and after-metronome parts in µs), for analyses the report does not make, such as which
+    /// gaps were late together.
+    #[arg(long, value_name = "FILE", requires = "join")]
+    pub gaps_csv: Option<PathBuf>,
 }
 
 /// The definitions behind the numbers, shown by `metronome probe --help`.
@@ -477,6 +484,22 @@ mod tests {
         assert_eq!(c.headers["authorization"], "Bearer x");
         assert_eq!(c.headers.get_all(CONTENT_TYPE).iter().count(), 1);
         assert_eq!(c.headers[CONTENT_TYPE], "application/x-test");
+    }
+
+    #[test]
+    fn gaps_csv_needs_join() {
+        let parse = |extra: &[&str]| {
+            Cli::try_parse_from(
+                ["probe", "--url", "http://h:1"]
+                    .iter()
+                    .chain(extra)
+                    .copied(),
+            )
+        };
+        let err = parse(&["--gaps-csv", "g.csv"]).err().unwrap().to_string();
+        assert!(err.contains("--join"), "{err}");
+        let ok = parse(&["--gaps-csv", "g.csv", "--join", "http://a:1"]).unwrap();
+        assert_eq!(ok.args.output.gaps_csv, Some(PathBuf::from("g.csv")));
     }
 
     #[test]

@@ -333,12 +333,49 @@ pub enum Unjoined {
     FetchError(String),
 }
 
+/// One matched gap, where and when it happened: a row of `probe --gaps-csv`, for an analysis
+/// the report does not make (which gaps were late together, and when).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GapRow {
+    /// The stream's index in the run (the probe's start order).
+    pub stream: u64,
+    /// The later token event of the gap (1 is the gap between the first two).
+    pub event: usize,
+    /// When that token event reached the client, microseconds from the run's start.
+    pub client_at_us: i64,
+    /// The gap and its parts.
+    pub parts: GapParts,
+}
+
+/// The header of `probe --gaps-csv`, matching [`GapRow::csv_line`].
+pub const GAP_ROWS_CSV_HEADER: &str =
+    "stream,event,client_at_us,client_us,generation_us,metronome_us,after_metronome_us\n";
+
+impl GapRow {
+    /// The row as a CSV line (with its newline), in [`GAP_ROWS_CSV_HEADER`]'s order.
+    pub fn csv_line(&self) -> String {
+        let p = &self.parts;
+        format!(
+            "{},{},{},{},{},{},{}\n",
+            self.stream,
+            self.event,
+            self.client_at_us,
+            p.client,
+            p.generation,
+            p.metronome,
+            p.after_metronome
+        )
+    }
+}
+
 /// Builds the run's attribution from each stream's join (or why it was not joined) and the
 /// timelines' frames (for clumping).
 #[derive(Debug, Default)]
 pub struct AttributionBuilder {
     attribution: Attribution,
     gaps: Vec<GapParts>,
+    /// With [`AttributionBuilder::keeping_rows`]: the run's start and every gap's row.
+    rows: Option<(Instant, Vec<GapRow>)>,
     ttfts: Vec<TtftParts>,
     base_delays: Vec<i64>,
     read_events: Vec<u32>,
@@ -359,12 +396,36 @@ impl AttributionBuilder {
         }
     }
 
+    /// Also keeps every matched gap as a [`GapRow`], timed from `run_started`
+    /// ([`AttributionBuilder::take_rows`]).
+    pub fn keeping_rows(mut self, run_started: Instant) -> Self {
+        self.rows = Some((run_started, Vec::new()));
+        self
+    }
+
+    /// The rows kept so far (empty without [`AttributionBuilder::keeping_rows`]).
+    pub fn take_rows(&mut self) -> Vec<GapRow> {
+        self.rows
+            .as_mut()
+            .map(|(_, rows)| std::mem::take(rows))
+            .unwrap_or_default()
+    }
+
     /// Adds a stream whose timeline was fetched.
     pub fn joined(&mut self, record: &StreamRecord, timeline: &StreamTimeline) {
         let Some(joined) = join_stream(record, timeline) else {
             self.attribution.streams_not_joined.no_token_events += 1;
             return;
         };
+        if let Some((started, rows)) = &mut self.rows {
+            // Gap k - 1 ends at token event k; `join_stream` matched events in order.
+            rows.extend(joined.gaps.iter().enumerate().map(|(k, parts)| GapRow {
+                stream: record.index,
+                event: k + 1,
+                client_at_us: micros_since(*started, record.token_times[k + 1]),
+                parts: *parts,
+            }));
+        }
         self.attribution.streams_joined += 1;
         self.attribution.token_count_mismatches += u64::from(joined.count_mismatch);
         self.gaps.extend_from_slice(&joined.gaps);

@@ -17,7 +17,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::attribution::{Attribution, AttributionBuilder, Unjoined};
+use super::attribution::{Attribution, AttributionBuilder, GapRow, Unjoined};
 use super::client::ProbeRun;
 use crate::timeline_json::StreamTimeline;
 
@@ -108,16 +108,36 @@ impl AdminUrl {
 
 /// Fetches every stream's timeline and attributes the run's gaps.
 pub async fn attribute_run(admin: &AdminUrl, run: &ProbeRun) -> Attribution {
+    attribute(admin, run, AttributionBuilder::new(admin.as_str()))
+        .await
+        .0
+}
+
+/// [`attribute_run`], also returning every matched gap as a row (`probe --gaps-csv`), timed
+/// from the run's start.
+pub async fn attribute_run_with_rows(
+    admin: &AdminUrl,
+    run: &ProbeRun,
+) -> (Attribution, Vec<GapRow>) {
+    let builder = AttributionBuilder::new(admin.as_str()).keeping_rows(run.started);
+    attribute(admin, run, builder).await
+}
+
+async fn attribute(
+    admin: &AdminUrl,
+    run: &ProbeRun,
+    mut builder: AttributionBuilder,
+) -> (Attribution, Vec<GapRow>) {
     let ids: Vec<Option<&str>> = run.streams.iter().map(|s| s.stream_id.as_deref()).collect();
     let fetched = fetch_all(admin, &ids).await;
-    let mut builder = AttributionBuilder::new(admin.as_str());
     for (record, fetched) in run.streams.iter().zip(fetched) {
         match fetched {
             Fetched::Timeline(timeline) => builder.joined(record, &timeline),
             Fetched::Unjoined(why) => builder.not_joined(why),
         }
     }
-    builder.finish()
+    let rows = builder.take_rows();
+    (builder.finish(), rows)
 }
 
 /// Fetches the timelines of `ids` (in order; `None` is a stream without an ID), then once more

@@ -41,10 +41,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 pub use args::{
     ConfigError, Load, LoadArgs, OutputArgs, ProbeArgs, ProbeConfig, RequestArgs, Stop,
 };
-pub use attribution::{Attribution, AttributionBuilder, Unjoined};
+pub use attribution::{Attribution, AttributionBuilder, GapRow, Unjoined, GAP_ROWS_CSV_HEADER};
 pub use client::{measure, measure_with, ProbeError, ProbeRun};
 pub use gates::{evaluate, parse_gates, Gate, GateError, GateOutcome, Metric, Op};
-pub use join::{attribute_run, AdminUrl, AdminUrlError};
+pub use join::{attribute_run, attribute_run_with_rows, AdminUrl, AdminUrlError};
 pub use report_html::render_html;
 pub use report_text::render_text;
 pub use stats::{detail_json, summarize, Report, Verdict};
@@ -82,7 +82,15 @@ pub async fn run(args: ProbeArgs) -> ExitCode {
 
     let mut report = summarize(&run, config.stall_threshold);
     if let Some(admin) = &join {
-        report.attribution = Some(attribute_run(admin, &run).await);
+        let (attribution, rows) = attribute_run_with_rows(admin, &run).await;
+        report.attribution = Some(attribution);
+        if let Some(path) = &args.output.gaps_csv {
+            let mut csv = String::from(GAP_ROWS_CSV_HEADER);
+            csv.extend(rows.iter().map(GapRow::csv_line));
+            if let Err(e) = write_file(path, &csv) {
+                return usage(&e);
+            }
+        }
     }
     println!("metronome probe: {}", describe(&config));
     print!("{}", render_text(&report));
