@@ -7,6 +7,37 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bench.sh --smoke "$@"
 
+# The two scripts the benchmark's noise figures rest on, on inputs with known answers.
+python3 - <<'PY'
+import csv, io, subprocess, sys, tempfile
+sys.path.insert(0, "scripts")
+import hiccups
+s = hiccups.summary([float(v) for v in range(1, 1001)])  # 1..1000 µs late
+assert (s["sleeps"], s["p50"], s["p90"], s["p99"], s["p999"], s["max"], s["over_1ms"]) == \
+    (1000, 500, 900, 990, 999, 1000, 0), s
+# 40 streams 50 ms apart; at 2 s all 40 are 8 ms late at ingress (an episode), and five lone
+# gaps are 3 ms late at other times (late, but in no episode).
+rows = []
+for stream in range(40):
+    for event in range(1, 60):
+        at = 1_000_000 + event * 50_000 + stream * 10
+        generation = 58_000 if event == 20 else 50_000
+        lone = stream < 5 and event == 30 + stream * 5
+        rows.append((stream, event, at, 53_000 if lone else generation))
+with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+    w = csv.writer(f)
+    w.writerow(["stream", "event", "client_at_us", "client_us", "generation_us", "metronome_us",
+                "after_metronome_us"])
+    for stream, event, at, g in rows:
+        w.writerow([stream, event, at, g, g, 0, 0])
+out = subprocess.run([sys.executable, "scripts/tail-episodes.py", f.name], capture_output=True,
+                     text=True, check=True).stdout
+assert "45 more than 2 ms above it" in out, out
+assert "episodes       1 in 3 s touching 40-40 streams each" in out, out
+assert "up to 8.0-8.0 ms late; 40 of the 45 late gaps" in out, out
+print("hiccups.summary and tail-episodes.py give the known answers")
+PY
+
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 bash scripts/tail-split.sh --streams 50 --tokens 20 --gap 50ms --duration 3 > "$out" 2>&1 || {

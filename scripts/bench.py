@@ -831,7 +831,7 @@ def wake_p99s(wake):
     """One run's wake-up lateness p99 per CPU, `CPU 0 / CPU 1` in µs ("-" if not measured)."""
     if not wake:
         return "-"
-    return " / ".join(f"{wake[cpu]['p99']:.0f}" for cpu in sorted(wake))
+    return " / ".join(f"{wake[cpu]['p99']:.0f}" for cpu in sorted(wake, key=lambda c: int(c[3:])))
 
 
 def generators_table(rows):

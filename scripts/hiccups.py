@@ -24,22 +24,15 @@ Nothing but sleeping and reading the clock; it exits within count x (period + th
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 import time
 
+from accuracy import nearest_rank  # the nearest-rank percentile (the probe's definition)
+
 PRIORITY = 50
 SCRIPT = os.path.abspath(__file__)
-
-
-def nearest_rank(sorted_values, percent):
-    """The nearest-rank percentile of an ascending list (the probe's definition)."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(len(sorted_values) * percent / 100))
-    return sorted_values[min(len(sorted_values), rank) - 1]
 
 
 def summary(late_us):
@@ -47,10 +40,10 @@ def summary(late_us):
     s = sorted(late_us)
     return {
         "sleeps": len(s),
-        "p50": nearest_rank(s, 50),
-        "p90": nearest_rank(s, 90),
-        "p99": nearest_rank(s, 99),
-        "p999": nearest_rank(s, 99.9),
+        "p50": nearest_rank(s, 0.50),
+        "p90": nearest_rank(s, 0.90),
+        "p99": nearest_rank(s, 0.99),
+        "p999": nearest_rank(s, 0.999),
         "max": s[-1] if s else None,
         "over_1ms": sum(1 for v in s if v > 1000),
     }

@@ -18,6 +18,8 @@ import argparse
 import csv
 import sys
 
+from accuracy import nearest_rank  # the nearest-rank percentile (the probe's definition)
+
 
 def load(path):
     """(client_at_us, stream, generation_us) of every row, in file order."""
@@ -29,15 +31,10 @@ def load(path):
         return [(int(r["client_at_us"]), int(r["stream"]), int(r["generation_us"])) for r in reader]
 
 
-def median(values):
-    s = sorted(values)
-    return s[(len(s) - 1) // 2] if s else None
-
-
 def episodes(rows, late_us, within_us, min_streams):
     """The episodes: dicts with start and end (µs), streams touched, late gaps and the largest
     lateness (µs above the median ingress gap). Also returns the median and the late gaps."""
-    base = median([g for _, _, g in rows])
+    base = nearest_rank(sorted(g for _, _, g in rows), 0.5)
     late = sorted((at, stream, g - base) for at, stream, g in rows if g - base > late_us)
     found, current = [], None
     for at, stream, over in late:
