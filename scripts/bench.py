@@ -168,17 +168,43 @@ def tree(pid):
     return out
 
 
-def cpu_seconds(pids):
-    """utime + stime of the processes (every thread, living or exited), in seconds."""
-    total = 0
+def cpu_split(pids):
+    """(utime, stime) of the processes (every thread, living or exited), in seconds: the proxy's
+    own code against the kernel's work on its behalf (its system calls and the loopback TCP
+    processing charged to them), which tells a user-space cost from a kernel one."""
+    user = system = 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            user += int(fields[11])
+            system += int(fields[12])
         except (OSError, IndexError):
             pass
-    return total / CLK_TCK
+    return user / CLK_TCK, system / CLK_TCK
+
+
+def cpu_seconds(pids):
+    """utime + stime of the processes (every thread, living or exited), in seconds."""
+    return sum(cpu_split(pids))
+
+
+def wake_ipis():
+    """Inter-processor interrupts each CPU has taken so far that wake a task or run work for
+    another CPU (/proc/interrupts `RES` and `CAL`): waking a sleeping reader on another CPU sends
+    one, and on a VM each costs the sender an exit to the hypervisor."""
+    counts = {}
+    try:
+        with open("/proc/interrupts") as f:
+            cpus = f.readline().split()
+            for line in f:
+                fields = line.split()
+                if fields and fields[0] in ("RES:", "CAL:"):
+                    for cpu, v in zip(cpus, fields[1:1 + len(cpus)]):
+                        counts[cpu.lower()] = counts.get(cpu.lower(), 0) + int(v)
+    except (OSError, ValueError):
+        return {}
+    return counts
 
 
 def rss_kib(pids):
@@ -427,6 +453,9 @@ class Bench:
             raise RuntimeError(f"probe {name} failed ({proc.returncode}); see {out.name}")
         detail = json.loads(detail_path.read_text())
         detail["probe_cpu_s"] = usage.ru_utime + usage.ru_stime
+        # Each voluntary context switch is the probe going to sleep for want of bytes; the next
+        # write to it must wake it, at a cost charged to the writer (the proxy, or the sim).
+        detail["probe_sleeps"] = usage.ru_nvcsw
         return detail
 
     # --- one path at one level ---
@@ -443,7 +472,8 @@ class Bench:
         load_before = loadavg()
         sim_pids = [self.sim.pid]
         rss0 = rss_kib(pids) if pids else None
-        cpu0, sim_cpu0 = cpu_seconds(pids), cpu_seconds(sim_pids)
+        (user0, sys0), sim_cpu0 = cpu_split(pids), cpu_seconds(sim_pids)
+        ipis0 = wake_ipis()
         t0 = time.monotonic()
         sampler = Sampler(pids, t0) if pids else None
         if sampler:
@@ -451,7 +481,8 @@ class Bench:
         detail = self.probe(name, port, rate, a.duration, cap, a.tokens,
                             cpus=GENERATOR_CPU if a.pin else None)
         wall = time.monotonic() - t0
-        cpu1, sim_cpu1 = cpu_seconds(pids), cpu_seconds(sim_pids)
+        (user1, sys1), sim_cpu1 = cpu_split(pids), cpu_seconds(sim_pids)
+        ipis1 = wake_ipis()
         if sampler:
             sampler.halt.set()
             sampler.join()
@@ -465,9 +496,12 @@ class Bench:
             "itl_us": detail["itl_us"], "ttft_us": detail["ttft_us"],
             "probe_cpu_s": detail["probe_cpu_s"], "sim_cpu_s": sim_cpu1 - sim_cpu0,
             "wake_late_us": wake,
+            "probe_sleeps": detail["probe_sleeps"],
+            "wake_ipis": {cpu: ipis1[cpu] - ipis0[cpu] for cpu in ipis1 if cpu in ipis0},
         }
         if pids:
-            result["cpu_s"] = cpu1 - cpu0
+            result["cpu_s"] = (user1 + sys1) - (user0 + sys0)
+            result["cpu_user_s"] = user1 - user0
             # Steady state: every stream started since one stream length ago is still running.
             steady = sampler.between(stream_s + 1.0, a.duration - 0.5)
             result["rss0_kib"] = rss0
@@ -780,6 +814,11 @@ def summarize(results, paths):
             if "cpu_s" in mine[0]:
                 row["cpu_per_m"] = med([r["cpu_s"] / r["token_events"] * 1e6
                                         for r in mine if r["token_events"]])
+                if all("cpu_user_s" in r for r in mine):
+                    row["cpu_user_per_m"] = med([r["cpu_user_s"] / r["token_events"] * 1e6
+                                                 for r in mine if r["token_events"]])
+                    row["cpu_system_per_m"] = med([(r["cpu_s"] - r["cpu_user_s"]) / r["token_events"] * 1e6
+                                                   for r in mine if r["token_events"]])
                 row["rss_per_stream_kib"] = med([(r["rss_steady_kib"] - r["rss0_kib"]) / r["streams"]
                                                  for r in mine if r.get("rss_steady_kib")])
                 row["rss0_kib"] = med([r["rss0_kib"] for r in mine])
@@ -790,6 +829,14 @@ def summarize(results, paths):
                                         for r in mine if r["token_events"]])
             row["probe_cpu_per_m"] = med([r["probe_cpu_s"] / r["token_events"] * 1e6
                                           for r in mine if r["token_events"]])
+            if all("probe_sleeps" in r for r in mine):
+                row["probe_sleeps_per_event"] = med([r["probe_sleeps"] / r["token_events"]
+                                                     for r in mine if r["token_events"]])
+            cpus = sorted(set.intersection(*(set(r.get("wake_ipis", {})) for r in mine)),
+                          key=lambda c: int(c[3:]))
+            row["ipis_per_event"] = {cpu: med([r["wake_ipis"][cpu] / r["token_events"]
+                                               for r in mine if r["token_events"]])
+                                     for cpu in cpus}
             per_path[path] = row
         nginx = per_path.get("nginx", {}).get("cpu_per_m")
         for row in per_path.values():
@@ -806,7 +853,7 @@ def signed_us(v):
 
 
 def table(rows):
-    head = ("| level (streams) | path | ITL p50 / p99 / p99.9 | TTFT p50 / p99 | CPU s per M events "
+    head = ("| level (streams) | path | ITL p50 / p99 / p99.9 | TTFT p50 / p99 | CPU s per M events (user + system) "
             "| vs nginx | RSS per stream | metronome proxy delay p50 / p99 | errors |")
     lines = [head, "|" + "---|" * 9]
     for r in rows:
@@ -818,6 +865,8 @@ def table(rows):
             itl = " / ".join(signed_us(r.get(f"itl_{k}_infl")) for k in ("p50", "p99", "p999")) + " µs"
             ttft = " / ".join(signed_us(r.get(f"ttft_{k}_infl")) for k in ("p50", "p99")) + " µs"
         cpu = f"{r['cpu_per_m']:.2f}" if r.get("cpu_per_m") is not None else "-"
+        if r.get("cpu_user_per_m") is not None:
+            cpu += f" ({r['cpu_user_per_m']:.2f} + {r['cpu_system_per_m']:.2f})"
         ratio = f"{r['cpu_ratio_nginx']:.2f}" if r.get("cpu_ratio_nginx") is not None else "-"
         rss = f"{r['rss_per_stream_kib']:.1f} KiB" if r.get("rss_per_stream_kib") is not None else "-"
         delay = (f"{r['delay_p50']:.0f} / {r['delay_p99']:.0f} µs"
@@ -835,12 +884,16 @@ def wake_p99s(wake):
 
 
 def generators_table(rows):
-    lines = ["| level | path | sim CPU s per M events | probe CPU s per M events | load average before each run "
+    lines = ["| level | path | sim CPU s per M events | probe CPU s per M events "
+             "| probe sleeps per event | wake-up IPIs per event, per CPU | load average before each run "
              "| wake-up lateness p99 per CPU before each run (µs) |",
-             "|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        sleeps = (f"{r['probe_sleeps_per_event']:.3f}" if r.get("probe_sleeps_per_event") is not None
+                  else "-")
+        ipis = " / ".join(f"{v:.3f}" for v in r.get("ipis_per_event", {}).values()) or "-"
         lines.append(f"| {r['level']:,} | {r['path']} | {r['sim_cpu_per_m']:.2f} | "
-                     f"{r['probe_cpu_per_m']:.2f} | {'; '.join(r['loads'])} | "
+                     f"{r['probe_cpu_per_m']:.2f} | {sleeps} | {ipis} | {'; '.join(r['loads'])} | "
                      f"{'; '.join(wake_p99s(w) for w in r['wakes'])} |")
     return "\n".join(lines)
 
@@ -1104,7 +1157,10 @@ def main(argv):
         out.append("Generators, load and the machine's wake-up lateness (the sim and the probe share the "
                    "same two cores; the lateness is `scripts/hiccups.py` with "
                    f"{args.wake_sleeps:,} sleeps of 1 ms per CPU just before each run: how noisy the "
-                   "machine was at that moment):")
+                   "machine was at that moment; the probe's sleeps are its voluntary context switches, "
+                   "each of which the next write to it must end, and the IPIs are the machine's "
+                   "rescheduling and function-call interrupts during the run, which is how a writer "
+                   "wakes a reader on the other CPU; the proxy's system time pays for those it sends):")
         out.append("")
         out.append(generators_table(rows))
     if held:
@@ -1147,6 +1203,13 @@ def main(argv):
             log(f"smoke {r['path']}: {r['requests']} streams, {r['token_events']} token events, "
                 f"{r['errors']} errors, wake-up lateness p99 {'; '.join(wake_p99s(w) for w in r['wakes'])} µs")
         unmeasured = args.wake_sleeps and any(not w for r in rows for w in r["wakes"])
+        # The client's sleeps and the machine's wake-up IPIs must have been counted.
+        unmeasured = unmeasured or any(r.get("probe_sleeps_per_event") is None
+                                       or not r.get("ipis_per_event") for r in rows)
+        # A proxy's CPU must split into user and system time that add up to it.
+        unmeasured = unmeasured or any(
+            r["path"] != "direct" and not (0 < r.get("cpu_user_per_m", 0) <= r.get("cpu_per_m", 0))
+            for r in rows)
         if failures or not rows or any(r["token_events"] == 0 for r in rows) or unmeasured:
             log("smoke FAILED")
             return 1
