@@ -354,9 +354,19 @@ pub const GAP_ROWS_CSV_HEADER: &str =
 impl GapRow {
     /// The row as a CSV line (with its newline), in [`GAP_ROWS_CSV_HEADER`]'s order.
     pub fn csv_line(&self) -> String {
+        let mut line = String::new();
+        self.write_csv(&mut line);
+        line
+    }
+
+    /// Appends the row as a CSV line (with its newline) to `out`.
+    fn write_csv(&self, out: &mut String) {
+        use std::fmt::Write as _;
         let p = &self.parts;
-        format!(
-            "{},{},{},{},{},{},{}\n",
+        // Writing to a String cannot fail.
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{}",
             self.stream,
             self.event,
             self.client_at_us,
@@ -364,8 +374,20 @@ impl GapRow {
             p.generation,
             p.metronome,
             p.after_metronome
-        )
+        );
     }
+}
+
+/// The whole text of `probe --gaps-csv`: the header, then one line per row, built in one string
+/// (a run can have hundreds of thousands of rows).
+pub fn gaps_csv(rows: &[GapRow]) -> String {
+    // About 40 bytes a row.
+    let mut csv = String::with_capacity(GAP_ROWS_CSV_HEADER.len() + rows.len() * 40);
+    csv.push_str(GAP_ROWS_CSV_HEADER);
+    for row in rows {
+        row.write_csv(&mut csv);
+    }
+    csv
 }
 
 /// Builds the run's attribution from each stream's join (or why it was not joined) and the
@@ -578,6 +600,36 @@ mod tests {
             events,
             token_events,
         }
+    }
+
+    #[test]
+    fn the_gap_csv_is_the_header_then_one_line_per_row_in_order() {
+        let row = |stream, event, client_at_us, client, generation, metronome| GapRow {
+            stream,
+            event,
+            client_at_us,
+            parts: GapParts {
+                client,
+                generation,
+                metronome,
+                after_metronome: client - generation - metronome,
+            },
+        };
+        let rows = [
+            row(0, 1, 150_000, 50_000, 50_000, 0),
+            // Metronome gave back 12 µs it had held, and the client read 30 µs early.
+            row(0, 2, 199_958, 49_958, 50_000, -12),
+            row(7, 1, 2_000_123, 230_004, 229_990, 3),
+        ];
+        assert_eq!(
+            gaps_csv(&rows),
+            "stream,event,client_at_us,client_us,generation_us,metronome_us,after_metronome_us\n\
+             0,1,150000,50000,50000,0,0\n\
+             0,2,199958,49958,50000,-12,-30\n\
+             7,1,2000123,230004,229990,3,11\n"
+        );
+        assert_eq!(rows[2].csv_line(), "7,1,2000123,230004,229990,3,11\n");
+        assert_eq!(gaps_csv(&[]), GAP_ROWS_CSV_HEADER);
     }
 
     fn timeline(frames: Vec<TimelineFrame>) -> StreamTimeline {

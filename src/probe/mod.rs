@@ -41,7 +41,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 pub use args::{
     ConfigError, Load, LoadArgs, OutputArgs, ProbeArgs, ProbeConfig, RequestArgs, Stop,
 };
-pub use attribution::{Attribution, AttributionBuilder, GapRow, Unjoined, GAP_ROWS_CSV_HEADER};
+pub use attribution::{
+    gaps_csv, Attribution, AttributionBuilder, GapRow, Unjoined, GAP_ROWS_CSV_HEADER,
+};
 pub use client::{measure, measure_with, ProbeError, ProbeRun};
 pub use gates::{evaluate, parse_gates, Gate, GateError, GateOutcome, Metric, Op};
 pub use join::{attribute_run, attribute_run_with_rows, AdminUrl, AdminUrlError};
@@ -85,9 +87,7 @@ pub async fn run(args: ProbeArgs) -> ExitCode {
         (Some(admin), Some(path)) => {
             let (attribution, rows) = attribute_run_with_rows(admin, &run).await;
             report.attribution = Some(attribution);
-            let mut csv = String::from(GAP_ROWS_CSV_HEADER);
-            csv.extend(rows.iter().map(GapRow::csv_line));
-            if let Err(e) = write_file(path, &csv) {
+            if let Err(e) = write_file(path, &gaps_csv(&rows)) {
                 return usage(&e);
             }
         }
