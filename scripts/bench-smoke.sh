@@ -2,14 +2,15 @@
 # CI smoke of the proxy benchmark: 50 streams for 10 s through direct and metronome; checks that the
 # harness works (the machine's wake-up lateness measured before each run included) and that no
 # stream fails. Then a short scripts/tail-split.sh run, which must join every stream with its
-# timeline, print the gaps at each point and count the episodes of late gaps from the gap CSV. The figures are not checked (too noisy for CI).
+# timeline, print the gaps at each point and count the episodes of late gaps from the gap CSV.
+# The figures are not checked (too noisy for CI); the scripts' arithmetic is, on known inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bench.sh --smoke "$@"
 
 # The two scripts the benchmark's noise figures rest on, on inputs with known answers.
 python3 - <<'PY'
-import csv, io, subprocess, sys, tempfile
+import csv, os, subprocess, sys, tempfile
 sys.path.insert(0, "scripts")
 import hiccups
 s = hiccups.summary([float(v) for v in range(1, 1001)])  # 1..1000 µs late
@@ -35,7 +36,42 @@ out = subprocess.run([sys.executable, "scripts/tail-episodes.py", f.name], captu
 assert "45 more than 2 ms above it" in out, out
 assert "episodes       1 in 3 s touching 40-40 streams each" in out, out
 assert "up to 8.0-8.0 ms late; 40 of the 45 late gaps" in out, out
+os.remove(f.name)
 print("hiccups.summary and tail-episodes.py give the known answers")
+
+# The benchmark's own arithmetic: the user/system split, the client's sleeps and the wake-up IPIs
+# per event, from three repeats whose medians are known; then a result of an older bench.py
+# (--combine), which has none of them.
+import bench
+assert bench.parse_wake_ipis(
+    "           CPU0       CPU1\n"
+    "  0:         44          0   IO-APIC   2-edge      timer\n"
+    "RES:         10         20   Rescheduling interrupts\n"
+    "CAL:          1          2   Function call interrupts\n"
+    "TLB:          5          5   TLB shootdowns\n") == {"cpu0": 11, "cpu1": 22}
+def result(path, repeat, **extra):
+    r = {"level": 10, "path": path, "repeat": repeat, "streams": 10, "errors": 0, "requests": 5,
+         "token_events": 1_000_000, "load_before": "0 0 0", "wake_late_us": {},
+         "itl_us": {"p50": 50_000, "p99": 51_000, "p999": 52_000},
+         "ttft_us": {"p50": 100_000, "p99": 101_000}, "sim_cpu_s": 9.0, "probe_cpu_s": 8.0}
+    r.update(extra)
+    return r
+runs = [result("direct", k) for k in range(3)] + [
+    result("metronome", k, cpu_s=cpu, cpu_user_s=user, rss0_kib=1000, rss_steady_kib=1100,
+           probe_sleeps=sleeps, wake_ipis={"cpu0": ipi0, "cpu1": ipi1})
+    for k, (cpu, user, sleeps, ipi0, ipi1) in enumerate(
+        [(10, 3, 100_000, 1000, 50_000), (12, 5, 130_000, 2000, 70_000),
+         (11, 4, 120_000, 3000, 60_000)])]
+row = bench.summarize(runs, ["direct", "metronome"])[1]
+assert (row["cpu_per_m"], row["cpu_user_per_m"], row["cpu_system_per_m"]) == (11.0, 4.0, 7.0), row
+assert row["probe_sleeps_per_event"] == 0.12 and row["ipis_per_event"] == {"cpu0": 0.002, "cpu1": 0.06}, row
+assert "| 11.00 (4.00 + 7.00) |" in bench.table([row]), bench.table([row])
+assert "| 0.120 | 0.002 / 0.060 |" in bench.generators_table([row]), bench.generators_table([row])
+old = bench.summarize([result("metronome", 0, cpu_s=11, rss0_kib=1000, rss_steady_kib=1100)],
+                      ["metronome"])[0]
+assert old["cpu_user_per_m"] is None and old["probe_sleeps_per_event"] is None, old
+assert old["ipis_per_event"] == {} and "| 11.00 |" in bench.table([old]), bench.table([old])
+print("bench.py's CPU split, sleeps and IPIs per event give the known answers")
 PY
 
 out=$(mktemp)

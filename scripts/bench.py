@@ -148,18 +148,23 @@ def port_free(port):
 # --- /proc -------------------------------------------------------------------------------------
 
 
+def stat_fields(pid):
+    """The fields of /proc/PID/stat after the command name (which may hold spaces and parentheses),
+    so that field 0 is the state; None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def tree(pid):
     """pid and its descendants (nginx: master and workers)."""
     children = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+        fields = stat_fields(entry) if entry.isdigit() else None
+        if fields:
             children.setdefault(int(fields[1]), []).append(int(entry))
-        except (OSError, IndexError):
-            continue
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -173,14 +178,9 @@ def cpu_split(pids):
     own code against the kernel's work on its behalf (its system calls and the loopback TCP
     processing charged to them), which tells a user-space cost from a kernel one."""
     user = system = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            user += int(fields[11])
-            system += int(fields[12])
-        except (OSError, IndexError):
-            pass
+    for fields in filter(None, map(stat_fields, pids)):
+        user += int(fields[11])
+        system += int(fields[12])
     return user / CLK_TCK, system / CLK_TCK
 
 
@@ -189,22 +189,28 @@ def cpu_seconds(pids):
     return sum(cpu_split(pids))
 
 
+def parse_wake_ipis(text):
+    """Per CPU (`cpu0`, ...), the `RES` + `CAL` counts of a /proc/interrupts text."""
+    lines = text.splitlines()
+    cpus = [cpu.lower() for cpu in lines[0].split()] if lines else []
+    counts = dict.fromkeys(cpus, 0)
+    for line in lines[1:]:
+        fields = line.split()
+        if fields and fields[0] in ("RES:", "CAL:"):
+            for cpu, v in zip(cpus, fields[1:1 + len(cpus)]):
+                counts[cpu] += int(v)
+    return counts
+
+
 def wake_ipis():
     """Inter-processor interrupts each CPU has taken so far that wake a task or run work for
     another CPU (/proc/interrupts `RES` and `CAL`): waking a sleeping reader on another CPU sends
-    one, and on a VM each costs the sender an exit to the hypervisor."""
-    counts = {}
+    one, and on a VM each costs the sender an exit to the hypervisor. Empty if unreadable."""
     try:
         with open("/proc/interrupts") as f:
-            cpus = f.readline().split()
-            for line in f:
-                fields = line.split()
-                if fields and fields[0] in ("RES:", "CAL:"):
-                    for cpu, v in zip(cpus, fields[1:1 + len(cpus)]):
-                        counts[cpu.lower()] = counts.get(cpu.lower(), 0) + int(v)
+            return parse_wake_ipis(f.read())
     except (OSError, ValueError):
         return {}
-    return counts
 
 
 def rss_kib(pids):
@@ -811,31 +817,31 @@ def summarize(results, paths):
                 for key in ("p50", "p99"):
                     row[f"ttft_{key}_infl"] = med([r["ttft_us"][key] - direct[r["repeat"]]["ttft_us"][key]
                                                    for r in mine if r["repeat"] in direct])
+            def per_event(value, scale=1.0):
+                """The median over the repeats of value(run) per token event, times scale; None
+                if a run lacks the figure (results of an older bench.py, from --combine)."""
+                try:
+                    return med([value(r) / r["token_events"] * scale
+                                for r in mine if r["token_events"]])
+                except KeyError:
+                    return None
+
             if "cpu_s" in mine[0]:
-                row["cpu_per_m"] = med([r["cpu_s"] / r["token_events"] * 1e6
-                                        for r in mine if r["token_events"]])
-                if all("cpu_user_s" in r for r in mine):
-                    row["cpu_user_per_m"] = med([r["cpu_user_s"] / r["token_events"] * 1e6
-                                                 for r in mine if r["token_events"]])
-                    row["cpu_system_per_m"] = med([(r["cpu_s"] - r["cpu_user_s"]) / r["token_events"] * 1e6
-                                                   for r in mine if r["token_events"]])
+                row["cpu_per_m"] = per_event(lambda r: r["cpu_s"], 1e6)
+                row["cpu_user_per_m"] = per_event(lambda r: r["cpu_user_s"], 1e6)
+                row["cpu_system_per_m"] = per_event(lambda r: r["cpu_s"] - r["cpu_user_s"], 1e6)
                 row["rss_per_stream_kib"] = med([(r["rss_steady_kib"] - r["rss0_kib"]) / r["streams"]
                                                  for r in mine if r.get("rss_steady_kib")])
                 row["rss0_kib"] = med([r["rss0_kib"] for r in mine])
             if any("proxy_delay_us" in r for r in mine):
                 row["delay_p99"] = med([r["proxy_delay_us"]["p99"] for r in mine if "proxy_delay_us" in r])
                 row["delay_p50"] = med([r["proxy_delay_us"]["p50"] for r in mine if "proxy_delay_us" in r])
-            row["sim_cpu_per_m"] = med([r["sim_cpu_s"] / r["token_events"] * 1e6
-                                        for r in mine if r["token_events"]])
-            row["probe_cpu_per_m"] = med([r["probe_cpu_s"] / r["token_events"] * 1e6
-                                          for r in mine if r["token_events"]])
-            if all("probe_sleeps" in r for r in mine):
-                row["probe_sleeps_per_event"] = med([r["probe_sleeps"] / r["token_events"]
-                                                     for r in mine if r["token_events"]])
+            row["sim_cpu_per_m"] = per_event(lambda r: r["sim_cpu_s"], 1e6)
+            row["probe_cpu_per_m"] = per_event(lambda r: r["probe_cpu_s"], 1e6)
+            row["probe_sleeps_per_event"] = per_event(lambda r: r["probe_sleeps"])
             cpus = sorted(set.intersection(*(set(r.get("wake_ipis", {})) for r in mine)),
                           key=lambda c: int(c[3:]))
-            row["ipis_per_event"] = {cpu: med([r["wake_ipis"][cpu] / r["token_events"]
-                                               for r in mine if r["token_events"]])
+            row["ipis_per_event"] = {cpu: per_event(lambda r, cpu=cpu: r["wake_ipis"][cpu])
                                      for cpu in cpus}
             per_path[path] = row
         nginx = per_path.get("nginx", {}).get("cpu_per_m")
