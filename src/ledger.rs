@@ -129,6 +129,12 @@ impl PointLedger {
         self.token_events += u64::from(token_events);
     }
 
+    /// Asks for the lines of the gap sketch's buckets, which live apart from the ledger.
+    #[inline]
+    pub fn prefetch(&self) {
+        self.gaps.prefetch();
+    }
+
     /// A frame (ingress) or socket write (egress) completed `events` events.
     #[inline]
     pub fn events_in_frame(&mut self, events: u32, metrics: &Metrics) {
@@ -440,6 +446,17 @@ impl StreamLedger {
             seq.map(|seq| (seq, self.info.received)),
             &self.metrics,
         );
+    }
+
+    /// Asks for the cache lines the egress clock will touch when this stream's next frame
+    /// reaches the client socket: the egress ledger (not what it points to, which only its lock
+    /// may read) and the reference count the clock's queue entry takes (see
+    /// [`crate::prefetch`]).
+    #[inline]
+    pub fn prefetch_egress(self: &Arc<Self>) {
+        crate::prefetch::value(&self.egress);
+        // The reference counts sit just before the value in the `Arc`'s allocation.
+        crate::prefetch::line(Arc::as_ptr(self).cast::<u8>().wrapping_sub(16));
     }
 
     /// The ingress reader stopped; it hands over what it learned.

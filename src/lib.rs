@@ -13,6 +13,7 @@
 //! - [`format`]: token accounting per streaming API (which events carry tokens, and how many).
 //! - [`meter`]: the per-frame work at ingress: scan, classify, update the ledger.
 //! - [`ledger`]: fixed-size per-stream state, recorded exactly once at the end of a stream.
+//! - [`prefetch`]: cache hints that fetch a stream's metering state while its frame is read.
 //! - [`metrics`]: the Prometheus metric contract of DESIGN.md section 4.
 //! - [`timeline`]: the bounded ring of recent streams and their frames (`/streams`).
 //! - [`beacon`]: the browser beacon endpoint, recorded under `point="client"`.
@@ -31,6 +32,7 @@ pub mod format;
 pub mod ledger;
 pub mod meter;
 pub mod metrics;
+pub mod prefetch;
 pub mod probe;
 pub mod proxy;
 pub mod scan;

@@ -104,6 +104,17 @@ impl IngressMeter {
         self.ledger
     }
 
+    /// Asks for the cache lines the next frame's metering will touch: the meter itself, the
+    /// accountant's kept state, the gap sketch's buckets and the timeline's tail (see
+    /// [`crate::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self) {
+        crate::prefetch::value(self);
+        self.accounting.prefetch();
+        self.ledger.point.prefetch();
+        self.ledger.timeline.prefetch();
+    }
+
     /// The ledger so far.
     pub fn ledger(&self) -> &IngressLedger {
         &self.ledger

@@ -153,6 +153,18 @@ impl GapSketch {
         self.total = self.total.saturating_add(n);
     }
 
+    /// Asks for the line of the sparse buckets, where a steady stream's next gap lands (a dense
+    /// sketch's bucket is not known before the gap is).
+    #[inline]
+    pub fn prefetch(&self) {
+        if let Buckets::Sparse(entries) = &self.buckets {
+            crate::prefetch::bytes(
+                entries.as_ptr().cast::<u8>(),
+                std::mem::size_of_val(&entries[..]),
+            );
+        }
+    }
+
     /// How many gaps were added.
     pub fn len(&self) -> u32 {
         self.total

@@ -129,6 +129,12 @@ impl IngressTimeline {
         self.frames += 1;
     }
 
+    /// Asks for the line the next frame's entry goes to (see [`crate::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self) {
+        crate::prefetch::line(self.log.as_ptr().wrapping_add(self.log.len()));
+    }
+
     /// Frames kept.
     pub fn len(&self) -> usize {
         self.frames as usize

@@ -269,6 +269,18 @@ impl Accounting {
         name == b"error"
     }
 
+    /// Asks for the cache lines of the state the accountant keeps apart from itself: the OpenAI
+    /// accountant's template, and the boxed accountants (see [`crate::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self) {
+        match self {
+            Accounting::OpenAi(openai) => openai.prefetch(),
+            Accounting::LlamaCpp(boxed) => crate::prefetch::value(&**boxed),
+            Accounting::SgLang(boxed) => crate::prefetch::value(&**boxed),
+            _ => {}
+        }
+    }
+
     /// The format of the stream: the one decided, or while undecided the one the path and
     /// content type suggest; `Unknown` when neither tells.
     pub fn format(&self) -> Format {

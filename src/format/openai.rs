@@ -35,6 +35,14 @@ pub struct OpenAiAccounting {
 // === impl OpenAiAccounting ===
 
 impl OpenAiAccounting {
+    /// Asks for the cache lines of the kept template: the next chunk is compared with its bytes.
+    #[inline]
+    pub fn prefetch(&self) {
+        if let Some(template) = &self.template {
+            template.prefetch();
+        }
+    }
+
     /// Classifies one event of the stream.
     pub fn classify<'a>(&mut self, event: &Event<'a>) -> Classified<'a> {
         let data = event.data.trim_ascii();
@@ -345,6 +353,13 @@ mod fast {
     // === impl Template ===
 
     impl Template {
+        /// Asks for the template's own line and its bytes' (see [`crate::prefetch`]).
+        #[inline]
+        pub(super) fn prefetch(&self) {
+            crate::prefetch::value(self);
+            crate::prefetch::bytes(self.bytes.as_ptr(), self.bytes.len());
+        }
+
         /// A template of `data`, whose walk gave `summary` with the text value at `text`.
         pub(super) fn new(data: &[u8], text: Span, summary: &Summary<'_>) -> Self {
             let mut template = Template {

@@ -131,6 +131,13 @@ impl EgressClock {
         self.pending_len.store(pending.len(), Ordering::Release);
     }
 
+    /// Asks for the clock's own cache lines, which the frame's hand-off and stamp will touch
+    /// (see [`crate::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self) {
+        crate::prefetch::value(self);
+    }
+
     /// Bytes written to the socket so far.
     pub fn bytes_written(&self) -> u64 {
         self.written.load(Ordering::Acquire)

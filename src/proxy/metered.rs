@@ -245,6 +245,13 @@ impl Shared {
     /// Reads the upstream's next frame, stamping and scanning it; on its end, hands the ingress
     /// ledger over. Waits with `cx` (the egress body's or the reader task's).
     fn read(&self, state: &mut State, cx: &mut Context<'_>) -> Poll<Read> {
+        // The upstream read below is a system call: have the metering's cold state fetched
+        // meanwhile, rather than one line at a time after it.
+        if let Some(meter) = state.meter.as_ref() {
+            meter.prefetch();
+        }
+        self.ledger.prefetch_egress();
+        self.clock.prefetch();
         loop {
             let Some(upstream) = state.upstream.as_mut() else {
                 return Poll::Ready(Read::Ended);
