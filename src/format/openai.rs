@@ -350,14 +350,23 @@ mod fast {
         usage_total: Option<u64>,
     }
 
+    /// How much of a template [`Template::prefetch`] asks for. A chunk is usually a few hundred
+    /// bytes; one of many KiB (long logprobs, a large tool call) is compared from its start, so the
+    /// processor's own prefetcher follows the read after the first lines, and asking for all of
+    /// it ahead would cost a prefetch per 64 bytes, twice per frame, for lines the first-level
+    /// cache cannot hold anyway.
+    const PREFETCH_BYTES: usize = 1024;
+
     // === impl Template ===
 
     impl Template {
-        /// Asks for the template's own line and its bytes' (see [`crate::prefetch`]).
+        /// Asks for the template's own line and its bytes' first [`PREFETCH_BYTES`] (see
+        /// [`crate::prefetch`]).
         #[inline]
         pub(super) fn prefetch(&self) {
             crate::prefetch::value(self);
-            crate::prefetch::bytes(self.bytes.as_ptr(), self.bytes.len());
+            let len = self.bytes.len().min(PREFETCH_BYTES);
+            crate::prefetch::bytes(self.bytes.as_ptr(), len);
         }
 
         /// A template of `data`, whose walk gave `summary` with the text value at `text`.
