@@ -27,25 +27,36 @@ pub fn line<T: ?Sized>(address: *const T) {
     let _ = address;
 }
 
-/// Asks for every cache line of `len` bytes from `start`.
+/// Asks for every cache line of `slice`'s elements.
 #[inline(always)]
-pub fn bytes(start: *const u8, len: usize) {
-    if len == 0 {
-        return;
-    }
-    let mut offset = 0;
-    while offset < len {
-        line(start.wrapping_add(offset));
-        offset += LINE;
-    }
-    // The last byte's line, when `start` is not at a line's start.
-    line(start.wrapping_add(len - 1));
+pub fn slice<T>(slice: &[T]) {
+    for_each_line(
+        slice.as_ptr().cast::<u8>(),
+        std::mem::size_of_val(slice),
+        line,
+    );
 }
 
 /// Asks for every cache line of `value` itself (not of what it points to).
 #[inline(always)]
 pub fn value<T>(value: &T) {
-    bytes((value as *const T).cast::<u8>(), std::mem::size_of::<T>());
+    slice(std::slice::from_ref(value));
+}
+
+/// Calls `f` with one address in each cache line that `len` bytes from `start` touch: every
+/// [`LINE`] bytes from `start`, then the last byte, whose line the steps miss when `start` is not
+/// at a line's start. A plain loop, which the compiler unrolls for a value's known size.
+#[inline(always)]
+fn for_each_line(start: *const u8, len: usize, mut f: impl FnMut(*const u8)) {
+    if len == 0 {
+        return;
+    }
+    let mut offset = 0;
+    while offset < len {
+        f(start.wrapping_add(offset));
+        offset += LINE;
+    }
+    f(start.wrapping_add(len - 1));
 }
 
 #[cfg(test)]
@@ -57,10 +68,32 @@ mod tests {
         // Dangling, null and unaligned addresses are hints like any other: none may fault.
         line(std::ptr::null::<u8>());
         line(usize::MAX as *const u8);
-        bytes(std::ptr::NonNull::<u8>::dangling().as_ptr(), 4096);
-        bytes(std::ptr::null(), 0);
+        slice::<u8>(&[]);
         let local = [7u8; 300];
         value(&local);
+        slice(&local[1..]);
         assert_eq!(local, [7u8; 300]);
+    }
+
+    /// The cache lines (by index) that the hints for `len` bytes from `start` ask for.
+    fn lines_asked(start: usize, len: usize) -> std::collections::BTreeSet<usize> {
+        let mut lines = std::collections::BTreeSet::new();
+        for_each_line(start as *const u8, len, |address| {
+            lines.insert(address as usize / LINE);
+        });
+        lines
+    }
+
+    #[test]
+    fn every_line_a_range_touches_is_asked_for_and_no_other() {
+        for start in [0, 1, 63, 64, 100, 4095] {
+            for len in [0, 1, 2, 63, 64, 65, 127, 128, 129, 230, 632, 1024] {
+                let touched: std::collections::BTreeSet<usize> =
+                    (start..start + len).map(|byte| byte / LINE).collect();
+                assert_eq!(lines_asked(start, len), touched, "start {start}, len {len}");
+            }
+        }
+        // A line's worth from a line's middle spans two lines; both are asked for.
+        assert_eq!(lines_asked(96, 64).len(), 2);
     }
 }

@@ -158,10 +158,7 @@ impl GapSketch {
     #[inline]
     pub fn prefetch(&self) {
         if let Buckets::Sparse(entries) = &self.buckets {
-            crate::prefetch::bytes(
-                entries.as_ptr().cast::<u8>(),
-                std::mem::size_of_val(&entries[..]),
-            );
+            crate::prefetch::slice(entries);
         }
     }
 

@@ -365,8 +365,7 @@ mod fast {
         #[inline]
         pub(super) fn prefetch(&self) {
             crate::prefetch::value(self);
-            let len = self.bytes.len().min(PREFETCH_BYTES);
-            crate::prefetch::bytes(self.bytes.as_ptr(), len);
+            crate::prefetch::slice(&self.bytes[..self.bytes.len().min(PREFETCH_BYTES)]);
         }
 
         /// A template of `data`, whose walk gave `summary` with the text value at `text`.

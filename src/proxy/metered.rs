@@ -141,6 +141,10 @@ struct State {
     ending: Option<Ending>,
     /// When the last frame (or the stream) began, for the idle timeout.
     last_read: Tick,
+    /// The last read found a frame, so the metering state was just touched and the next read
+    /// need not prefetch it (hyper reads again after each frame, and that read usually finds
+    /// nothing).
+    metering_warm: bool,
     /// Fires at the idle deadline; moved on lazily, not per frame.
     idle: Pin<Box<Sleep>>,
     /// The waker `idle` will wake (it need not be polled again for the same task).
@@ -198,6 +202,7 @@ where
             queued_bytes: 0,
             ending: None,
             last_read: Tick::from_instant(now),
+            metering_warm: false,
             idle: Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
                 now + settings.idle_timeout,
             ))),
@@ -247,11 +252,13 @@ impl Shared {
     fn read(&self, state: &mut State, cx: &mut Context<'_>) -> Poll<Read> {
         // The upstream read below is a system call: have the metering's cold state fetched
         // meanwhile, rather than one line at a time after it.
-        if let Some(meter) = state.meter.as_ref() {
-            meter.prefetch();
+        if !std::mem::take(&mut state.metering_warm) {
+            if let Some(meter) = state.meter.as_ref() {
+                meter.prefetch();
+            }
+            self.ledger.prefetch_egress();
+            self.clock.prefetch();
         }
-        self.ledger.prefetch_egress();
-        self.clock.prefetch();
         loop {
             let Some(upstream) = state.upstream.as_mut() else {
                 return Poll::Ready(Read::Ended);
@@ -286,6 +293,7 @@ impl Shared {
                 continue; // cannot happen: the meter outlives the upstream
             };
             let counts = meter.frame(&bytes, at, self.ledger.metrics());
+            state.metering_warm = true;
             return Poll::Ready(Read::Data(MeteredFrame {
                 bytes,
                 ingress: at,
