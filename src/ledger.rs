@@ -15,7 +15,7 @@ use crate::clock::Tick;
 use crate::format::Format;
 use crate::meter::FrameCounts;
 use crate::metrics::{BucketCounts, LocalHistogram, Metrics, Outcome, Point};
-use crate::sketch::GapSketch;
+use crate::sketch::{GapBucket, GapSketch};
 use crate::timeline::{
     as_micros, AtPoints, EgressStamps, FinishedStream, IngressTimeline, StreamFrames,
     StreamRegistry,
@@ -103,15 +103,15 @@ impl PointLedger {
         if token_events == 0 {
             return;
         }
-        let bounds = metrics.itl.bounds();
+        let index = &metrics.itl_index;
         let zero_gaps = token_events - 1;
         match self.last_token {
             Some(last) => {
                 let nanos = at.nanos_since(last);
-                let gap = Duration::from_nanos(nanos);
                 let seconds = nanos as f64 * 1e-9;
-                self.itl.add(bounds, seconds, 1);
-                self.gaps.add(gap, 1);
+                let bucket = GapBucket::of(seconds);
+                self.itl.add_at(index.bucket(bucket, seconds), 1);
+                self.gaps.add_to(bucket, 1);
                 if nanos > metrics.stall_threshold_nanos() {
                     self.stalls += 1;
                     self.stall_durations
@@ -123,8 +123,11 @@ impl PointLedger {
                 self.first_token = Some(at);
             }
         }
-        self.itl.add(bounds, 0.0, zero_gaps);
-        self.gaps.add(Duration::ZERO, zero_gaps);
+        if zero_gaps > 0 {
+            self.itl
+                .add_at(index.bucket(GapBucket::ZERO, 0.0), zero_gaps);
+            self.gaps.add_to(GapBucket::ZERO, zero_gaps);
+        }
         self.last_token = Some(at);
         self.token_events += u64::from(token_events);
     }

@@ -19,7 +19,8 @@ const BUCKETS: usize = 470;
 const SPARSE_MAX: usize = BUCKETS / 2;
 
 /// The lower bound of each log bucket, in seconds: `MIN_GAP · γ^i`.
-static LOWER_BOUNDS: [f64; BUCKETS] = lower_bounds();
+static LOWER_BOUNDS: [f64; BUCKETS] = LOWER;
+const LOWER: [f64; BUCKETS] = lower_bounds();
 
 const fn lower_bounds() -> [f64; BUCKETS] {
     let mut bounds = [MIN_GAP; BUCKETS];
@@ -31,15 +32,134 @@ const fn lower_bounds() -> [f64; BUCKETS] {
     bounds
 }
 
+/// A positive `f64`'s exponent and the top [`KEY_BITS`] bits of its mantissa: a key that grows
+/// with the value, each key covering a ratio of at most 33/32 (`1 + (j+1)/32` over `1 + j/32`).
+/// That is less than γ, so a key's range holds at most one log bucket bound.
+const KEY_BITS: u32 = 5;
+const KEY_SHIFT: u32 = f64::MANTISSA_DIGITS - 1 - KEY_BITS;
+
+const fn key(seconds: f64) -> usize {
+    (seconds.to_bits() >> KEY_SHIFT) as usize
+}
+
+const FIRST_KEY: usize = key(MIN_GAP);
+const LAST_KEY: usize = key(LOWER[BUCKETS - 1]);
+const KEYS: usize = LAST_KEY - FIRST_KEY + 1;
+
+/// For each key from [`FIRST_KEY`], the log bucket of the key's smallest value (0 below
+/// [`MIN_GAP`]): about 850 entries, 1.7 KiB.
+static BUCKET_AT_KEY: [u16; KEYS] = bucket_at_key();
+
+const fn bucket_at_key() -> [u16; KEYS] {
+    let mut table = [0u16; KEYS];
+    let mut k = 0;
+    let mut i = 0;
+    while k < KEYS {
+        let start = f64::from_bits(((FIRST_KEY + k) as u64) << KEY_SHIFT);
+        while i + 1 < BUCKETS && LOWER[i + 1] <= start {
+            i += 1;
+        }
+        table[k] = i as u16;
+        k += 1;
+    }
+    table
+}
+
 /// The log bucket of a gap of `seconds` (at least [`MIN_GAP`]); the longest gaps share the last.
 ///
-/// A binary search of the bucket bounds (9 steps), not `ln`: a gap is added per token event at
-/// two points, and the logarithm cost three times as many instructions.
+/// The largest `i` with `LOWER_BOUNDS[i] <= seconds`, as a binary search of the bounds would find
+/// it, but from the float's bits: the key's table entry is the bucket of the key's smallest value,
+/// and one comparison tells whether `seconds` is past the one bound the key's range may hold.
+/// A gap is added per token event at two points; the binary search took nine steps and the
+/// logarithm three times as many instructions as that.
 #[inline]
 fn log_bucket(seconds: f64) -> usize {
-    LOWER_BOUNDS
-        .partition_point(|lower| *lower <= seconds)
-        .saturating_sub(1)
+    let i = usize::from(BUCKET_AT_KEY[key(seconds).clamp(FIRST_KEY, LAST_KEY) - FIRST_KEY]);
+    if i + 1 < BUCKETS && LOWER_BOUNDS[i + 1] <= seconds {
+        i + 1
+    } else {
+        i
+    }
+}
+
+/// Where a gap lands in a [`GapSketch`]: the bucket of gaps under 1 µs (zero gaps, mostly), or a
+/// log bucket. Found once per gap and used twice, by the sketch and by a [`GapHistogramIndex`]
+/// for the gap's histogram bucket, so that neither searches bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GapBucket(u16);
+
+// === impl GapBucket ===
+
+impl GapBucket {
+    /// The bucket of gaps under 1 µs.
+    pub const ZERO: GapBucket = GapBucket(0);
+
+    /// The bucket of a gap of `seconds`.
+    #[inline]
+    pub fn of(seconds: f64) -> GapBucket {
+        if seconds >= MIN_GAP {
+            GapBucket(log_bucket(seconds) as u16 + 1)
+        } else {
+            GapBucket::ZERO // NaN too, which no clock gives
+        }
+    }
+
+    /// The smallest gap in this bucket, in seconds (`-inf` for the zero bucket, whose gaps are
+    /// whatever is under 1 µs).
+    fn lower_bound(self) -> f64 {
+        match self.0 {
+            0 => f64::NEG_INFINITY,
+            i => LOWER_BOUNDS[usize::from(i) - 1],
+        }
+    }
+}
+
+/// A histogram's bucket for a gap, read from the gap's [`GapBucket`] instead of a binary search
+/// of the histogram's bounds.
+///
+/// Each gap bucket starts in a known histogram bucket: the number of bounds below its lower
+/// bound. A gap bucket with a histogram bound inside it (at most a few of the 471, for
+/// Prometheus bounds a few percent apart or more) takes a step up per bound the gap is past. So
+/// the bucket is exactly `bounds.partition_point(|b| *b < seconds)`, for any ascending bounds.
+#[derive(Debug)]
+pub struct GapHistogramIndex {
+    bounds: Box<[f64]>,
+    /// Per gap bucket, the number of bounds below its lower bound.
+    first: Box<[u8; BUCKETS + 1]>,
+}
+
+// === impl GapHistogramIndex ===
+
+impl GapHistogramIndex {
+    /// The index of a histogram with these upper bounds (ascending, at most 255 of them).
+    pub fn new(bounds: &[f64]) -> Self {
+        assert!(bounds.len() <= usize::from(u8::MAX), "too many bounds");
+        let mut first = Box::new([0u8; BUCKETS + 1]);
+        for (slot, first) in first.iter_mut().enumerate() {
+            let lower = GapBucket(slot as u16).lower_bound();
+            *first = bounds.partition_point(|b| *b < lower) as u8;
+        }
+        GapHistogramIndex {
+            bounds: bounds.into(),
+            first,
+        }
+    }
+
+    /// The histogram bucket of a gap of `seconds`, whose gap bucket is `gap`
+    /// (`GapBucket::of(seconds)`): the number of bounds below `seconds`, the last being `+Inf`.
+    #[inline]
+    pub fn bucket(&self, gap: GapBucket, seconds: f64) -> usize {
+        let mut bucket = usize::from(self.first[usize::from(gap.0)]);
+        while self.bounds.get(bucket).is_some_and(|b| *b < seconds) {
+            bucket += 1;
+        }
+        bucket
+    }
+
+    /// The bounds it was made for.
+    pub fn bounds(&self) -> &[f64] {
+        &self.bounds
+    }
 }
 
 /// The value a quantile reads from log bucket `index`: the bucket holds [MIN·γ^i, MIN·γ^(i+1)),
@@ -144,11 +264,16 @@ impl GapSketch {
     /// Adds `n` gaps of the same length.
     #[inline]
     pub fn add(&mut self, gap: Duration, n: u32) {
-        let seconds = gap.as_secs_f64();
-        if seconds < MIN_GAP {
-            self.zero = self.zero.saturating_add(n);
-        } else if n > 0 {
-            self.buckets.add(log_bucket(seconds), n);
+        self.add_to(GapBucket::of(gap.as_secs_f64()), n);
+    }
+
+    /// Adds `n` gaps to `bucket`, for a caller that found the bucket already.
+    #[inline]
+    pub fn add_to(&mut self, bucket: GapBucket, n: u32) {
+        match bucket.0 {
+            0 => self.zero = self.zero.saturating_add(n),
+            _ if n == 0 => {}
+            i => self.buckets.add(usize::from(i) - 1, n),
         }
         self.total = self.total.saturating_add(n);
     }
@@ -256,6 +381,102 @@ mod tests {
                 "bucket {i}"
             );
         }
+    }
+
+    /// The log bucket as the binary search of the bounds found it before the table did.
+    fn log_bucket_by_search(seconds: f64) -> usize {
+        LOWER_BOUNDS
+            .partition_point(|lower| *lower <= seconds)
+            .saturating_sub(1)
+    }
+
+    #[test]
+    fn log_bucket_is_the_binary_search_at_every_bound_and_key_edge() {
+        let mut values = vec![MIN_GAP, 1e3, 1e6, 1e300, f64::MAX, f64::INFINITY];
+        for lower in LOWER_BOUNDS {
+            values.extend([lower.next_down(), lower, lower.next_up()]);
+        }
+        for key in FIRST_KEY..=LAST_KEY + 2 {
+            let start = f64::from_bits((key as u64) << KEY_SHIFT);
+            values.extend([start.next_down(), start, start.next_up()]);
+        }
+        let mut checked = 0;
+        for value in values.into_iter().filter(|v| *v >= MIN_GAP) {
+            assert_eq!(log_bucket(value), log_bucket_by_search(value), "{value:e}");
+            checked += 1;
+        }
+        assert!(checked > 4 * BUCKETS, "{checked}");
+    }
+
+    /// Ascending histogram bounds: `steps` ratios of 1.001 to 3 from `start`, so some bounds fall
+    /// a fraction of a gap bucket apart and several into one gap bucket.
+    fn bounds_strategy() -> impl proptest::strategy::Strategy<Value = Vec<f64>> {
+        use proptest::prelude::*;
+        (
+            1e-8f64..1e-2,
+            proptest::collection::vec(1.001f64..3.0, 0..32),
+        )
+            .prop_map(|(start, steps)| {
+                let mut bound = start;
+                let mut bounds = Vec::new();
+                for step in steps {
+                    bounds.push(bound);
+                    bound *= step;
+                }
+                bounds
+            })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn log_bucket_is_the_binary_search_for_any_gap(
+            seconds in MIN_GAP..1e9,
+        ) {
+            proptest::prop_assert_eq!(log_bucket(seconds), log_bucket_by_search(seconds));
+        }
+
+        #[test]
+        fn histogram_bucket_is_the_binary_search_for_any_bounds_and_gap(
+            bounds in bounds_strategy(),
+            nanos in proptest::collection::vec(0u64..200_000_000_000, 1..64),
+        ) {
+            let index = GapHistogramIndex::new(&bounds);
+            let mut values: Vec<f64> = nanos.iter().map(|n| *n as f64 * 1e-9).collect();
+            // Each bound, and the floats either side of it, too.
+            for bound in &bounds {
+                values.extend([bound.next_down(), *bound, bound.next_up()]);
+            }
+            values.extend([0.0, 5e-7, MIN_GAP, f64::INFINITY]);
+            for seconds in values {
+                let want = bounds.partition_point(|b| *b < seconds);
+                proptest::prop_assert_eq!(
+                    index.bucket(GapBucket::of(seconds), seconds), want, "{:e}", seconds
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gap_buckets_keep_zero_gaps_apart() {
+        assert_eq!(GapBucket::of(0.0), GapBucket::ZERO);
+        assert_eq!(GapBucket::of(MIN_GAP.next_down()), GapBucket::ZERO);
+        assert_eq!(GapBucket::of(f64::NAN), GapBucket::ZERO);
+        assert_eq!(GapBucket::of(MIN_GAP), GapBucket(1));
+        assert_eq!(GapBucket::of(1e6), GapBucket(BUCKETS as u16));
+        let mut by_add = GapSketch::default();
+        let mut by_bucket = GapSketch::default();
+        for micros in [0, 0, 1, 40, 40, 41, 30_000, 300_000] {
+            let gap = Duration::from_micros(micros);
+            by_add.add(gap, 2);
+            by_bucket.add_to(GapBucket::of(gap.as_secs_f64()), 2);
+        }
+        by_bucket.add_to(GapBucket::of(0.04), 0);
+        assert_eq!(by_add.len(), 16);
+        assert_eq!(by_bucket.len(), 16);
+        for q in [0.1, 0.2, 0.5, 0.9, 1.0] {
+            assert_eq!(by_add.quantile(q), by_bucket.quantile(q), "q{q}");
+        }
+        assert_eq!(by_add.quantile(0.2), Some(Duration::ZERO));
     }
 
     #[test]

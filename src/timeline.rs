@@ -27,15 +27,13 @@ pub struct IngressFrame {
 /// Appends `value` to `log` as an LEB128 varint (7 bits a byte, low bits first).
 #[inline]
 fn put_varint(log: &mut Vec<u8>, mut value: u64) {
-    let mut buf = [0u8; 10];
-    let mut n = 0;
+    // Byte by byte: the callers made room, so each push is a store, where copying a buffer of
+    // a length known only here would be a call to `memcpy` (two per frame on the ingress log).
     while value >= 0x80 {
-        buf[n] = value as u8 | 0x80;
+        log.push(value as u8 | 0x80);
         value >>= 7;
-        n += 1;
     }
-    buf[n] = value as u8;
-    log.extend_from_slice(&buf[..=n]);
+    log.push(value as u8);
 }
 
 /// Makes room in `log` for `n` more bytes, growing it by half rather than doubling it as `Vec`

@@ -412,7 +412,11 @@ mod fast {
             if string_close(data, open)? != close {
                 return None; // the new text ends early, or escapes the closing quote
             }
-            std::str::from_utf8(&data[open + 1..close]).ok()?;
+            // A token's text is most often ASCII, which is valid UTF-8 and cheaper to check.
+            let text = &data[open + 1..close];
+            if !text.is_ascii() {
+                std::str::from_utf8(text).ok()?;
+            }
             let model = self.model.map(|(start, end)| {
                 // The model is before the text or after it, never inside it.
                 // After it, the model is as far from the end as in the template.

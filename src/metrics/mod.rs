@@ -13,6 +13,8 @@ use std::time::Duration;
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::Deserialize;
 
+use crate::sketch::GapHistogramIndex;
+
 pub use histogram::{BucketCounts, HistogramFamily, LocalHistogram, MAX_BOUNDS};
 pub use models::ModelLabels;
 
@@ -130,6 +132,9 @@ pub struct Metrics {
     pub ttfb: HistogramFamily,
     /// `metronome_inter_token_latency_seconds{route,model,point}`, one sample per token event.
     pub itl: HistogramFamily,
+    /// The inter-token latency histogram's bucket for a gap, from the gap's bucket in the
+    /// stream's gap sketch: a gap is counted in both, per token event, at two points.
+    pub itl_index: GapHistogramIndex,
     /// `metronome_time_per_output_token_seconds{route,model}`, one sample per stream.
     pub tpot: HistogramFamily,
     /// `metronome_stream_jank_ratio{route,model,point}`, one sample per stream.
@@ -204,6 +209,12 @@ impl Metrics {
             registry.register(Box::new(vec.clone()))?;
             Ok::<_, prometheus::Error>(vec)
         };
+        let itl = hist(
+            "metronome_inter_token_latency_seconds",
+            "Gap between consecutive token events, per event (one sample per token event after the first; events in one frame have a gap of 0).",
+            RMP,
+            &buckets.itl,
+        )?;
         let metrics = Metrics {
             ttft: hist(
                 "metronome_time_to_first_token_seconds",
@@ -217,12 +228,8 @@ impl Metrics {
                 &["route", "point"],
                 &buckets.ttft,
             )?,
-            itl: hist(
-                "metronome_inter_token_latency_seconds",
-                "Gap between consecutive token events, per event (one sample per token event after the first; events in one frame have a gap of 0).",
-                RMP,
-                &buckets.itl,
-            )?,
+            itl_index: GapHistogramIndex::new(itl.bounds()),
+            itl,
             tpot: hist(
                 "metronome_time_per_output_token_seconds",
                 "Per stream: (last token event - first token event) / (output tokens - 1), at ingress.",
