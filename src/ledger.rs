@@ -324,8 +324,11 @@ impl EgressLedger {
         self.frames_stamped += 1;
         self.last_stamp = Some(at);
         self.point.bytes(at);
-        self.proxy_delay
-            .observe(metrics.proxy_delay.bounds(), at.secs_since(ingress));
+        let delay = at.secs_since(ingress);
+        let bucket = metrics
+            .proxy_delay_index
+            .bucket(GapBucket::of(delay), delay);
+        self.proxy_delay.observe_in(bucket, delay);
         if self.last_write != Some(write_seq) {
             self.point.events_in_frame(self.write_events, metrics);
             self.last_write = Some(write_seq);
@@ -772,6 +775,49 @@ mod tests {
             family.totals(&[(0, "each")]).0
         );
         assert_eq!(PointLedger::default().itl().count(), 0);
+    }
+
+    #[test]
+    fn the_proxy_delay_histogram_is_what_observing_each_delay_would_give() {
+        let metrics = Metrics::new(
+            &crate::metrics::Buckets::default(),
+            crate::metrics::ModelLabels::new(&[], 10),
+            Duration::from_millis(200),
+        )
+        .unwrap();
+        let bounds = metrics.proxy_delay.bounds().to_vec();
+        let mut egress = EgressLedger::default();
+        let mut each = LocalHistogram::default();
+        let mut at = Tick::now();
+        let mut x: u64 = 11;
+        for write in 0..2_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            at = at.saturating_add(Duration::from_millis(1));
+            // Delays from 0 to about 2 s, spread over every power of ten, each bound exactly
+            // now and then.
+            let delay = match x % 8 {
+                0 => Duration::from_secs_f64(bounds[(x >> 8) as usize % bounds.len()]),
+                _ => Duration::from_nanos((x >> 12) % 2_000_000_000 >> ((x >> 4) % 30)),
+            };
+            let ingress = Tick::from_instant(at.to_instant() - delay);
+            egress.frame(at, write, ingress, 1, 1, None, &metrics);
+            each.observe(&bounds, at.secs_since(ingress));
+        }
+        assert_eq!(egress.proxy_delay.count(), each.count());
+        let family = HistogramFamily::new("t", "help", &["how"], &bounds).unwrap();
+        family.merge(&["kept"], &egress.proxy_delay);
+        family.merge(&["each"], &each);
+        let (kept, each) = (
+            family.totals(&[(0, "kept")]).0,
+            family.totals(&[(0, "each")]).0,
+        );
+        assert_eq!(kept, each);
+        assert!(
+            each.iter().filter(|c| **c > 0).count() > bounds.len() / 2,
+            "{each:?}"
+        );
     }
 
     #[test]

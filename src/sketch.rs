@@ -114,8 +114,8 @@ impl GapBucket {
     }
 }
 
-/// A histogram's bucket for a gap, read from the gap's [`GapBucket`] instead of a binary search
-/// of the histogram's bounds.
+/// A histogram's bucket for a gap (or any duration: the proxy delay is one), read from the gap's
+/// [`GapBucket`] instead of a binary search of the histogram's bounds.
 ///
 /// Each gap bucket starts in a known histogram bucket: the number of bounds below its lower
 /// bound. A gap bucket with a histogram bound inside it (at most a few of the 471, for

@@ -34,6 +34,15 @@ impl LocalHistogram {
         self.observe_n(bounds, value, 1);
     }
 
+    /// Adds one sample whose bucket the caller found already (see
+    /// [`crate::sketch::GapHistogramIndex`]): the number of the family's bounds below `value`.
+    #[inline]
+    pub fn observe_in(&mut self, bucket: usize, value: f64) {
+        self.buckets.add_at(bucket, 1);
+        self.sum += value;
+        self.count += 1;
+    }
+
     /// Adds `n` samples of the same value (a clump of zero gaps, for instance).
     #[inline]
     pub fn observe_n(&mut self, bounds: &[f64], value: f64, n: u32) {

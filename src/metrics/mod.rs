@@ -145,6 +145,9 @@ pub struct Metrics {
     pub stall_duration: HistogramFamily,
     /// `metronome_proxy_delay_seconds{route}`, per frame.
     pub proxy_delay: HistogramFamily,
+    /// The proxy delay histogram's bucket for a delay, without a search of its bounds (per
+    /// frame).
+    pub proxy_delay_index: GapHistogramIndex,
     /// `metronome_tokens_per_event{route,model}`.
     pub tokens_per_event: HistogramFamily,
     /// `metronome_events_per_frame{route,point}`.
@@ -215,6 +218,12 @@ impl Metrics {
             RMP,
             &buckets.itl,
         )?;
+        let proxy_delay = hist(
+            "metronome_proxy_delay_seconds",
+            "Per frame: time from reading it from the upstream to writing it to the client socket.",
+            &["route"],
+            &buckets.proxy_delay,
+        )?;
         let metrics = Metrics {
             ttft: hist(
                 "metronome_time_to_first_token_seconds",
@@ -253,12 +262,8 @@ impl Metrics {
                 RMP,
                 &buckets.stall_duration,
             )?,
-            proxy_delay: hist(
-                "metronome_proxy_delay_seconds",
-                "Per frame: time from reading it from the upstream to writing it to the client socket.",
-                &["route"],
-                &buckets.proxy_delay,
-            )?,
+            proxy_delay_index: GapHistogramIndex::new(proxy_delay.bounds()),
+            proxy_delay,
             tokens_per_event: hist(
                 "metronome_tokens_per_event",
                 "Tokens carried by each token event (exact where the format says so, else 1).",
