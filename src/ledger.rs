@@ -799,7 +799,7 @@ mod tests {
             // now and then.
             let delay = match x % 8 {
                 0 => Duration::from_secs_f64(bounds[(x >> 8) as usize % bounds.len()]),
-                _ => Duration::from_nanos((x >> 12) % 2_000_000_000 >> ((x >> 4) % 30)),
+                _ => Duration::from_nanos(((x >> 12) % 2_000_000_000) >> ((x >> 4) % 30)),
             };
             let ingress = Tick::from_instant(at.to_instant() - delay);
             egress.frame(at, write, ingress, 1, 1, None, &metrics);
