@@ -155,11 +155,6 @@ impl GapHistogramIndex {
         }
         bucket
     }
-
-    /// The bounds it was made for.
-    pub fn bounds(&self) -> &[f64] {
-        &self.bounds
-    }
 }
 
 /// The value a quantile reads from log bucket `index`: the bucket holds [MIN·γ^i, MIN·γ^(i+1)),
