@@ -702,6 +702,23 @@ mod tests {
         assert_eq!(small_sum.to_bits(), full_sum.to_bits());
     }
 
+    /// The metrics with the default buckets, as a test's ledgers record into.
+    fn default_metrics() -> Metrics {
+        Metrics::new(
+            &crate::metrics::Buckets::default(),
+            crate::metrics::ModelLabels::new(&[], 10),
+            Duration::from_millis(200),
+        )
+        .unwrap()
+    }
+
+    /// One xorshift step: the tests' reproducible stream of pseudo-random numbers.
+    fn next(x: &mut u64) {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+    }
+
     #[test]
     fn small_counts_merge_exactly_as_a_local_histogram() {
         same_merge(&[]);
@@ -709,9 +726,7 @@ mod tests {
         let mut x: u64 = 11;
         let values: Vec<u32> = (0..5000)
             .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                next(&mut x);
                 match x % 10 {
                     0 => (x >> 20) as u32, // any value, up to u32::MAX
                     1 => 0,
@@ -726,12 +741,7 @@ mod tests {
 
     #[test]
     fn the_gap_histogram_is_what_adding_each_gap_would_give() {
-        let metrics = Metrics::new(
-            &crate::metrics::Buckets::default(),
-            crate::metrics::ModelLabels::new(&[], 10),
-            Duration::from_millis(200),
-        )
-        .unwrap();
+        let metrics = default_metrics();
         let bounds = metrics.itl.bounds().to_vec();
         let mut point = PointLedger::default();
         let mut each = LocalHistogram::default();
@@ -739,9 +749,7 @@ mod tests {
         let mut last: Option<Tick> = None;
         let mut x: u64 = 7;
         for _ in 0..2_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            next(&mut x);
             // Gaps from 0 to about 1 s, now and then a stall; 1 to 4 token events a frame, now
             // and then a frame without one.
             at = at.saturating_add(Duration::from_nanos(match x % 50 {
@@ -779,21 +787,14 @@ mod tests {
 
     #[test]
     fn the_proxy_delay_histogram_is_what_observing_each_delay_would_give() {
-        let metrics = Metrics::new(
-            &crate::metrics::Buckets::default(),
-            crate::metrics::ModelLabels::new(&[], 10),
-            Duration::from_millis(200),
-        )
-        .unwrap();
+        let metrics = default_metrics();
         let bounds = metrics.proxy_delay.bounds().to_vec();
         let mut egress = EgressLedger::default();
         let mut each = LocalHistogram::default();
         let mut at = Tick::now();
         let mut x: u64 = 11;
         for write in 0..2_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            next(&mut x);
             at = at.saturating_add(Duration::from_millis(1));
             // Delays from 0 to about 2 s, spread over every power of ten, each bound exactly
             // now and then.
