@@ -486,8 +486,15 @@ impl Body for NativeBody {
                     }
                     // At least half the read size free, so a read takes a chat frame whole (512
                     // bytes at the first read size); reclaiming the buffer in place is cheap
-                    // once hyper has written the frames split off it.
+                    // once hyper has written the frames split off it. So the room is made
+                    // only once the socket has something: hyper asks for the next frame before
+                    // it writes the last one, and reserving then, while that frame still shares
+                    // the buffer, would allocate a new buffer (and its shared header) every
+                    // other chat frame. By the time the next frame arrives the last is written.
                     if conn.buf.capacity() - conn.buf.len() < this.read_size / 2 {
+                        if let Err(e) = ready!(conn.io.poll_read_ready(cx)) {
+                            return this.fail(e.into(), cx);
+                        }
                         conn.buf.reserve(this.read_size);
                     }
                     let room = conn.buf.capacity() - conn.buf.len();
