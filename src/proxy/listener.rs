@@ -27,6 +27,7 @@ use tokio_rustls::TlsAcceptor;
 use super::body::ProxyBody;
 use super::egress_clock::{EgressClock, EgressIo};
 use super::forward::{handle, Connection};
+use super::joined_writes::JoinedWrites;
 use super::{ProxyState, UpstreamClient};
 use crate::tls;
 
@@ -137,7 +138,9 @@ pub async fn serve(
             match handshake.await {
                 Ok(Ok(tls)) => {
                     let protocol = Protocol::from_alpn(tls.get_ref().1.alpn_protocol());
-                    builders.spawn(protocol, tls, watcher, state, connection, permit)
+                    // hyper's vectored writes joined before rustls (see `joined_writes`).
+                    let io = JoinedWrites::new(tls);
+                    builders.spawn(protocol, io, watcher, state, connection, permit)
                 }
                 Ok(Err(e)) => tracing::debug!(error = %e, %remote, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),

@@ -11,6 +11,7 @@ pub mod body;
 pub mod egress_clock;
 pub mod forward;
 pub mod headers;
+pub mod joined_writes;
 pub mod listener;
 pub mod metered;
 pub mod reload;
