@@ -10,13 +10,12 @@ use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use serde::Deserialize;
 
 use crate::clock::Tick;
 use crate::ledger::PointLedger;
 use crate::metrics::Point;
-use crate::proxy::body::ProxyBody;
+use crate::proxy::body::{ClientBody, ProxyBody};
 use crate::proxy::ProxyState;
 use crate::timeline::BeaconClaim;
 
@@ -78,7 +77,7 @@ impl Refusal {
 }
 
 /// Answers a request to the beacon path.
-pub async fn answer(request: Request<Incoming>, state: &ProxyState) -> Response<ProxyBody> {
+pub async fn answer(request: Request<ClientBody>, state: &ProxyState) -> Response<ProxyBody> {
     let outcome = accept(request, state).await;
     let result = match outcome {
         Ok(()) => "accepted",
@@ -104,7 +103,7 @@ pub async fn answer(request: Request<Incoming>, state: &ProxyState) -> Response<
     }
 }
 
-async fn accept(request: Request<Incoming>, state: &ProxyState) -> Result<(), (Refusal, String)> {
+async fn accept(request: Request<ClientBody>, state: &ProxyState) -> Result<(), (Refusal, String)> {
     if request.method() != Method::POST {
         return Err((Refusal::Malformed, "a beacon is a POST".into()));
     }

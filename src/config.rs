@@ -182,6 +182,7 @@ struct RawServer {
     workers: u64,
     threading: String,
     upstream_client: String,
+    http1_server: String,
 }
 
 impl Default for RawServer {
@@ -194,6 +195,7 @@ impl Default for RawServer {
             workers: 0,
             threading: "per_core".into(),
             upstream_client: "native".into(),
+            http1_server: "native".into(),
         }
     }
 }
@@ -413,6 +415,8 @@ pub struct Config {
     pub threading: Threading,
     /// Which HTTP/1.1 client plain-http upstreams go through.
     pub upstream_client: crate::proxy::upstream::ClientKind,
+    /// Which HTTP/1.1 server serves client connections that speak HTTP/1.x.
+    pub http1_server: crate::proxy::h1::ServerKind,
     /// Threads serving the proxy listener; `None`: one per CPU this process may use.
     pub workers: Option<std::num::NonZeroUsize>,
     /// Connecting to the upstream.
@@ -636,6 +640,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         .ok();
     let upstream_client = crate::proxy::upstream::ClientKind::parse(&raw.server.upstream_client)
         .map_err(|e| problem("server.upstream_client", e))
+        .ok();
+    let http1_server = crate::proxy::h1::ServerKind::parse(&raw.server.http1_server)
+        .map_err(|e| problem("server.http1_server", e))
         .ok();
     if raw.server.workers > MAX_WORKERS {
         problem(
@@ -981,6 +988,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         drain_grace,
         threading,
         upstream_client,
+        http1_server,
         connect_timeout,
         first_byte_timeout,
         idle_timeout,
@@ -997,6 +1005,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             Some(drain_grace),
             Some(threading),
             Some(upstream_client),
+            Some(http1_server),
             Some(connect_timeout),
             Some(first_byte_timeout),
             Some(idle_timeout),
@@ -1012,6 +1021,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             drain_grace,
             threading,
             upstream_client,
+            http1_server,
             workers,
             connect_timeout,
             first_byte_timeout,

@@ -153,11 +153,52 @@ where
     }
 }
 
+pin_project_lite::pin_project! {
+    /// A client's request body, from whichever server read the request.
+    #[project = ClientBodyProj]
+    #[derive(Debug)]
+    pub enum ClientBody {
+        /// Read by hyper's server (HTTP/2, and HTTP/1.x under `server.http1_server = "hyper"`).
+        Hyper { #[pin] body: hyper::body::Incoming },
+        /// Read by metronome's own HTTP/1.1 server ([`super::h1`]).
+        Native { #[pin] body: super::h1::request_body::NativeRequestBody },
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project() {
+            ClientBodyProj::Hyper { body } => body.poll_frame(cx).map_err(Into::into),
+            ClientBodyProj::Native { body } => body.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Hyper { body } => body.is_end_stream(),
+            ClientBody::Native { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Hyper { body } => body.size_hint(),
+            ClientBody::Native { body } => body.size_hint(),
+        }
+    }
+}
+
 /// The request body as it goes upstream: the client's body, streamed, cut off with an error past
 /// `limit` bytes so an oversized upload cannot run on.
 #[derive(Debug)]
 pub struct RequestBody {
-    inner: hyper::body::Incoming,
+    inner: ClientBody,
     remaining: u64,
     limit: u64,
 }
@@ -171,7 +212,7 @@ pub struct BodyTooLarge(pub u64);
 
 impl RequestBody {
     /// Streams `inner`, allowing at most `limit` bytes.
-    pub fn new(inner: hyper::body::Incoming, limit: u64) -> Self {
+    pub fn new(inner: ClientBody, limit: u64) -> Self {
         RequestBody {
             inner,
             remaining: limit,

@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
-use hyper::body::Incoming;
 
-use super::body::{ProxyBody, RequestBody, TimedBody};
+use super::body::{ClientBody, ProxyBody, RequestBody, TimedBody};
 use super::egress_clock::EgressClock;
 use super::headers::{append_forwarded, content_type_essence, remove_hop_by_hop};
 use super::metered::{meter, MeterSettings};
@@ -38,7 +37,7 @@ pub struct Connection {
 
 /// Handles one request from a client connection.
 pub async fn handle(
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
     state: Arc<ProxyState>,
     connection: Connection,
 ) -> Result<Response<ProxyBody>, Infallible> {
@@ -246,7 +245,7 @@ fn unix_ms() -> u64 {
 /// The request as the upstream gets it: its URI, hop-by-hop headers removed, forwarding headers
 /// appended, the body streamed as it arrives.
 fn upstream_request(
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
     upstream: &crate::config::Upstream,
     connection: &Connection,
     body_limit: u64,

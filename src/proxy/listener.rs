@@ -24,9 +24,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use super::body::ProxyBody;
+use super::body::{ClientBody, ProxyBody};
 use super::egress_clock::{EgressClock, EgressIo};
 use super::forward::{handle, Connection};
+use super::h1::{self, ServerKind};
 use super::joined_writes::JoinedWrites;
 use super::{ProxyState, UpstreamClient};
 use crate::tls;
@@ -71,7 +72,17 @@ pub async fn serve(
     h2.timer(TokioTimer::new())
         .max_header_list_size(max_header_list_size)
         .max_concurrent_streams(max_concurrent_streams);
-    let builders = Arc::new(Builders { h1, h2, auto });
+    let native = h1::Settings {
+        max_head_bytes: limits.max_header_bytes,
+        idle_timeout: header_read_timeout,
+    };
+    let builders = Arc::new(Builders {
+        http1_server: state.config.http1_server,
+        native,
+        h1,
+        h2,
+        auto,
+    });
     let acceptor = match &state.tls {
         Some(cert) => match tls::server_config(cert.clone()) {
             Ok(config) => Some(TlsAcceptor::from(config)),
@@ -161,7 +172,11 @@ type RequestFuture =
 
 /// hyper's connection builders, each configured once from the settings.
 struct Builders {
-    /// HTTP/1 connections, plain or TLS.
+    /// Which server HTTP/1.x connections get (`server.http1_server`).
+    http1_server: ServerKind,
+    /// metronome's own HTTP/1.x server's settings.
+    native: h1::Settings,
+    /// HTTP/1 connections, plain or TLS, under `http1_server = "hyper"`.
     h1: http1::Builder,
     /// HTTP/2 connections, plain or TLS.
     h2: http2::Builder<TokioExecutor>,
@@ -186,28 +201,91 @@ impl Builders {
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let remote = connection.remote;
+        if protocol == Some(Protocol::Http1) && self.http1_server == ServerKind::Native {
+            let service = move |request: http::Request<ClientBody>| -> RequestFuture {
+                Box::pin(handle(request, state.clone(), connection.clone()))
+            };
+            let conn = h1::serve(io, self.native, service);
+            tokio::spawn(Drain::watch(&watcher, Native { conn }, remote, permit));
+            return;
+        }
         let io = TokioIo::new(io);
         // The request's future is boxed, so it is freed once the response head is out: hyper
         // keeps a service future's slot (inline in the HTTP/2 stream's task, boxed beside the
         // HTTP/1 connection) for as long as the connection or stream lives, and `handle`'s
         // state is about 3.5 KiB that an open stream would otherwise hold resident.
-        let service = service_fn(move |request| -> RequestFuture {
-            Box::pin(handle(request, state.clone(), connection.clone()))
-        });
+        let service = service_fn(
+            move |request: hyper::Request<hyper::body::Incoming>| -> RequestFuture {
+                let request = request.map(|body| ClientBody::Hyper { body });
+                Box::pin(handle(request, state.clone(), connection.clone()))
+            },
+        );
         match protocol {
             Some(Protocol::Http1) => {
                 let conn = self.h1.serve_connection(io, service);
-                tokio::spawn(Drain::watch(&watcher, conn, remote, permit));
+                tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
             }
             Some(Protocol::Http2) => {
                 let conn = self.h2.serve_connection(io, service);
-                tokio::spawn(Drain::watch(&watcher, conn, remote, permit));
+                tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
             }
             None => {
                 let conn = self.auto.serve_connection(io, service).into_owned();
-                tokio::spawn(Drain::watch(&watcher, conn, remote, permit));
+                tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
             }
         }
+    }
+}
+
+/// A connection the drain can ask to finish: hyper's or metronome's own HTTP/1.x one.
+trait Serving: Future<Output = Result<(), Self::Error>> {
+    type Error: std::fmt::Display;
+    /// Finish the requests in progress, then close.
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+pin_project_lite::pin_project! {
+    /// One of hyper's connections.
+    struct Hyper<C> { #[pin] conn: C }
+}
+
+impl<C: GracefulConnection> Future for Hyper<C> {
+    type Output = Result<(), C::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().conn.poll(cx)
+    }
+}
+
+impl<C: GracefulConnection> Serving for Hyper<C>
+where
+    C::Error: std::fmt::Display,
+{
+    type Error = C::Error;
+
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.project().conn.graceful_shutdown();
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A connection of metronome's own HTTP/1.x server.
+    struct Native<F> { #[pin] conn: h1::Connection<F> }
+}
+
+impl<F: Future<Output = Result<(), h1::ConnectionError>>> Future for Native<F> {
+    type Output = Result<(), h1::ConnectionError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().conn.poll(cx)
+    }
+}
+
+impl<F: Future<Output = Result<(), h1::ConnectionError>>> Serving for Native<F> {
+    type Error = h1::ConnectionError;
+
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.project().conn.graceful_shutdown();
     }
 }
 
@@ -306,7 +384,7 @@ impl Drain {
     /// The returned future is the connection's whole task. An `async fn` around it would keep its
     /// arguments and the future it awaits in separate slots, so the task would hold the hyper
     /// connection's size twice for the connection's life (2,432 bytes where this takes 1,280).
-    fn watch<C: GracefulConnection>(
+    fn watch<C: Serving>(
         drain: &Arc<Drain>,
         conn: C,
         remote: std::net::SocketAddr,
@@ -377,8 +455,7 @@ pin_project_lite::pin_project! {
 
 impl<C> Future for Watched<C>
 where
-    C: GracefulConnection,
-    C::Error: std::fmt::Display,
+    C: Serving,
 {
     type Output = ();
 

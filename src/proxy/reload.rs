@@ -118,6 +118,12 @@ pub fn apply(state: &ProxyState, new: Config) -> Reloaded {
         new.upstream_client.name().into(),
     );
     fixed(
+        "server.http1_server",
+        new.http1_server != old.http1_server,
+        old.http1_server.name().into(),
+        new.http1_server.name().into(),
+    );
+    fixed(
         "server.workers",
         new.workers != old.workers,
         format!("{:?}", old.workers),

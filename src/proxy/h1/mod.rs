@@ -1,0 +1,450 @@
+//! metronome's own HTTP/1.1 server for client connections (`server.http1_server = "native"`,
+//! the default): it reads each request head off the connection, hands the request to the
+//! forwarder, and writes the response as its body yields frames, one vectored write per batch of
+//! ready frames, in the connection's own task.
+//!
+//! hyper's server does the same with a dispatcher, a queue of boxed buffers, a formatted chunk
+//! size, and two 8 KiB buffers held for the connection's life. What a streamed frame costs
+//! between the upstream read and the client write is what a sidecar adds to every token, so the
+//! path is kept short here: the frame's `Bytes` go to the socket as the upstream read gave them,
+//! between a chunk-size line on the writer's own array and a CRLF (`writer`). A connection holds
+//! no read buffer while it streams: the client's socket is watched for its close (which cancels
+//! the upstream request) with a read into the stack, and a buffer is taken only for bytes the
+//! client sends ahead (a pipelined request).
+//!
+//! What it serves: HTTP/1.0 and HTTP/1.1 with keep-alive and pipelining (requests answered in
+//! order), request bodies of a declared length or chunked (streamed, `100 Continue` sent when
+//! the body is first asked for), responses framed by length, chunked, or until close (HTTP/1.0),
+//! `HEAD`, and the idle and head-read timeout (`timeouts.client_idle`). A head it cannot serve
+//! is answered with a JSON error and the connection closed: 400 for a malformed one or an
+//! ambiguous body length, 431 past `limits.max_header_bytes`. No upgrades (hyper is not asked
+//! for them either: `Upgrade` is a hop-by-hop field the forwarder drops). HTTP/2 connections
+//! stay on hyper, and `server.http1_server = "hyper"` puts HTTP/1.x back on it too.
+
+pub mod head;
+pub mod request_body;
+mod writer;
+
+use std::convert::Infallible;
+use std::future::{poll_fn, Future};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use http::{Request, Response};
+use http_body::Body;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use super::body::{ClientBody, ProxyBody};
+use head::{Framing, HeadError};
+use request_body::{Fed, Feeder};
+use writer::Writer;
+
+/// Which HTTP/1.1 server serves client connections (`server.http1_server`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    /// metronome's own (this module).
+    Native,
+    /// hyper's.
+    Hyper,
+}
+
+// === impl ServerKind ===
+
+impl ServerKind {
+    /// The value as `server.http1_server` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerKind::Native => "native",
+            ServerKind::Hyper => "hyper",
+        }
+    }
+
+    /// Reads `server.http1_server`.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value {
+            "native" => Ok(ServerKind::Native),
+            "hyper" => Ok(ServerKind::Hyper),
+            other => Err(format!(
+                "{other:?} is not a server; expected \"native\" or \"hyper\""
+            )),
+        }
+    }
+}
+
+/// The settings one connection is served with.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// The longest request head (`limits.max_header_bytes`).
+    pub max_head_bytes: usize,
+    /// How long the connection may wait for a request head, from its start or the end of the
+    /// last response, to the head's last byte (`timeouts.client_idle`).
+    pub idle_timeout: Duration,
+}
+
+/// A read's size while a head or body is read: a chat request's head and JSON fit in one.
+const READ_SIZE: usize = 4096;
+/// Frames taken from the body before they are written: those the body has ready at once (as
+/// hyper's queue, which holds 16).
+const MAX_BATCH_FRAMES: usize = 16;
+/// Body bytes gathered before they are written.
+const MAX_BATCH_BYTES: usize = 64 * 1024;
+/// Bytes read ahead of the current request (a pipelined client) before the connection stops
+/// reading until the response is out.
+const MAX_READ_AHEAD: usize = 64 * 1024;
+
+/// Why a connection ended other than cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    #[error("client connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the client closed the connection before the response's end")]
+    ClientGone,
+    #[error("{0}")]
+    Head(HeadError),
+    #[error("the response body failed: {0}")]
+    Body(super::BoxError),
+    #[error("{0}")]
+    Framing(#[from] writer::FramingError),
+}
+
+pin_project_lite::pin_project! {
+    /// One client connection served until it closes; [`Connection::graceful_shutdown`] lets the
+    /// request in progress finish, then closes.
+    pub struct Connection<F> {
+        #[pin]
+        serving: F,
+        stop: Arc<AtomicBool>,
+    }
+}
+
+// === impl Connection ===
+
+impl<F: Future<Output = Result<(), ConnectionError>>> Connection<F> {
+    /// Asks the connection to close once its current response is out (at once when idle).
+    pub fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+impl<F: Future<Output = Result<(), ConnectionError>>> Future for Connection<F> {
+    type Output = Result<(), ConnectionError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().serving.poll(cx)
+    }
+}
+
+/// Serves HTTP/1.x on `io`, each request through `service`, until the client closes, the idle
+/// timeout passes, or a graceful shutdown finds the connection between requests.
+pub fn serve<I, S, R>(
+    io: I,
+    settings: Settings,
+    service: S,
+) -> Connection<impl Future<Output = Result<(), ConnectionError>>>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+    S: FnMut(Request<ClientBody>) -> R,
+    R: Future<Output = Result<Response<ProxyBody>, Infallible>> + Unpin,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    Connection {
+        serving: serve_requests(io, settings, service, stop.clone()),
+        stop,
+    }
+}
+
+/// The connection's life: one request after another.
+async fn serve_requests<I, S, R>(
+    mut io: I,
+    settings: Settings,
+    mut service: S,
+    stop: Arc<AtomicBool>,
+) -> Result<(), ConnectionError>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+    S: FnMut(Request<ClientBody>) -> R,
+    R: Future<Output = Result<Response<ProxyBody>, Infallible>> + Unpin,
+{
+    let mut buf = BytesMut::new();
+    let mut writer = Writer::new();
+    loop {
+        let head = match read_head(&mut io, &mut buf, &settings, &stop).await {
+            Ok(Some(head)) => head,
+            Ok(None) => return Ok(()),
+            Err(HeadRead::Io(e)) => return Err(e.into()),
+            Err(HeadRead::Refused(error)) => {
+                let answer = head::error_response(&error);
+                let _ = io.write_all(&answer).await;
+                let _ = io.shutdown().await;
+                return Err(ConnectionError::Head(error));
+            }
+        };
+        let exchange = Exchange {
+            method: head.method.clone(),
+            version: head.version,
+            keep_alive: head.keep_alive,
+        };
+        let (body, mut feeder) = request_body::channel(head.body, head.expects_continue);
+        let mut request = Request::new(ClientBody::Native { body });
+        *request.method_mut() = head.method;
+        *request.uri_mut() = head.uri;
+        *request.version_mut() = head.version;
+        *request.headers_mut() = head.headers;
+        let mut handling = service(request);
+
+        // The handler runs until the response head; meanwhile the request body is fed to it and
+        // a client that goes away drops it (and with it the upstream request).
+        let mut body_whole = feeder.is_none();
+        let response = poll_fn(|cx| {
+            if let Poll::Ready(Ok(response)) = Pin::new(&mut handling).poll(cx) {
+                return Poll::Ready(Ok(response));
+            }
+            poll_client(cx, &mut io, &mut buf, &mut feeder, &mut body_whole).map(Err)
+        })
+        .await?;
+        drop(handling);
+
+        let (mut parts, body) = response.into_parts();
+        let framed = head::frame_response(
+            parts.status,
+            &exchange.method,
+            exchange.version,
+            &mut parts.headers,
+            body.size_hint().exact(),
+            exchange.keep_alive && !stop.load(Ordering::Acquire),
+        );
+        let mut text = Vec::with_capacity(256);
+        head::write_response_head(
+            &mut text,
+            parts.status,
+            &parts.headers,
+            exchange.version,
+            framed.keep_alive,
+        );
+        drop(parts);
+        if body_whole && buf.is_empty() {
+            // Nothing more to read for this request: hold no buffer while the response streams.
+            buf = BytesMut::new();
+        }
+        writer.start(text, framed.framing);
+        let mut body = (framed.framing != Framing::None).then_some(body);
+        stream_body(
+            &mut io,
+            &mut writer,
+            &mut body,
+            &mut buf,
+            &mut feeder,
+            &mut body_whole,
+        )
+        .await?;
+        drop(body);
+        // A body still unread leaves the connection where no next request can be found.
+        if !framed.keep_alive || !body_whole || stop.load(Ordering::Acquire) {
+            let _ = io.shutdown().await;
+            return Ok(());
+        }
+    }
+}
+
+/// What the response is framed by, from its request.
+struct Exchange {
+    method: http::Method,
+    version: http::Version,
+    keep_alive: bool,
+}
+
+/// Why no request head was read.
+enum HeadRead {
+    Io(std::io::Error),
+    Refused(HeadError),
+}
+
+/// Reads the next request head, within the idle timeout. `None`: the client closed between
+/// requests, the timeout passed, or a shutdown asked the idle connection to close.
+async fn read_head<I: AsyncRead + Unpin>(
+    io: &mut I,
+    buf: &mut BytesMut,
+    settings: &Settings,
+    stop: &AtomicBool,
+) -> Result<Option<head::RequestHead>, HeadRead> {
+    let deadline = tokio::time::sleep(settings.idle_timeout);
+    tokio::pin!(deadline);
+    poll_fn(|cx| loop {
+        if !buf.is_empty() {
+            match head::parse_request(buf, settings.max_head_bytes) {
+                Ok(Some((head, len))) => {
+                    buf.advance(len);
+                    return Poll::Ready(Ok(Some(head)));
+                }
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Err(HeadRead::Refused(e))),
+            }
+        }
+        if stop.load(Ordering::Acquire) && buf.is_empty() {
+            return Poll::Ready(Ok(None));
+        }
+        if buf.capacity() - buf.len() < READ_SIZE / 2 {
+            buf.reserve(READ_SIZE);
+        }
+        match tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf) {
+            Poll::Ready(Ok(0)) => return Poll::Ready(Ok(None)),
+            Poll::Ready(Ok(_)) => continue,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(HeadRead::Io(e))),
+            Poll::Pending => {}
+        }
+        if deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Ok(None));
+        }
+        return Poll::Pending;
+    })
+    .await
+}
+
+/// Watches the client's side while a request is handled or its response streams: feeds the
+/// request body while there is one, and otherwise notices the client's close. Ready only with
+/// the error that ends the exchange.
+fn poll_client<I: AsyncRead + AsyncWrite + Unpin>(
+    cx: &mut Context<'_>,
+    io: &mut I,
+    buf: &mut BytesMut,
+    feeder: &mut Option<Feeder>,
+    body_whole: &mut bool,
+) -> Poll<ConnectionError> {
+    if let Some(feeding) = feeder {
+        match feeding.poll_feed(cx, io, buf, READ_SIZE) {
+            Poll::Ready(Ok(Fed::Complete)) => {
+                *feeder = None;
+                *body_whole = true;
+            }
+            Poll::Ready(Ok(Fed::Abandoned)) => {
+                // Nobody reads the rest; the connection closes after the response.
+                *feeder = None;
+                return Poll::Pending;
+            }
+            Poll::Ready(Err(request_body::RequestBodyError::Closed)) => {
+                *feeder = None;
+                return Poll::Ready(ConnectionError::ClientGone);
+            }
+            Poll::Ready(Err(request_body::RequestBodyError::Invalid(_))) => {
+                // The handler gets the error through the body and answers it (the upstream
+                // request fails); the connection closes after that answer.
+                *feeder = None;
+                return Poll::Pending;
+            }
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+    if !*body_whole {
+        // An abandoned body's bytes would be read as the next request: read nothing more.
+        return Poll::Pending;
+    }
+    poll_closed(cx, io, buf)
+}
+
+/// Reads what the client sends while its request is served: a close (or a reset) ends the
+/// exchange; bytes sent ahead are kept for the next request, up to a bound, past which the
+/// socket is left unread until the response is out. Reads into the stack, so a connection whose
+/// client sends nothing more holds no buffer.
+fn poll_closed<I: AsyncRead + Unpin>(
+    cx: &mut Context<'_>,
+    io: &mut I,
+    buf: &mut BytesMut,
+) -> Poll<ConnectionError> {
+    // Not initialised: zeroing it would cost a memset per poll, and a read only writes to it.
+    let mut probe = [const { MaybeUninit::<u8>::uninit() }; 512];
+    while buf.len() < MAX_READ_AHEAD {
+        let mut read = ReadBuf::uninit(&mut probe);
+        match Pin::new(&mut *io).poll_read(cx, &mut read) {
+            Poll::Ready(Ok(())) if read.filled().is_empty() => {
+                return Poll::Ready(ConnectionError::ClientGone)
+            }
+            Poll::Ready(Ok(())) => buf.extend_from_slice(read.filled()),
+            Poll::Ready(Err(e)) => return Poll::Ready(e.into()),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+    Poll::Pending
+}
+
+/// Writes the response head and its body, frame by frame as the body yields them, while
+/// watching the client's side.
+async fn stream_body<I: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut I,
+    writer: &mut Writer,
+    body: &mut Option<ProxyBody>,
+    buf: &mut BytesMut,
+    feeder: &mut Option<Feeder>,
+    body_whole: &mut bool,
+) -> Result<(), ConnectionError> {
+    // Set once the body failed: the frames before the failure still go out, then the
+    // connection closes without the body's end, so the client sees the response cut.
+    let mut failed: Option<ConnectionError> = None;
+    poll_fn(|cx| loop {
+        // Frames are taken only while none wait for the socket: a client that reads slowly holds
+        // the body back here (and its reader task reads ahead, within its bound; `metered`).
+        let mut body_pending = false;
+        if let (Some(streaming), None, 0) = (body.as_mut(), &failed, writer.queued_bytes()) {
+            let mut frames = 0;
+            loop {
+                if writer.length_reached() {
+                    // A body of declared length is over once its bytes are: it is not asked
+                    // for its end (as hyper does not).
+                    *body = None;
+                    break;
+                }
+                match Pin::new(&mut *streaming).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Ok(data) = frame.into_data() {
+                            if let Err(e) = writer.data(data) {
+                                failed = Some(e.into());
+                                *body = None;
+                                break;
+                            }
+                        }
+                        frames += 1;
+                        if frames == MAX_BATCH_FRAMES || writer.queued_bytes() >= MAX_BATCH_BYTES {
+                            break;
+                        }
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        failed = Some(ConnectionError::Body(e));
+                        *body = None;
+                        break;
+                    }
+                    Poll::Ready(None) => {
+                        if let Err(e) = writer.end() {
+                            failed = Some(e.into());
+                        }
+                        *body = None;
+                        break;
+                    }
+                    Poll::Pending => {
+                        body_pending = true;
+                        break;
+                    }
+                }
+            }
+        }
+        match writer.poll_write(cx, io) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+            Poll::Pending => return poll_client(cx, io, buf, feeder, body_whole).map(Err),
+        }
+        if let Some(e) = failed.take() {
+            return Poll::Ready(Err(e));
+        }
+        if body.is_none() {
+            return Poll::Ready(Ok(()));
+        }
+        if body_pending {
+            // The body will wake the task with its next frame; the client's side meanwhile.
+            return poll_client(cx, io, buf, feeder, body_whole).map(Err);
+        }
+    })
+    .await
+}
