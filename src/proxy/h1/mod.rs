@@ -274,8 +274,15 @@ async fn read_head<I: AsyncRead + Unpin>(
 ) -> Result<Option<head::RequestHead>, HeadRead> {
     let deadline = tokio::time::sleep(settings.idle_timeout);
     tokio::pin!(deadline);
+    // How much of `buf` is known to hold no head's end. A head that trickles in is parsed only
+    // once its end may be there: parsing it whole after every read would cost the square of its
+    // length (a 64 KiB head sent a byte at a time, about 2 GB of parsing).
+    let mut searched: usize = 0;
     poll_fn(|cx| loop {
-        if !buf.is_empty() {
+        let may_be_whole = head_may_end(&buf[searched.saturating_sub(2)..])
+            || buf.len() >= settings.max_head_bytes;
+        searched = buf.len();
+        if may_be_whole {
             match head::parse_request(buf, settings.max_head_bytes) {
                 Ok(Some((head, len))) => {
                     buf.advance(len);
@@ -303,6 +310,13 @@ async fn read_head<I: AsyncRead + Unpin>(
         return Poll::Pending;
     })
     .await
+}
+
+/// Whether `bytes` hold what ends a head: an empty line, after CRLF or a bare LF (which
+/// httparse accepts) ends it with "\n\r\n" or "\n\n".
+fn head_may_end(bytes: &[u8]) -> bool {
+    memchr::memmem::find(bytes, b"\n\r\n").is_some()
+        || memchr::memmem::find(bytes, b"\n\n").is_some()
 }
 
 /// Watches the client's side while a request is handled or its response streams: feeds the
@@ -447,4 +461,64 @@ async fn stream_body<I: AsyncRead + AsyncWrite + Unpin>(
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_may_end_only_where_an_empty_line_is() {
+        for ended in [
+            &b"GET / HTTP/1.1\r\nhost: a\r\n\r\n"[..],
+            b"GET / HTTP/1.1\nhost: a\n\n",
+            b"GET / HTTP/1.1\r\nhost: a\r\n\n",
+            b"\n\r\n",
+        ] {
+            assert!(head_may_end(ended), "{ended:?}");
+        }
+        for open in [
+            &b"GET / HTTP/1.1\r\nhost: a\r\n"[..],
+            b"GET / HTTP/1.1\r\nhost: a\r\n\r",
+            b"GET / HTTP/1.1\r\n",
+            b"",
+        ] {
+            assert!(!head_may_end(open), "{open:?}");
+        }
+    }
+
+    /// A head sent a byte at a time is read whole, once; one that grows past the limit without
+    /// an end is refused.
+    #[tokio::test]
+    async fn a_head_that_trickles_in_is_read_once_it_is_whole() {
+        let text = b"POST /v1/chat/completions HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}";
+        let (mut peer, mut io) = tokio::io::duplex(4096);
+        let writer = tokio::spawn(async move {
+            for byte in text {
+                peer.write_all(&[*byte]).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            peer
+        });
+        let settings = Settings {
+            max_head_bytes: 8192,
+            idle_timeout: Duration::from_secs(10),
+        };
+        let mut buf = BytesMut::new();
+        let stop = AtomicBool::new(false);
+        let head = read_head(&mut io, &mut buf, &settings, &stop).await;
+        let head = head.ok().flatten().expect("a head");
+        assert_eq!(head.uri, "/v1/chat/completions");
+        let _peer = writer.await.unwrap();
+
+        let (mut peer, mut io) = tokio::io::duplex(16384);
+        peer.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        peer.write_all(&[b'x'; 9000]).await.unwrap();
+        let mut buf = BytesMut::new();
+        let refused = read_head(&mut io, &mut buf, &settings, &stop).await;
+        assert!(matches!(
+            refused,
+            Err(HeadRead::Refused(HeadError::TooLarge(8192)))
+        ));
+    }
 }
