@@ -134,6 +134,15 @@ impl Decoder {
                 }
                 Kind::Chunked(state) => match *state {
                     Chunked::Size => {
+                        if let Some((size, used)) = plain_size_line(buf) {
+                            buf.advance(used);
+                            *state = if size == 0 {
+                                Chunked::Trailers
+                            } else {
+                                Chunked::Data(size)
+                            };
+                            continue;
+                        }
                         let Some(end) = line_end(buf, MAX_CHUNK_LINE)? else {
                             return Ok(Decoded::NeedMore);
                         };
@@ -203,6 +212,24 @@ pub struct Incomplete;
 /// `available` bytes, at most `remaining`.
 fn take_up_to(available: usize, remaining: u64) -> usize {
     usize::try_from(remaining).map_or(available, |r| r.min(available))
+}
+
+/// A chunk-size line as servers write it, hexadecimal digits and CRLF: its size and length, read
+/// in one pass. `None` for anything else (extensions, spaces, a bare LF, a line not yet whole),
+/// which the general path reads or refuses.
+fn plain_size_line(buf: &[u8]) -> Option<(u64, usize)> {
+    let mut size: u64 = 0;
+    for (i, &b) in buf.iter().enumerate().take(17) {
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            b'\r' if i > 0 => return (buf.get(i + 1) == Some(&b'\n')).then_some((size, i + 2)),
+            _ => return None,
+        };
+        size = (size << 4) | u64::from(digit);
+    }
+    None
 }
 
 /// Where the line at the start of `buf` ends (the index of its LF); `None` while the line is not
@@ -344,6 +371,25 @@ mod tests {
             trailers = Some(HeaderMap::new());
         }
         Ok((body, trailers, rest(&mut buf)))
+    }
+
+    #[test]
+    fn plain_size_lines_are_read_in_one_pass_and_others_left_to_the_general_path() {
+        assert_eq!(plain_size_line(b"1a\r\ndata"), Some((26, 4)));
+        assert_eq!(plain_size_line(b"0\r\n\r\n"), Some((0, 3)));
+        assert_eq!(plain_size_line(b"FFFFFFFFFFFFFFFF\r\n"), Some((u64::MAX, 18)));
+        for other in [
+            &b"1a;x=y\r\n"[..],
+            b"1a \r\n",
+            b"1a\n",
+            b"1a\r",
+            b"1a",
+            b"\r\n",
+            b"10000000000000000\r\n",
+            b"g\r\n",
+        ] {
+            assert_eq!(plain_size_line(other), None, "{other:?}");
+        }
     }
 
     #[test]
