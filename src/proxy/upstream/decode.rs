@@ -377,7 +377,10 @@ mod tests {
     fn plain_size_lines_are_read_in_one_pass_and_others_left_to_the_general_path() {
         assert_eq!(plain_size_line(b"1a\r\ndata"), Some((26, 4)));
         assert_eq!(plain_size_line(b"0\r\n\r\n"), Some((0, 3)));
-        assert_eq!(plain_size_line(b"FFFFFFFFFFFFFFFF\r\n"), Some((u64::MAX, 18)));
+        assert_eq!(
+            plain_size_line(b"FFFFFFFFFFFFFFFF\r\n"),
+            Some((u64::MAX, 18))
+        );
         for other in [
             &b"1a;x=y\r\n"[..],
             b"1a \r\n",
