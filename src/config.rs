@@ -1211,6 +1211,7 @@ mod tests {
     fn threads_default_to_one_event_loop_per_cpu_and_are_checked() {
         let config = Config::default();
         assert_eq!(config.threading, Threading::PerCore);
+        assert_eq!(config.http1_server, crate::proxy::h1::ServerKind::Native);
         assert_eq!(config.workers, None);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(config.worker_threads(), cpus);
@@ -1253,6 +1254,7 @@ mod tests {
 listen = "nowhere"
 upstream = "ftp://x"
 upstream_client = "curl"
+http1_server = "apache"
 [timeouts]
 idle = "5"
 upstream_idle = "0s"
@@ -1276,6 +1278,7 @@ format = "vllm"
             "server.listen",
             "server.upstream",
             "server.upstream_client",
+            "server.http1_server",
             "timeouts.idle",
             "timeouts.upstream_idle",
             "metering.buffer_bytes",
