@@ -66,6 +66,11 @@ fn post(path: &str, body: &str, extra_fields: &str) -> String {
     )
 }
 
+/// An HTTP/1.0 `POST {}` to the chat route, with `extra_fields` (each ending in CRLF).
+fn post10(extra_fields: &str) -> String {
+    format!("POST {CHAT} HTTP/1.0\r\nhost: metronome.test\r\n{extra_fields}content-length: 2\r\n\r\n{{}}")
+}
+
 /// How a response's body was delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Delimited {
@@ -603,10 +608,7 @@ async fn http10_without_keep_alive_is_answered_then_closed(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
     let proxy = proxy(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
-    wire.send(format!(
-        "POST {CHAT} HTTP/1.0\r\nhost: metronome.test\r\ncontent-length: 2\r\n\r\n{{}}"
-    ))
-    .await;
+    wire.send(post10("")).await;
     let reply = wire.reply("POST").await;
     assert_eq!(reply.status, 200, "{}", reply.head);
     assert!(
@@ -634,10 +636,7 @@ async fn http10_stream_is_close_delimited(kind: ServerKind) {
     let upstream = Upstream::sse_frames(&frames, ms(10)).start().await;
     let proxy = proxy(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
-    wire.send(format!(
-        "POST {CHAT} HTTP/1.0\r\nhost: metronome.test\r\ncontent-length: 2\r\n\r\n{{}}"
-    ))
-    .await;
+    wire.send(post10("")).await;
     let reply = wire.reply("POST").await;
     assert_eq!(reply.status, 200, "{}", reply.head);
     assert_eq!(reply.field("transfer-encoding"), None, "{}", reply.head);
@@ -654,10 +653,7 @@ async fn http10_keep_alive_carries_a_second_request(kind: ServerKind) {
     let proxy = proxy(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     for round in 1..=2 {
-        wire.send(format!(
-            "POST {CHAT} HTTP/1.0\r\nhost: metronome.test\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\n{{}}"
-        ))
-        .await;
+        wire.send(post10("connection: keep-alive\r\n")).await;
         let reply = wire.reply("POST").await;
         assert_eq!(reply.status, 200, "round {round}: {}", reply.head);
         assert_eq!(
@@ -681,10 +677,7 @@ async fn http10_keep_alive_stream_is_close_delimited(kind: ServerKind) {
     let upstream = Upstream::sse_frames(&frames, ms(5)).start().await;
     let proxy = proxy(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
-    wire.send(format!(
-        "POST {CHAT} HTTP/1.0\r\nhost: metronome.test\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\n{{}}"
-    ))
-    .await;
+    wire.send(post10("connection: keep-alive\r\n")).await;
     let reply = wire.reply("POST").await;
     assert_eq!(reply.status, 200, "{}", reply.head);
     assert_eq!(reply.delimited, Delimited::Close, "{}", reply.head);

@@ -30,6 +30,27 @@ pub fn list_elements(
         .filter(|e| !e.is_empty())
 }
 
+/// The message's `content-length` (RFC 9110 §8.6): `None` without one; an error when a value is
+/// not digits, or the values (several fields, or a comma list) differ. Both HTTP/1.1 ends read it
+/// this way: the native client from upstream responses, the native server from client requests.
+pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, &'static str> {
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|b| *b == b',') {
+            let part = part.trim_ascii();
+            if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+                return Err("content-length is not a number");
+            }
+            let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            if length.is_some_and(|l| l != n) {
+                return Err("content-length values differ");
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length)
+}
+
 /// Removes `Connection`, every header it names, and the fixed hop-by-hop headers.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = list_elements(headers, header::CONNECTION)

@@ -206,7 +206,7 @@ impl Builders {
                 Box::pin(handle(request, state.clone(), connection.clone()))
             };
             let conn = h1::serve(io, self.native, service);
-            tokio::spawn(Drain::watch(&watcher, Native { conn }, remote, permit));
+            tokio::spawn(Drain::watch(&watcher, conn, remote, permit));
             return;
         }
         let io = TokioIo::new(io);
@@ -268,24 +268,11 @@ where
     }
 }
 
-pin_project_lite::pin_project! {
-    /// A connection of metronome's own HTTP/1.x server.
-    struct Native<F> { #[pin] conn: h1::Connection<F> }
-}
-
-impl<F: Future<Output = Result<(), h1::ConnectionError>>> Future for Native<F> {
-    type Output = Result<(), h1::ConnectionError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().conn.poll(cx)
-    }
-}
-
-impl<F: Future<Output = Result<(), h1::ConnectionError>>> Serving for Native<F> {
+impl<F: Future<Output = Result<(), h1::ConnectionError>>> Serving for h1::Connection<F> {
     type Error = h1::ConnectionError;
 
     fn graceful_shutdown(self: Pin<&mut Self>) {
-        self.project().conn.graceful_shutdown();
+        h1::Connection::graceful_shutdown(self);
     }
 }
 

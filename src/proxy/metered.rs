@@ -462,7 +462,7 @@ impl Drop for WakeEgressOnExit {
 }
 
 /// Keeps `cx`'s waker in `slot`, cloning only when it changed.
-fn set_waker(slot: &mut Option<Waker>, cx: &Context<'_>) {
+pub(crate) fn set_waker(slot: &mut Option<Waker>, cx: &Context<'_>) {
     match slot {
         Some(waker) if waker.will_wake(cx.waker()) => {}
         _ => *slot = Some(cx.waker().clone()),

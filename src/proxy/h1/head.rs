@@ -6,11 +6,11 @@
 //! the connection stays open (§9.3), and how the response body is framed.
 
 use std::cell::RefCell;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version};
 
-use crate::proxy::headers::list_elements;
+use crate::proxy::headers::{content_length, list_elements};
 use crate::proxy::upstream::decode::BodyLength;
 
 /// The most header fields a request head may have (as hyper).
@@ -142,26 +142,7 @@ fn body_length(version: Version, headers: &HeaderMap) -> Result<BodyLength, Head
             )),
         };
     }
-    if !has_length {
-        return Ok(BodyLength::Empty);
-    }
-    let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|b| *b == b',') {
-            let part = part.trim_ascii();
-            if part.is_empty() || !part.iter().all(u8::is_ascii_digit) || part.len() > 19 {
-                return Err(HeadError::BodyLength("content-length is not a number"));
-            }
-            let n: u64 = std::str::from_utf8(part)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or(HeadError::BodyLength("content-length is not a number"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(HeadError::BodyLength("content-length values differ"));
-            }
-            length = Some(n);
-        }
-    }
+    let length = content_length(headers).map_err(HeadError::BodyLength)?;
     Ok(match length {
         Some(0) | None => BodyLength::Empty,
         Some(n) => BodyLength::Length(n),
@@ -349,49 +330,14 @@ fn with_date(f: impl FnOnce(&[u8])) {
     });
 }
 
-/// Seconds since the Unix epoch as an IMF-fixdate (RFC 9110 §5.6.7).
+/// Seconds since the Unix epoch as an IMF-fixdate (RFC 9110 §5.6.7), by `httpdate`, which
+/// hyper uses for the same field.
 fn imf_fixdate(secs: u64) -> [u8; 29] {
-    const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
-    const MONTHS: [&[u8; 3]; 12] = [
-        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
-        b"Dec",
-    ];
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    let (hour, minute, second) = (rem / 3600, rem % 3600 / 60, rem % 60);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let mut out = [0u8; 29];
-    out[..3].copy_from_slice(DAYS[(days % 7) as usize]);
-    out[3..5].copy_from_slice(b", ");
-    two_digits(&mut out[5..7], day as u64);
-    out[7] = b' ';
-    out[8..11].copy_from_slice(MONTHS[(month - 1) as usize]);
-    out[11] = b' ';
-    let year = year.clamp(0, 9999) as u64;
-    two_digits(&mut out[12..14], year / 100);
-    two_digits(&mut out[14..16], year % 100);
-    out[16] = b' ';
-    two_digits(&mut out[17..19], hour);
-    out[19] = b':';
-    two_digits(&mut out[20..22], minute);
-    out[22] = b':';
-    two_digits(&mut out[23..25], second);
-    out[25..29].copy_from_slice(b" GMT");
+    let text = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(secs));
+    let mut out = [b' '; 29];
+    let len = text.len().min(29);
+    out[..len].copy_from_slice(&text.as_bytes()[..len]);
     out
-}
-
-fn two_digits(out: &mut [u8], n: u64) {
-    out[0] = b'0' + (n / 10 % 10) as u8;
-    out[1] = b'0' + (n % 10) as u8;
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::proxy::metered::set_waker;
 use crate::proxy::upstream::decode::{BodyLength, Decoded, Decoder};
 use crate::proxy::BoxError;
 
@@ -51,13 +52,6 @@ type Shared = Arc<Mutex<Slot>>;
 
 fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Slot> {
     shared.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn store(waker: &mut Option<Waker>, cx: &Context<'_>) {
-    match waker {
-        Some(w) if w.will_wake(cx.waker()) => {}
-        _ => *waker = Some(cx.waker().clone()),
-    }
 }
 
 /// The request body as the request handler gets it.
@@ -98,7 +92,7 @@ impl Body for NativeRequestBody {
             None if slot.ended => Poll::Ready(None),
             None => {
                 slot.asked = true;
-                store(&mut slot.receiver, cx);
+                set_waker(&mut slot.receiver, cx);
                 Poll::Pending
             }
         };
@@ -218,7 +212,7 @@ impl Feeder {
                     return Poll::Ready(Ok(self.after_drop(buf)));
                 }
                 if slot.piece.is_some() || (self.continue_left > 0 && !slot.asked) {
-                    store(&mut slot.connection, cx);
+                    set_waker(&mut slot.connection, cx);
                     return Poll::Pending;
                 }
             }
@@ -231,8 +225,10 @@ impl Feeder {
                     Poll::Ready(Ok(n)) => self.continue_left -= n,
                     Poll::Pending => return Poll::Pending,
                 }
-                if self.continue_left == 0 && Pin::new(&mut *io).poll_flush(cx).is_ready() {
-                    // Flushed at once (a plain socket); over TLS the next write flushes it.
+                if self.continue_left == 0 {
+                    // At once on a plain socket; over TLS what stays buffered goes with the
+                    // next write, which flushes.
+                    let _ = Pin::new(&mut *io).poll_flush(cx);
                 }
             }
             match self.decoder.decode(buf) {

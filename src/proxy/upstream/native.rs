@@ -25,7 +25,7 @@ use super::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
 use super::pool::{Conn, Pool};
 use super::{UpstreamError, UpstreamFailure};
 use crate::proxy::body::{BodyTooLarge, RequestBody};
-use crate::proxy::headers::list_elements;
+use crate::proxy::headers::{content_length, list_elements};
 
 /// The most header fields a response head may have (as hyper).
 const MAX_HEADERS: usize = 100;
@@ -350,23 +350,7 @@ fn body_length(
             _ => BodyLength::UntilClose,
         });
     }
-    let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value
-            .to_str()
-            .map_err(|_| "invalid content-length")?
-            .split(',')
-        {
-            let n: u64 = part
-                .trim()
-                .parse()
-                .map_err(|_| format!("invalid content-length {part:?}"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err("conflicting content-length values".into());
-            }
-            length = Some(n);
-        }
-    }
+    let length = content_length(headers)?;
     Ok(length.map_or(BodyLength::UntilClose, BodyLength::Length))
 }
 
