@@ -209,6 +209,8 @@ struct RawTimeouts {
     tls_handshake: String,
     client_idle: String,
     upstream_idle: String,
+    // Issue 26 (security): the protocol sniff's own deadline.
+    sniff: String,
 }
 
 impl Default for RawTimeouts {
@@ -220,6 +222,7 @@ impl Default for RawTimeouts {
             tls_handshake: "10s".into(),
             client_idle: "300s".into(),
             upstream_idle: "4s".into(),
+            sniff: "5s".into(),
         }
     }
 }
@@ -461,6 +464,9 @@ pub struct Config {
     /// the upstream's own keep-alive timeout, so that metronome never sends a request on a
     /// connection the upstream is closing (the request would fail with a 502).
     pub upstream_idle_timeout: Duration,
+    /// How long a plain-TCP client may take to send the first bytes that tell HTTP/1 from
+    /// HTTP/2 (`timeouts.sniff`, issue 26); bounded by `client_idle_timeout` too.
+    pub sniff_timeout: Duration,
     /// Routes, in the order they are tried.
     pub routes: Vec<RouteConfig>,
     /// The upstream check behind `/readyz`.
@@ -678,6 +684,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         &raw.timeouts.upstream_idle,
         &mut problem,
     );
+    let sniff_timeout = duration("timeouts.sniff", &raw.timeouts.sniff, &mut problem);
     let stall_threshold = duration(
         "metering.stall_threshold",
         &raw.metering.stall_threshold,
@@ -997,6 +1004,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         client_idle_timeout,
         upstream_idle_timeout,
         readiness,
+        sniff_timeout,
     ) {
         (
             Some(listen),
@@ -1014,6 +1022,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             Some(client_idle_timeout),
             Some(upstream_idle_timeout),
             Some(readiness),
+            Some(sniff_timeout),
         ) if problems.is_empty() => Ok(Config {
             listen,
             admin,
@@ -1046,6 +1055,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             tls_handshake_timeout,
             client_idle_timeout,
             upstream_idle_timeout,
+            sniff_timeout,
             routes,
             readiness,
         }),

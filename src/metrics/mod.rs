@@ -170,6 +170,10 @@ pub struct Metrics {
     /// `metronome_config_reload_failures_total`: SIGHUP reloads refused because the file was
     /// invalid (the running configuration stayed). Not in DESIGN.md's table; issue 6 names it.
     pub config_reload_failures: IntCounter,
+    /// `metronome_sniff_timeouts_total`: plain-TCP connections closed because their first bytes
+    /// did not tell HTTP/1 from HTTP/2 within `timeouts.sniff`. Not in DESIGN.md's table; issue
+    /// 26 asks for the counter (a one-byte client must show, not hide).
+    pub sniff_timeouts: IntCounter,
     /// `metronome_beacons_total{result}`: browser beacons by how they were answered. Not in
     /// DESIGN.md's table; issue 5 asks for the counter.
     pub beacons: IntCounterVec,
@@ -316,6 +320,14 @@ impl Metrics {
                 let c = IntCounter::new(
                     "metronome_config_reload_failures_total",
                     "SIGHUP reloads refused because the configuration file was invalid; the running configuration stayed.",
+                )?;
+                registry.register(Box::new(c.clone()))?;
+                c
+            },
+            sniff_timeouts: {
+                let c = IntCounter::new(
+                    "metronome_sniff_timeouts_total",
+                    "Plain-TCP client connections closed because their first bytes did not tell HTTP/1 from HTTP/2 within timeouts.sniff.",
                 )?;
                 registry.register(Box::new(c.clone()))?;
                 c

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -20,7 +21,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
@@ -132,9 +133,19 @@ pub async fn serve(
         let Some(acceptor) = acceptor.clone() else {
             let builders = builders.clone();
             tokio::spawn(async move {
-                let deadline = tokio::time::Instant::now() + state.config.client_idle_timeout;
-                let Some(protocol) = sniff(&stream, deadline).await else {
-                    return; // closed, or silent for the idle timeout, before a first request
+                let within = state
+                    .config
+                    .sniff_timeout
+                    .min(state.config.client_idle_timeout);
+                let deadline = tokio::time::Instant::now() + within;
+                let protocol = match sniff(&stream, deadline).await {
+                    Ok(protocol) => protocol,
+                    Err(SniffEnd::Closed) => return,
+                    Err(SniffEnd::TimedOut) => {
+                        state.metrics.sniff_timeouts.inc();
+                        tracing::debug!(%remote, "no protocol told within the sniff deadline");
+                        return;
+                    }
                 };
                 let io = EgressIo::new(stream, clock);
                 builders.spawn(Some(protocol), io, watcher, state, connection, permit);
@@ -300,8 +311,17 @@ impl Protocol {
 /// What an HTTP/2 client with prior knowledge sends first (RFC 9113 section 3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Tells HTTP/2 from HTTP/1 by the client's first bytes, without consuming them; `None` when the
-/// client closes or sends nothing decisive before `deadline`.
+/// Why [`sniff`] told no protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SniffEnd {
+    /// The client closed (or reset) the connection before its first bytes decided.
+    Closed,
+    /// The deadline passed first (counted in `metronome_sniff_timeouts_total`).
+    TimedOut,
+}
+
+/// Tells HTTP/2 from HTTP/1 by the client's first bytes, without consuming them; an error when
+/// the client closes, or sends nothing decisive, before `deadline` (`timeouts.sniff`).
 ///
 /// hyper-util's auto builder reads the first 24 bytes itself and hands them back to hyper through
 /// a rewinding reader, so hyper's first read of an HTTP/1 request returns just those 24 bytes.
@@ -311,28 +331,58 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 ///
 /// "PRI" is not an HTTP/1 method (RFC 9113 section 3.4), so four bytes decide: a client that
 /// starts with "PRI " speaks HTTP/2 (hyper checks the rest of the preface). Fewer bytes that could
-/// still begin the preface are peeked again after a millisecond: clients send a request's first
-/// bytes in one segment, so this loop almost never turns.
-async fn sniff(stream: &TcpStream, deadline: tokio::time::Instant) -> Option<Protocol> {
+/// still begin the preface wait for the socket to change: a peek that finds no byte more than the
+/// last one clears the socket's readiness, so the task sleeps until more bytes or the peer's close
+/// arrive. A peek never consumes, so a closed peer's bytes stay readable for ever: the close is
+/// seen in the readiness itself (`read_closed`, from the kernel's EPOLLRDHUP), never by a read of
+/// 0 while bytes remain. Issue 26: a 1 ms sleep-and-peek loop here took two cores for
+/// `timeouts.client_idle` once clients sent "P" and closed.
+async fn sniff(stream: &TcpStream, deadline: tokio::time::Instant) -> Result<Protocol, SniffEnd> {
     let mut first = [0u8; 4];
+    let mut seen = 0;
     loop {
-        let n = tokio::time::timeout_at(deadline, stream.peek(&mut first))
-            .await
-            .ok()?
-            .ok()?;
-        if n == 0 {
-            return None;
+        let ready = match tokio::time::timeout_at(deadline, stream.ready(Interest::READABLE)).await
+        {
+            Ok(Ok(ready)) => ready,
+            Ok(Err(_)) => return Err(SniffEnd::Closed),
+            Err(_) => return Err(SniffEnd::TimedOut),
+        };
+        // Inside `try_io`, a WouldBlock clears the readiness this peek saw, and only that: bytes
+        // arriving after it set it again, so none is missed.
+        let peeked = stream.try_io(Interest::READABLE, || match peek_now(stream, &mut first) {
+            Ok(n) if n == seen && n > 0 => Err(io::ErrorKind::WouldBlock.into()),
+            other => other,
+        });
+        match peeked {
+            Ok(0) => return Err(SniffEnd::Closed),
+            Ok(n) => {
+                seen = n;
+                if !H2_PREFACE.starts_with(&first[..n]) {
+                    return Ok(Protocol::Http1);
+                }
+                if n == first.len() {
+                    return Ok(Protocol::Http2);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Err(SniffEnd::Closed),
         }
-        if !H2_PREFACE.starts_with(&first[..n]) {
-            return Some(Protocol::Http1);
+        // The peer closed and every byte it sent is in `first`: none can follow.
+        if ready.is_read_closed() {
+            return Err(SniffEnd::Closed);
         }
-        if n == first.len() {
-            return Some(Protocol::Http2);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// One peek at the bytes waiting now, without waiting: `WouldBlock` when there are none. Called
+/// only while the socket is known readable (inside `try_io`), where tokio's `poll_peek` returns
+/// at once and never keeps the no-op waker.
+fn peek_now(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut read = tokio::io::ReadBuf::new(buf);
+    match stream.poll_peek(&mut cx, &mut read) {
+        Poll::Ready(result) => result,
+        Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
     }
 }
 
@@ -483,7 +533,7 @@ mod tests {
     }
 
     /// Sends `first`, then `rest` 30 ms later, and returns what `sniff` told.
-    async fn sniffed(first: &[u8], rest: &[u8]) -> Option<Protocol> {
+    async fn sniffed(first: &[u8], rest: &[u8]) -> Result<Protocol, SniffEnd> {
         let (mut client, accepted) = pair().await;
         client.write_all(first).await.unwrap();
         let rest = rest.to_vec();
@@ -517,22 +567,21 @@ mod tests {
     async fn the_first_bytes_tell_http2_from_http1_and_stay_in_the_socket() {
         assert_eq!(
             sniffed(b"POST /v1/chat/completions HTTP/1.1\r\n", b"").await,
-            Some(Protocol::Http1)
+            Ok(Protocol::Http1)
         );
-        assert_eq!(sniffed(H2_PREFACE, b"").await, Some(Protocol::Http2));
+        assert_eq!(sniffed(H2_PREFACE, b"").await, Ok(Protocol::Http2));
         // Bytes that could still begin the preface wait for more.
         assert_eq!(
             sniffed(b"P", b"UT /x HTTP/1.1\r\n").await,
-            Some(Protocol::Http1)
+            Ok(Protocol::Http1)
         );
-        assert_eq!(
-            sniffed(b"PR", &H2_PREFACE[2..]).await,
-            Some(Protocol::Http2)
-        );
+        assert_eq!(sniffed(b"PR", &H2_PREFACE[2..]).await, Ok(Protocol::Http2));
     }
 
     /// `sniff` within 5 s, or a failure (not a hang) if it ignores its deadline.
-    async fn bounded(sniffing: impl Future<Output = Option<Protocol>>) -> Option<Protocol> {
+    async fn bounded(
+        sniffing: impl Future<Output = Result<Protocol, SniffEnd>>,
+    ) -> Result<Protocol, SniffEnd> {
         tokio::time::timeout(Duration::from_secs(5), sniffing)
             .await
             .expect("sniff kept to its deadline")
@@ -542,16 +591,67 @@ mod tests {
     async fn a_client_that_closes_or_stays_silent_is_not_served() {
         let (client, accepted) = pair().await;
         drop(client);
-        assert_eq!(bounded(sniff(&accepted, in_five_seconds())).await, None);
+        assert_eq!(
+            bounded(sniff(&accepted, in_five_seconds())).await,
+            Err(SniffEnd::Closed)
+        );
 
         let (_client, accepted) = pair().await;
         let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
-        assert_eq!(bounded(sniff(&accepted, deadline)).await, None);
+        assert_eq!(
+            bounded(sniff(&accepted, deadline)).await,
+            Err(SniffEnd::TimedOut)
+        );
 
         // Half a preface, then silence: the deadline still holds.
         let (mut client, accepted) = pair().await;
         client.write_all(b"PR").await.unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
-        assert_eq!(bounded(sniff(&accepted, deadline)).await, None);
+        assert_eq!(
+            bounded(sniff(&accepted, deadline)).await,
+            Err(SniffEnd::TimedOut)
+        );
+    }
+
+    /// Issue 26: a peek never consumes, so a peer that sent a prefix of the preface and closed
+    /// still has bytes to peek; its close must be seen at once, not at the deadline.
+    #[tokio::test]
+    async fn a_prefix_of_the_preface_then_a_close_ends_the_sniff_at_once() {
+        for prefix in [&b"P"[..], b"PR", b"PRI"] {
+            let (mut client, accepted) = pair().await;
+            client.write_all(prefix).await.unwrap();
+            client.shutdown().await.unwrap();
+            drop(client);
+            let began = std::time::Instant::now();
+            let told = bounded(sniff(&accepted, in_five_seconds())).await;
+            assert_eq!(told, Err(SniffEnd::Closed), "after {prefix:?}");
+            assert!(
+                began.elapsed() < Duration::from_secs(4),
+                "{prefix:?} then a close took {:?}",
+                began.elapsed()
+            );
+        }
+    }
+
+    /// A prefix, then silence: the task sleeps until the deadline rather than peeking in a loop
+    /// (the old loop peeked once a millisecond, about 300 times in these 300 ms).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_prefix_then_silence_sleeps_until_the_deadline() {
+        let (mut client, accepted) = pair().await;
+        client.write_all(b"P").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let polls = std::sync::Arc::new(AtomicU64::new(0));
+        let counted = polls.clone();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+        let sniffing = sniff(&accepted, deadline);
+        tokio::pin!(sniffing);
+        let told = std::future::poll_fn(|cx| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            sniffing.as_mut().poll(cx)
+        })
+        .await;
+        assert_eq!(told, Err(SniffEnd::TimedOut));
+        let polls = polls.load(Ordering::Relaxed);
+        assert!(polls <= 5, "the sniff was polled {polls} times in 300 ms");
     }
 }

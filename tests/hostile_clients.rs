@@ -1,0 +1,225 @@
+//! Clients that attack the proxy listener rather than use it (issue 26), each against a real
+//! in-process proxy on loopback: what they hold (descriptors, CPU) must go back to idle within the
+//! configured bounds, and a legitimate client must still be answered.
+//!
+//! The tests here count this process's open descriptors and CPU time, so they take a lock and
+//! run one at a time; every wait is bounded, and the CPU bound is generous (the bug it catches
+//! spun two cores).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use metronome::proxy::h1::ServerKind;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// One test at a time: each counts the whole process's descriptors and CPU.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// This process's open file descriptors.
+fn descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// This process's CPU time so far (user and system), from /proc/self/stat.
+fn cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // Fields after the command's closing parenthesis: state is the 3rd field, utime the 14th.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_secs_f64(ticks as f64 / USER_HZ)
+}
+
+/// The clock ticks per second of /proc's CPU times (USER_HZ: 100 on every Linux ABI).
+const USER_HZ: f64 = 100.0;
+
+/// `count` connections, `at_once` at a time, each sending `first` and then closing at once
+/// (`close`) or staying open until the proxy closes it.
+async fn flood(addr: SocketAddr, count: usize, at_once: usize, first: &'static [u8], close: bool) {
+    let mut left = count;
+    while left > 0 {
+        let batch = left.min(at_once);
+        left -= batch;
+        let mut tasks = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            tasks.push(tokio::spawn(async move {
+                let Ok(mut tcp) = TcpStream::connect(addr).await else {
+                    return;
+                };
+                let _ = tcp.write_all(first).await;
+                if close {
+                    let _ = tcp.shutdown().await;
+                    return;
+                }
+                // Held open: the proxy must close it (read 0 or a reset), within the bound.
+                let mut buf = [0u8; 256];
+                let _ = tokio::time::timeout(Duration::from_secs(30), tcp.read(&mut buf)).await;
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+    }
+}
+
+/// Waits up to `limit` for the process's descriptors to fall to `at_most`; the count when it
+/// gave up otherwise.
+async fn descriptors_fall_to(at_most: usize, limit: Duration) -> Result<Duration, usize> {
+    let began = Instant::now();
+    loop {
+        let now = descriptors();
+        if now <= at_most {
+            return Ok(began.elapsed());
+        }
+        if began.elapsed() > limit {
+            return Err(now);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 26, item 1: thousands of "connect, send `P`, close" connections, then half-prefix
+/// connections held open. Before the fix each closed one was peeked every millisecond until
+/// `timeouts.client_idle` (300 s here): both cores busy, every descriptor held, and the next
+/// client answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_byte_clients_leave_no_descriptor_and_no_cpu_behind() {
+    let _alone = ALONE.lock().await;
+    const CLOSING: usize = 3000;
+    const HOLDING: usize = 50;
+    let upstream = Upstream::openai_chat().tokens(3).start().await;
+    let proxy = proxy_with(upstream.addr, |config| {
+        config.http1_server = ServerKind::Native;
+        config.sniff_timeout = Duration::from_secs(1);
+        config.client_idle_timeout = Duration::from_secs(300);
+        config.limits.max_connections = 1000;
+    })
+    .await;
+    let before = descriptors();
+
+    flood(proxy.proxy_addr, CLOSING, 100, b"P", true).await;
+    // Every connection closed by its client: the proxy sees each close at once, well within
+    // the sniff deadline (1 s; 10 s allowed for a loaded machine).
+    let fell = descriptors_fall_to(before + 16, Duration::from_secs(10)).await;
+    assert!(
+        fell.is_ok(),
+        "descriptors: {before} before, {} after {CLOSING} one-byte clients",
+        fell.unwrap_err()
+    );
+    let spent = cpu();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = cpu() - spent;
+    assert!(
+        idle < Duration::from_millis(400),
+        "the idle proxy took {idle:?} of CPU in one second"
+    );
+    let answered = stream_chat(proxy.proxy_addr).await;
+    assert_eq!(answered.status, 200);
+    let metrics = scrape(&proxy).await;
+    assert_eq!(metrics.value("metronome_sniff_timeouts_total", &[]), 0.0);
+
+    // Half a preface, held open: closed by the proxy at the sniff deadline, and counted.
+    let began = Instant::now();
+    flood(proxy.proxy_addr, HOLDING, HOLDING, b"PR", false).await;
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "held connections closed after {:?}",
+        began.elapsed()
+    );
+    let fell = descriptors_fall_to(before + 16, Duration::from_secs(10)).await;
+    assert!(fell.is_ok(), "descriptors after held prefixes: {fell:?}");
+    let metrics = scrape(&proxy).await;
+    assert_eq!(
+        metrics.value("metronome_sniff_timeouts_total", &[]),
+        HOLDING as f64
+    );
+    assert_eq!(stream_chat(proxy.proxy_addr).await.status, 200);
+    proxy.shutdown().await;
+}
+
+/// Relays one connection to `proxy`, its first `slow` bytes one at a time `gap` apart, the rest
+/// as they come, both ways.
+async fn trickling_relay(proxy: SocketAddr, slow: usize, gap: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let Ok((client, _)) = listener.accept().await else {
+            return;
+        };
+        let upstream = TcpStream::connect(proxy).await.unwrap();
+        let (mut from_client, mut to_client) = client.into_split();
+        let (mut from_proxy, mut to_proxy) = upstream.into_split();
+        let mut first = vec![0u8; slow];
+        if from_client.read_exact(&mut first).await.is_err() {
+            return;
+        }
+        for byte in first {
+            tokio::time::sleep(gap).await;
+            if to_proxy.write_all(&[byte]).await.is_err() {
+                return;
+            }
+        }
+        let up = tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut from_client, &mut to_proxy).await;
+            let _ = to_proxy.shutdown().await;
+        });
+        let _ = tokio::io::copy(&mut from_proxy, &mut to_client).await;
+        let _ = to_client.shutdown().await;
+        let _ = up.await;
+    });
+    addr
+}
+
+/// Issue 26, item 1: an HTTP/2 client with prior knowledge whose preface arrives a byte at a
+/// time (24 segments, 20 ms apart) is still told apart and served, like one that sends it whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_that_send_the_preface_slowly_are_served() {
+    let _alone = ALONE.lock().await;
+    const CLIENTS: usize = 8;
+    let upstream = Upstream::openai_chat().tokens(3);
+    let expected = Bytes::from(upstream.expected_bytes());
+    let upstream = upstream.start().await;
+    let proxy = proxy_with(upstream.addr, |config| {
+        config.sniff_timeout = Duration::from_secs(5);
+    })
+    .await;
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let relay = trickling_relay(proxy.proxy_addr, 24, Duration::from_millis(20)).await;
+        clients.push(tokio::spawn(async move {
+            let tcp = TcpStream::connect(relay).await.unwrap();
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            let request = http::Request::post(format!("http://{relay}/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from_static(b"{\"stream\":true}")))
+                .unwrap();
+            let response =
+                tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
+                    .await
+                    .expect("an answer within 10 s")
+                    .unwrap();
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, body)
+        }));
+    }
+    for client in clients {
+        let (status, body) = client.await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(body, expected);
+    }
+    let metrics = scrape(&proxy).await;
+    assert_eq!(metrics.value("metronome_sniff_timeouts_total", &[]), 0.0);
+    proxy.shutdown().await;
+}
