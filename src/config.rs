@@ -159,6 +159,9 @@ pub struct TimelineConfig {
     pub beacon_path: String,
     /// Largest beacon body accepted, in bytes.
     pub beacon_max_bytes: usize,
+    /// Whether `/streams/{id}` shows each frame's size (issue 26: off by default, since an SSE
+    /// chat stream's frame sizes are its tokens' lengths; timings are shown either way).
+    pub frame_sizes: bool,
 }
 
 impl Default for TimelineConfig {
@@ -168,6 +171,7 @@ impl Default for TimelineConfig {
             max_frames: 1024,
             beacon_path: "/.well-known/metronome/beacon".into(),
             beacon_max_bytes: 16 * 1024,
+            frame_sizes: false,
         }
     }
 }
@@ -189,7 +193,7 @@ impl Default for RawServer {
     fn default() -> Self {
         RawServer {
             listen: "0.0.0.0:8080".into(),
-            admin: "0.0.0.0:9464".into(),
+            admin: "127.0.0.1:9464".into(),
             upstream: "http://127.0.0.1:8000".into(),
             drain_grace: "30s".into(),
             workers: 0,
@@ -1165,6 +1169,11 @@ mod tests {
         let config = Config::default();
         assert_eq!(config.listen.port(), 8080);
         assert_eq!(config.admin.port(), 9464);
+        // Issue 26: the unauthenticated admin listener is private unless configured otherwise,
+        // and frame sizes (a token-length side channel) are opt-in.
+        assert!(config.admin.ip().is_loopback(), "{}", config.admin);
+        assert!(!config.timeline.frame_sizes);
+        assert_eq!(config.sniff_timeout, Duration::from_secs(5));
         assert_eq!(config.stall_threshold, Duration::from_millis(200));
         assert_eq!(config.buckets, Buckets::default());
     }

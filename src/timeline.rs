@@ -270,7 +270,7 @@ impl StreamFrames {
                     .flatten()
                     .map(|d| f.ingress_us.wrapping_add(d))
                     .filter(|s| *s != u32::MAX),
-                bytes: f.bytes,
+                bytes: Some(f.bytes),
                 events: f.events,
                 token_events: f.token_events,
             })
@@ -285,8 +285,10 @@ pub struct FrameRecord {
     pub ingress_us: u32,
     /// Written to the client socket, µs since the stream began; `None` if it never was.
     pub egress_us: Option<u32>,
-    /// Its length.
-    pub bytes: u32,
+    /// Its length; `None` (left out of the JSON) unless `timeline.frame_sizes` is on: an SSE
+    /// chat stream's frame sizes are its tokens' lengths, a side channel (issue 26).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u32>,
     /// Events it completed.
     pub events: u16,
     /// Of those, token events.
@@ -414,6 +416,8 @@ pub struct StreamRegistry {
     max_frames: usize,
     /// Streams that may still send a beacon.
     beacon_window: usize,
+    /// Whether `/streams/{id}` shows each frame's size (`timeline.frame_sizes`).
+    frame_sizes: bool,
     inner: Mutex<Inner>,
 }
 
@@ -426,8 +430,15 @@ impl StreamRegistry {
             max_streams,
             max_frames,
             beacon_window: max_streams.max(4096),
+            frame_sizes: false,
             inner: Mutex::new(Inner::default()),
         }
+    }
+
+    /// Shows each frame's size in `/streams/{id}` (`timeline.frame_sizes`; off by default).
+    pub fn with_frame_sizes(mut self, on: bool) -> Self {
+        self.frame_sizes = on;
+        self
     }
 
     /// Frames a stream may keep.
@@ -524,10 +535,20 @@ impl StreamRegistry {
             content_type: &stream.content_type,
             traceparent: stream.traceparent.as_deref(),
             request_id: stream.request_id.as_deref(),
-            frames: stream.frames.records(),
+            frames: self.shown(stream.frames.records()),
             frames_dropped: stream.frames_dropped,
         };
         serde_json::to_string(&detail).ok()
+    }
+
+    /// `records` as `/streams/{id}` may show them: without sizes unless they are opted in.
+    fn shown(&self, mut records: Vec<FrameRecord>) -> Vec<FrameRecord> {
+        if !self.frame_sizes {
+            for record in &mut records {
+                record.bytes = None;
+            }
+        }
+        records
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -773,7 +794,7 @@ mod tests {
         let egress_us: Vec<_> = frames.records().iter().map(|f| f.egress_us).collect();
         assert_eq!(egress_us, vec![Some(150), None, Some(260), None]);
         let records = frames.records();
-        assert_eq!(records[3].bytes, 13);
+        assert_eq!(records[3].bytes, Some(13));
         assert_eq!(records[1].token_events, 0);
         assert_eq!(records[2].ingress_us, 200);
     }

@@ -36,8 +36,9 @@ pub struct TimelineFrame {
     pub ingress_us: u64,
     /// When they reached the client's socket; `None` if they never did (the client went away).
     pub egress_us: Option<u64>,
-    /// The frame's size.
-    pub bytes: u64,
+    /// The frame's size; absent unless the server has `timeline.frame_sizes = true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
     /// Events the frame completed.
     pub events: u32,
     /// Of those, the ones that carry output (token events).

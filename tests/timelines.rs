@@ -89,8 +89,12 @@ async fn a_finished_stream_has_a_summary_and_a_frame_timeline() {
         .map(|f| f["token_events"].as_u64().unwrap())
         .sum();
     assert_eq!(tokens, 10);
-    let bytes: u64 = frames.iter().map(|f| f["bytes"].as_u64().unwrap()).sum();
-    assert_eq!(bytes as usize, got.bytes().len());
+    // Issue 26: frame sizes (one token's length per SSE frame) are not shown by default.
+    assert!(
+        frames.iter().all(|f| f.get("bytes").is_none()),
+        "frame sizes shown without timeline.frame_sizes: {frames:?}"
+    );
+    assert!(!got.bytes().is_empty());
     for pair in frames.windows(2) {
         assert!(pair[0]["ingress_us"].as_u64() <= pair[1]["ingress_us"].as_u64());
     }
@@ -331,5 +335,21 @@ async fn the_admin_listener_serves_the_beacon_module() {
     let body = String::from_utf8(got.bytes()).unwrap();
     assert_eq!(body, include_str!("../assets/metronome-beacon.js"));
     assert!(body.contains("metronomeFetch"));
+    proxy.shutdown().await;
+}
+
+/// Issue 26: `timeline.frame_sizes = true` shows each frame's size, and they add up to the bytes
+/// the client received.
+#[tokio::test]
+async fn frame_sizes_are_shown_when_opted_in() {
+    let upstream = Upstream::openai_chat().tokens(10).start().await;
+    let proxy = proxy_with(upstream.addr, |config| config.timeline.frame_sizes = true).await;
+    let (got, id) = recorded_stream(&proxy).await;
+    let (status, detail) = json(proxy.admin_addr, &format!("/streams/{id}")).await;
+    assert_eq!(status, 200);
+    let frames = detail["frames"].as_array().unwrap();
+    assert_eq!(frames.len(), 14);
+    let bytes: u64 = frames.iter().map(|f| f["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(bytes as usize, got.bytes().len());
     proxy.shutdown().await;
 }

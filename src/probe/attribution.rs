@@ -596,7 +596,7 @@ mod tests {
         TimelineFrame {
             ingress_us,
             egress_us: Some(egress_us),
-            bytes: 200,
+            bytes: Some(200),
             events,
             token_events,
         }

@@ -130,10 +130,10 @@ impl ProxyState {
             Some(t) => Some(Arc::new(tls::ReloadableCert::load(&t.cert, &t.key)?)),
             None => None,
         };
-        let registry = Arc::new(StreamRegistry::new(
-            config.timeline.max_streams,
-            config.timeline.max_frames,
-        ));
+        let registry = Arc::new(
+            StreamRegistry::new(config.timeline.max_streams, config.timeline.max_frames)
+                .with_frame_sizes(config.timeline.frame_sizes),
+        );
         let requests_in_flight = Arc::new(tokio::sync::Semaphore::new(config.limits.max_requests));
         let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
         let config = Arc::new(config);

@@ -117,10 +117,10 @@ impl Replay {
                     f.token_events, f.events
                 )));
             }
-            if f.bytes > MAX_FRAME_BYTES {
+            if f.bytes.is_some_and(|b| b > MAX_FRAME_BYTES) {
                 return Err(ReplayError(format!(
                     "frame {n} has {} bytes, more than the {MAX_FRAME_BYTES} a replay frame may have",
-                    f.bytes
+                    f.bytes.unwrap_or(0)
                 )));
             }
         }
@@ -149,7 +149,10 @@ impl Replay {
             .iter()
             .map(|f| ReplayFrame {
                 at: Duration::from_micros(f.ingress_us),
-                bytes: framer.frame(f.events as usize, usize::try_from(f.bytes).unwrap_or(0)),
+                bytes: framer.frame(
+                    f.events as usize,
+                    usize::try_from(f.bytes.unwrap_or(0)).unwrap_or(0),
+                ),
                 events: f.events,
                 token_events: f.token_events,
             })
@@ -456,7 +459,7 @@ mod tests {
         TimelineFrame {
             ingress_us,
             egress_us: Some(ingress_us + 10),
-            bytes,
+            bytes: Some(bytes),
             events,
             token_events,
         }
@@ -519,9 +522,9 @@ mod tests {
             assert_eq!(r.at, Duration::from_micros(f.ingress_us));
             let len = r.bytes.len() as u64;
             assert!(
-                len.abs_diff(f.bytes) <= 2,
+                len.abs_diff(f.bytes.unwrap_or(0)) <= 2,
                 "{len} bytes, captured {}",
-                f.bytes
+                f.bytes.unwrap_or(0)
             );
         }
         let text: String = replay
