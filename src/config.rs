@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::format::Format;
-use crate::metrics::{Buckets, MAX_BOUNDS};
+use crate::metrics::{Buckets, MetricsConfig, MAX_BOUNDS};
 use crate::units::parse_duration;
 
 /// Arguments of `metronome serve`: the file, and the overrides operators reach for most.
@@ -81,6 +81,8 @@ struct RawConfig {
     metering: RawMetering,
     models: ModelsConfig,
     buckets: Buckets,
+    /// `[metrics]` (issue 27: native histograms, the classic preset).
+    metrics: MetricsConfig,
     timeline: TimelineConfig,
     tls: RawTls,
     upstream_tls: RawUpstreamTls,
@@ -441,8 +443,10 @@ pub struct Config {
     pub stream_id_header: Option<http::HeaderName>,
     /// Bounds on the `model` label.
     pub models: ModelsConfig,
-    /// Histogram buckets.
+    /// Histogram buckets (with `metrics.classic`'s preset applied).
     pub buckets: Buckets,
+    /// How histograms are published: native buckets, the classic preset.
+    pub metrics: MetricsConfig,
     /// Stream timelines and the browser beacon.
     pub timeline: TimelineConfig,
     /// TLS on the proxy listener, when configured.
@@ -884,6 +888,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             problem(key, reason);
         }
     }
+    for (key, reason) in raw.metrics.native.problems() {
+        problem(key, reason);
+    }
 
     let mut routes = Vec::new();
     let mut names = std::collections::HashSet::new();
@@ -1038,7 +1045,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             buffer_frames: m.buffer_frames,
             stream_id_header,
             models: raw.models,
-            buckets: raw.buckets,
+            buckets: raw.buckets.with_preset(raw.metrics.classic),
+            metrics: raw.metrics,
             timeline: raw.timeline,
             tls,
             upstream_tls,
