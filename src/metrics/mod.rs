@@ -4,10 +4,12 @@
 //! written against them, so they change only through an issue. Stream figures are merged here once
 //! per stream by the ledger; request figures once per request by the forwarder.
 
+pub mod exposition;
 pub mod histogram;
 pub mod models;
 pub mod native;
 mod native_bounds;
+pub mod proto;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -583,6 +585,9 @@ impl Metrics {
         out
     }
 }
+
+/// The content type of the Prometheus text exposition format (0.0.4).
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
