@@ -726,6 +726,7 @@ impl Collector for HistogramFamily {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::NativeCounts;
 
     #[test]
     fn bucket_quantile_interpolates_like_promql() {
@@ -803,5 +804,87 @@ mod tests {
         family.merge(&["a", "bc"], &one);
         let total: u64 = family.totals(&[]).0.iter().sum();
         assert_eq!(total, sets.len() as u64 + 1);
+    }
+
+    fn family_with(policy: ExemplarPolicy) -> HistogramFamily {
+        HistogramFamily::with_options(
+            "t_seconds",
+            "help",
+            &["l"],
+            &[0.5, 1.0, 2.0],
+            FamilyOptions {
+                native: Some(NativeSettings::default()),
+                exemplars: policy,
+            },
+        )
+        .unwrap()
+    }
+
+    fn offer(family: &HistogramFamily, stream_id: &str, value: f64) {
+        let exemplar = Exemplar {
+            stream_id,
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
+            value,
+        };
+        family.observe_with(&["a"], value, Some(&exemplar));
+    }
+
+    fn shown(family: &HistogramFamily, bucket: usize, scrape: bool) -> Option<(String, f64)> {
+        family.snapshot(scrape)[0].exemplars[bucket]
+            .as_ref()
+            .map(|e| (e.stream_id.to_string(), e.value))
+    }
+
+    #[test]
+    fn a_stall_bucket_keeps_its_largest_exemplar_until_a_scrape_shows_it() {
+        let family = family_with(ExemplarPolicy::LargestSinceScrape);
+        offer(&family, "s1", 1.8);
+        offer(&family, "s2", 1.2); // smaller: s1 stays
+        assert_eq!(shown(&family, 2, false), Some(("s1".into(), 1.8)));
+        offer(&family, "s3", 1.9);
+        assert_eq!(shown(&family, 2, true), Some(("s3".into(), 1.9)));
+        // Seen by a scrape: the next one replaces it, even smaller.
+        offer(&family, "s4", 1.1);
+        assert_eq!(shown(&family, 2, true), Some(("s4".into(), 1.1)));
+        // Each bucket has its own.
+        offer(&family, "s5", 0.3);
+        assert_eq!(shown(&family, 0, false), Some(("s5".into(), 0.3)));
+        assert_eq!(shown(&family, 1, false), None);
+        offer(&family, "s6", 9.0);
+        assert_eq!(shown(&family, 3, false), Some(("s6".into(), 9.0)), "+Inf");
+    }
+
+    #[test]
+    fn other_buckets_keep_the_latest_exemplar_and_plain_families_none() {
+        let family = family_with(ExemplarPolicy::Latest);
+        offer(&family, "s1", 1.8);
+        offer(&family, "s2", 1.2);
+        assert_eq!(shown(&family, 2, false), Some(("s2".into(), 1.2)));
+        let plain = family_with(ExemplarPolicy::None);
+        offer(&plain, "s1", 1.8);
+        assert!(plain.snapshot(true)[0].exemplars.is_empty());
+    }
+
+    #[test]
+    fn merge_with_adds_classic_and_native_counts_of_the_same_samples() {
+        let family = family_with(ExemplarPolicy::Latest);
+        let index = family.native().unwrap().clone();
+        let values = [0.0, 0.01, 0.4, 0.4, 0.75, 1.5, 3.0];
+        let mut local = LocalHistogram::default();
+        let mut native = NativeCounts::default();
+        for v in values {
+            local.observe(family.bounds(), v);
+            native.observe(&index, v);
+        }
+        family.merge_with(&["a"], &local, &native, None);
+        family.merge_with(&["a"], &local, &native, None);
+        let snapshot = family.snapshot(false).remove(0);
+        assert_eq!(snapshot.count, 14);
+        assert_eq!(snapshot.counts, vec![8, 2, 2, 2]);
+        let state = snapshot.native.unwrap();
+        assert_eq!(state.zero_count, 2);
+        assert_eq!(state.positive.values().sum::<u64>(), 12);
+        assert_eq!(state.positive[&index.index(0.4)], 4);
+        assert!((snapshot.sum - 2.0 * 6.06).abs() < 1e-9);
     }
 }
