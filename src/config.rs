@@ -1378,4 +1378,54 @@ path = "/d"
         assert_eq!(config.listen.port(), 2222);
         assert_eq!(config.upstream.base_path, "/base");
     }
+
+    // --- Issue 27: [metrics] ---
+
+    #[test]
+    fn metrics_native_defaults_and_bad_values_named_by_key() {
+        let config = Config::from_toml("").unwrap();
+        let native = config.metrics.native;
+        assert!(native.enabled);
+        assert_eq!((native.schema, native.max_buckets), (4, 160));
+        assert_eq!(native.zero_threshold, 2f64.powi(-128));
+        for (text, key) in [
+            ("[metrics.native]\nschema = 9", "metrics.native.schema"),
+            ("[metrics.native]\nschema = -5", "metrics.native.schema"),
+            (
+                "[metrics.native]\nzero_threshold = -1.0",
+                "metrics.native.zero_threshold",
+            ),
+            (
+                "[metrics.native]\nmax_buckets = 0",
+                "metrics.native.max_buckets",
+            ),
+        ] {
+            let ConfigError(problems) = Config::from_toml(text).unwrap_err();
+            assert_eq!(problems[0].key, key, "{text}");
+        }
+        assert!(Config::from_toml("[metrics]\nclassic = \"coarse\"").is_err());
+    }
+
+    #[test]
+    fn the_fine_classic_preset_replaces_only_default_lists() {
+        let config = Config::from_toml("[metrics]\nclassic = \"fine\"").unwrap();
+        assert_eq!(config.buckets, Buckets::fine());
+        let text = "[metrics]\nclassic = \"fine\"\n[buckets]\nitl = [0.01, 0.1]";
+        let config = Config::from_toml(text).unwrap();
+        assert_eq!(
+            config.buckets.itl,
+            vec![0.01, 0.1],
+            "a list of one's own stays"
+        );
+        assert_eq!(config.buckets.ttft, Buckets::fine().ttft);
+        for list in [
+            &Buckets::fine().ttft,
+            &Buckets::fine().itl,
+            &Buckets::fine().proxy_delay,
+            &Buckets::fine().stall_duration,
+        ] {
+            assert!(check_bounds(list).is_ok());
+        }
+        assert_eq!(Config::from_toml("").unwrap().buckets, Buckets::default());
+    }
 }
