@@ -15,6 +15,7 @@ pub mod headers;
 pub mod joined_writes;
 pub mod listener;
 pub mod metered;
+pub mod refusal;
 pub mod reload;
 pub mod router;
 pub mod upstream;
