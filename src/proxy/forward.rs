@@ -205,6 +205,7 @@ pub async fn handle(
         content_type,
         traceparent,
         request_id,
+        status: parts.status.as_u16(),
     };
     let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info, permit);
     let settings = MeterSettings {
