@@ -67,6 +67,10 @@ if ! command -v kubectl >/dev/null; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubectl >/dev/null) \
         || echo "could not install kubectl"
 fi
+if ! python3 -c 'import helm_python' 2>/dev/null; then
+    echo "installing helm-python-sdk from PyPI (Helm's Go SDK behind ctypes: no helm binary can be had here)"
+    python3 -m pip install -q helm-python-sdk || echo "could not install helm-python-sdk"
+fi
 if ! python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
     echo "installing kubernetes-validate from PyPI"
     python3 -m pip install -q kubernetes-validate || echo "could not install kubernetes-validate"
@@ -193,6 +197,33 @@ else
     skip "kustomize builds (no kubectl): each manifest file is still checked above"
 fi
 
+# --- Helm --------------------------------------------------------------------------------------
+step "Helm chart deploy/helm/metronome (Helm's Go SDK through PyPI helm-python-sdk)"
+if python3 -c 'import helm_python' 2>/dev/null; then
+    H=scripts/deploy-helm.py
+    check "the chart's copies of the rules, alerts and dashboard are the sources" bash -c '
+        for f in rules/metronome.rules.yml rules/metronome.alerts.yml; do diff -u deploy/prometheus/$f deploy/helm/metronome/files/${f#rules/} || exit 1; done
+        diff -u deploy/grafana/metronome.json deploy/helm/metronome/files/metronome.json'
+    check "helm lint --strict (Kubernetes 1.29)" python3 $H lint
+    check "helm template (defaults)" python3 $H template "$TMP/helm.yaml"
+    check "the default render against the Kubernetes and CRD schemas, 1.29 and 1.37" python3 $V -k 1.29.0 -k 1.37.0 "$TMP/helm.yaml"
+    check "the default render: release label, grafana_dashboard ConfigMap, native sidecar, admin 0.0.0.0" \
+        python3 scripts/deploy-check-helm.py "$TMP/helm.yaml" kube-prometheus-stack "$TMP/helm.toml"
+    check "helm template (ServiceMonitor, release prom, extra labels, TLS secret, models)" python3 $H template "$TMP/helm2.yaml" \
+        monitoring.kind=ServiceMonitor monitoring.release=prom monitoring.extraLabels.team=infra tls.secretName=metronome-tls \
+        'config.models={llama,qwen}' ports.admin=9100 vllm.port=8001
+    check "the variant against the schemas" python3 $V -k 1.29.0 -k 1.37.0 "$TMP/helm2.yaml"
+    check "the variant: release prom and the extra label on the monitor, rules and dashboard" bash -c "
+        python3 scripts/deploy-check-helm.py '$TMP/helm2.yaml' prom && test \$(grep -c 'team: infra' '$TMP/helm2.yaml') -ge 3"
+    must_fail "helm lint catches a template that does not parse" bash -c "
+        cp -r deploy/helm/metronome '$TMP/badchart' && sed -i 's/{{- end }}\$/{{- end/' '$TMP/badchart/templates/prometheusrule.yaml' &&
+        python3 -c 'import sys, helm_python as h; r = h.lint(sys.argv[1], strict=True); print(r); sys.exit(1 if [m for m in r[\"messages\"] if m[\"severity\"] >= 3] or r.get(\"errors\") else 0)' '$TMP/badchart'"
+    must_fail "the render check catches a release label left out" \
+        python3 scripts/deploy-check-helm.py "$TMP/helm.yaml" my-release
+else
+    skip "Helm chart (helm-python-sdk not installed)"
+fi
+
 # --- metronome configuration files -----------------------------------------------------------
 step "metronome configuration files"
 BIN=${METRONOME_BIN:-}
@@ -202,6 +233,9 @@ if [[ -z $BIN ]] && command -v cargo >/dev/null; then
 fi
 if [[ -n $BIN ]]; then
     check "metronome check-config deploy/kubernetes/base/metronome.toml" "$BIN" check-config deploy/kubernetes/base/metronome.toml
+    if [[ -f $TMP/helm.toml ]]; then
+        check "metronome check-config on the Helm chart's rendered metronome.toml" "$BIN" check-config "$TMP/helm.toml"
+    fi
     check "metronome check-config config/metronome.toml (the file the systemd unit and image use)" "$BIN" check-config config/metronome.toml
 else
     skip "metronome check-config (no cargo, no METRONOME_BIN; cargo test checks both files in src/config.rs)"
