@@ -24,13 +24,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::config::{ReadinessConfig, Upstream};
+use crate::metrics::exposition::Format;
 use crate::proxy::ProxyState;
 
 /// The browser beacon module (assets/metronome-beacon.js), served for convenience.
 const BEACON_MODULE: &str = include_str!("../assets/metronome-beacon.js");
 
 /// The content type of the Prometheus text exposition format.
-pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const METRICS_CONTENT_TYPE: &str = crate::metrics::TEXT_CONTENT_TYPE;
 
 /// Serves the admin endpoints until `shutdown` resolves.
 pub async fn serve(
@@ -77,10 +78,16 @@ async fn answer(
     }
     Ok(match request.uri().path() {
         "/metrics" => {
-            let mut response = text(StatusCode::OK, state.metrics.encode());
+            // The format the scraper's Accept header asks for; text 0.0.4 for anything else.
+            let accept = request
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok());
+            let format = Format::from_accept(accept);
+            let mut response = text(StatusCode::OK, state.metrics.encode_as(format));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static(METRICS_CONTENT_TYPE),
+                HeaderValue::from_static(format.content_type()),
             );
             response
         }

@@ -184,5 +184,10 @@ fn record(beacon: &Beacon, state: &ProxyState, route: &str, model: &str) {
         Point::Client,
         start,
         beacon.ttft_ms.is_some(),
+        &crate::metrics::Exemplar {
+            stream_id: &beacon.id,
+            trace_id: None,
+            value: 0.0,
+        },
     );
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::format::Format;
-use crate::metrics::{Buckets, MAX_BOUNDS};
+use crate::metrics::{Buckets, MetricsConfig, MAX_BOUNDS};
 use crate::units::parse_duration;
 
 /// Arguments of `metronome serve`: the file, and the overrides operators reach for most.
@@ -81,6 +81,8 @@ struct RawConfig {
     metering: RawMetering,
     models: ModelsConfig,
     buckets: Buckets,
+    /// `[metrics]` (issue 27: native histograms, the classic preset).
+    metrics: MetricsConfig,
     timeline: TimelineConfig,
     tls: RawTls,
     upstream_tls: RawUpstreamTls,
@@ -441,8 +443,10 @@ pub struct Config {
     pub stream_id_header: Option<http::HeaderName>,
     /// Bounds on the `model` label.
     pub models: ModelsConfig,
-    /// Histogram buckets.
+    /// Histogram buckets (with `metrics.classic`'s preset applied).
     pub buckets: Buckets,
+    /// How histograms are published: native buckets, the classic preset.
+    pub metrics: MetricsConfig,
     /// Stream timelines and the browser beacon.
     pub timeline: TimelineConfig,
     /// TLS on the proxy listener, when configured.
@@ -986,6 +990,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             problem(key, reason);
         }
     }
+    for (key, reason) in raw.metrics.native.problems() {
+        problem(key, reason);
+    }
 
     let mut routes = Vec::new();
     let mut names = std::collections::HashSet::new();
@@ -1140,7 +1147,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             buffer_frames: m.buffer_frames,
             stream_id_header,
             models: raw.models,
-            buckets: raw.buckets,
+            buckets: raw.buckets.with_preset(raw.metrics.classic),
+            metrics: raw.metrics,
             timeline: raw.timeline,
             tls,
             upstream_tls,
@@ -1531,5 +1539,55 @@ path = "/d"
         let config = Config::from_args(&args).unwrap();
         assert_eq!(config.listen.port(), 2222);
         assert_eq!(config.upstream.base_path, "/base");
+    }
+
+    // --- Issue 27: [metrics] ---
+
+    #[test]
+    fn metrics_native_defaults_and_bad_values_named_by_key() {
+        let config = Config::from_toml("").unwrap();
+        let native = config.metrics.native;
+        assert!(native.enabled);
+        assert_eq!((native.schema, native.max_buckets), (4, 160));
+        assert_eq!(native.zero_threshold, 2f64.powi(-128));
+        for (text, key) in [
+            ("[metrics.native]\nschema = 9", "metrics.native.schema"),
+            ("[metrics.native]\nschema = -5", "metrics.native.schema"),
+            (
+                "[metrics.native]\nzero_threshold = -1.0",
+                "metrics.native.zero_threshold",
+            ),
+            (
+                "[metrics.native]\nmax_buckets = 0",
+                "metrics.native.max_buckets",
+            ),
+        ] {
+            let ConfigError(problems) = Config::from_toml(text).unwrap_err();
+            assert_eq!(problems[0].key, key, "{text}");
+        }
+        assert!(Config::from_toml("[metrics]\nclassic = \"coarse\"").is_err());
+    }
+
+    #[test]
+    fn the_fine_classic_preset_replaces_only_default_lists() {
+        let config = Config::from_toml("[metrics]\nclassic = \"fine\"").unwrap();
+        assert_eq!(config.buckets, Buckets::fine());
+        let text = "[metrics]\nclassic = \"fine\"\n[buckets]\nitl = [0.01, 0.1]";
+        let config = Config::from_toml(text).unwrap();
+        assert_eq!(
+            config.buckets.itl,
+            vec![0.01, 0.1],
+            "a list of one's own stays"
+        );
+        assert_eq!(config.buckets.ttft, Buckets::fine().ttft);
+        for list in [
+            &Buckets::fine().ttft,
+            &Buckets::fine().itl,
+            &Buckets::fine().proxy_delay,
+            &Buckets::fine().stall_duration,
+        ] {
+            assert!(check_bounds(list).is_ok());
+        }
+        assert_eq!(Config::from_toml("").unwrap().buckets, Buckets::default());
     }
 }

@@ -14,7 +14,9 @@ use std::time::Duration;
 use crate::clock::Tick;
 use crate::format::Format;
 use crate::meter::FrameCounts;
-use crate::metrics::{BucketCounts, LocalHistogram, Metrics, Outcome, Point};
+use crate::metrics::{
+    BucketCounts, Exemplar, LocalHistogram, Metrics, NativeCounts, Outcome, Point,
+};
 use crate::sketch::{GapBucket, GapSketch};
 use crate::timeline::{
     as_micros, AtPoints, EgressStamps, FinishedStream, IngressTimeline, StreamFrames,
@@ -80,9 +82,13 @@ pub struct PointLedger {
     /// The gaps' buckets. Their sum is the span from the first token event to the last and their
     /// count is one less than the token events, so neither is added up per gap.
     itl: BucketCounts,
+    /// The gaps' native buckets (when the family has them).
+    itl_native: NativeCounts,
+    /// The longest gap, in nanoseconds: the exemplar's value.
+    longest_gap: u64,
     stalls: u64,
-    /// Made at the first stall: most streams have none.
-    stall_durations: Option<Box<LocalHistogram>>,
+    /// Made at the first stall: most streams have none. Classic and native counts.
+    stall_durations: Option<Box<(LocalHistogram, NativeCounts)>>,
     events_per_frame: SmallCounts,
     gaps: GapSketch,
 }
@@ -112,11 +118,17 @@ impl PointLedger {
                 let bucket = GapBucket::of(seconds);
                 self.itl.add_at(index.bucket(bucket, seconds), 1);
                 self.gaps.add_to(bucket, 1);
+                if let Some(native) = metrics.itl.native() {
+                    self.itl_native.observe(native, seconds);
+                }
+                self.longest_gap = self.longest_gap.max(nanos);
                 if nanos > metrics.stall_threshold_nanos() {
                     self.stalls += 1;
-                    self.stall_durations
-                        .get_or_insert_with(Box::default)
-                        .observe(metrics.stall_duration.bounds(), seconds);
+                    let stall = self.stall_durations.get_or_insert_with(Box::default);
+                    stall.0.observe(metrics.stall_duration.bounds(), seconds);
+                    if let Some(native) = metrics.stall_duration.native() {
+                        stall.1.observe(native, seconds);
+                    }
                 }
             }
             None => {
@@ -127,6 +139,9 @@ impl PointLedger {
             self.itl
                 .add_at(index.bucket(GapBucket::ZERO, 0.0), zero_gaps);
             self.gaps.add_to(GapBucket::ZERO, zero_gaps);
+            if let Some(native) = metrics.itl.native() {
+                self.itl_native.add(native.bucket(0.0), zero_gaps);
+            }
         }
         self.last_token = Some(at);
         self.token_events += u64::from(token_events);
@@ -181,7 +196,14 @@ impl PointLedger {
         Some((self.first_token?, self.last_token?))
     }
 
-    /// Merges this point's figures into the metrics; TTFT only when `with_ttft`.
+    /// The gaps' native bucket counts (empty when the family has no native buckets).
+    pub fn itl_native(&self) -> &NativeCounts {
+        &self.itl_native
+    }
+
+    /// Merges this point's figures into the metrics; TTFT only when `with_ttft`. `stream` names
+    /// the stream for the exemplars (its `value` is replaced by each figure's own).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record(
         &self,
         metrics: &Metrics,
@@ -190,6 +212,7 @@ impl PointLedger {
         point: Point,
         received: Tick,
         with_ttft: bool,
+        stream: &Exemplar<'_>,
     ) {
         let p = point.as_str();
         if let Some(at) = self.first_byte {
@@ -198,18 +221,30 @@ impl PointLedger {
         if let Some(at) = self.first_token.filter(|_| with_ttft) {
             metrics
                 .ttft
-                .observe(&[route, model, p], at.secs_since(received));
+                .observe_with(&[route, model, p], at.secs_since(received), Some(stream));
         }
-        metrics.itl.merge(&[route, model, p], &self.itl());
+        let longest = Exemplar {
+            value: self.longest_gap as f64 * 1e-9,
+            ..*stream
+        };
+        metrics.itl.merge_with(
+            &[route, model, p],
+            &self.itl(),
+            &self.itl_native,
+            (self.longest_gap > 0).then_some(&longest),
+        );
         if self.stalls > 0 {
             metrics
                 .stalls
                 .with_label_values(&[route, model, p])
                 .inc_by(self.stalls);
             if let Some(stall_durations) = &self.stall_durations {
-                metrics
-                    .stall_duration
-                    .merge(&[route, model, p], stall_durations);
+                metrics.stall_duration.merge_with(
+                    &[route, model, p],
+                    &stall_durations.0,
+                    &stall_durations.1,
+                    Some(&longest),
+                );
             }
         }
         if let Some(jank) = self.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
@@ -284,6 +319,10 @@ pub struct EgressLedger {
     pub point: PointLedger,
     /// Egress minus ingress, per frame.
     pub proxy_delay: LocalHistogram,
+    /// The same delays' native buckets.
+    pub proxy_delay_native: NativeCounts,
+    /// The longest of them, in seconds: the exemplar's value.
+    longest_delay: f64,
     /// The socket write the last stamped frame went out in, to count events per write.
     last_write: Option<u64>,
     /// Events in frames of that write so far.
@@ -329,6 +368,10 @@ impl EgressLedger {
             .proxy_delay_index
             .bucket(GapBucket::of(delay), delay);
         self.proxy_delay.observe_in(bucket, delay);
+        if let Some(native) = metrics.proxy_delay.native() {
+            self.proxy_delay_native.observe(native, delay);
+        }
+        self.longest_delay = self.longest_delay.max(delay);
         if self.last_write != Some(write_seq) {
             self.point.events_in_frame(self.write_events, metrics);
             self.last_write = Some(write_seq);
@@ -575,6 +618,13 @@ impl Drop for StreamLedger {
             .and_then(|(l, _)| l.model.clone())
             .unwrap_or_else(|| metrics.models.resolve(None));
         let model = &*model_label;
+        let id_label = self.info.id.clone();
+        let traceparent = self.info.traceparent.clone();
+        let stream = Exemplar {
+            stream_id: &id_label,
+            trace_id: traceparent.as_deref().and_then(crate::metrics::trace_id),
+            value: 0.0,
+        };
 
         if let Some((ledger, _)) = &ingress {
             ledger.point.record(
@@ -584,6 +634,7 @@ impl Drop for StreamLedger {
                 Point::Ingress,
                 self.info.received,
                 true,
+                &stream,
             );
             let bounds = metrics.tokens_per_event.bounds();
             metrics
@@ -633,8 +684,18 @@ impl Drop for StreamLedger {
             Point::Egress,
             self.info.received,
             true,
+            &stream,
         );
-        metrics.proxy_delay.merge(&[route], &egress.proxy_delay);
+        let longest_delay = Exemplar {
+            value: egress.longest_delay,
+            ..stream
+        };
+        metrics.proxy_delay.merge_with(
+            &[route],
+            &egress.proxy_delay,
+            &egress.proxy_delay_native,
+            Some(&longest_delay),
+        );
 
         metrics
             .request_duration

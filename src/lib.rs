@@ -28,6 +28,7 @@ pub mod beacon;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod error;
 pub mod format;
 pub mod ledger;
 pub mod logging;

@@ -9,10 +9,13 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto;
+
+use super::native::{NativeCounts, NativeIndex, NativeSettings, NativeState};
 
 /// The most bucket boundaries a histogram may have (the config refuses more).
 pub const MAX_BOUNDS: usize = 32;
@@ -122,6 +125,102 @@ struct Series {
     /// The sum, as `f64` bits, updated by compare-and-swap.
     sum_bits: AtomicU64,
     count: AtomicU64,
+    /// When the series was made, seconds since the Unix epoch (OpenMetrics' `_created`).
+    created: f64,
+    /// The native buckets and the exemplars: taken once per merge (a stream's flush), never per
+    /// sample; `None` for a family with neither.
+    extra: Option<Mutex<Extra>>,
+}
+
+/// What a series keeps beside its classic counts, under one lock.
+#[derive(Debug)]
+struct Extra {
+    native: Option<NativeState>,
+    /// Per classic bucket (`+Inf` last), its exemplar; empty when the family keeps none.
+    exemplars: Box<[Option<StoredExemplar>]>,
+}
+
+/// The stream a sample came from, to hang on its bucket as an exemplar: the stream's ID (it
+/// resolves at the admin `/streams/{id}` while the stream is retained) and its W3C trace ID when
+/// the request had a `traceparent`. `value` is the sample the exemplar shows (a flush of many
+/// samples passes one of them, its longest gap for instance); it picks the bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Exemplar<'a> {
+    /// The `x-metronome-stream-id` value.
+    pub stream_id: &'a str,
+    /// The trace ID of the request's `traceparent` (32 hex digits), if it had one.
+    pub trace_id: Option<&'a str>,
+    /// The sample shown.
+    pub value: f64,
+}
+
+/// Which exemplar a bucket keeps when several streams offer one between two scrapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExemplarPolicy {
+    /// The family keeps no exemplars.
+    #[default]
+    None,
+    /// The latest offered.
+    Latest,
+    /// The largest value offered since the last scrape that showed exemplars (stalls: the worst
+    /// one must survive until Prometheus has seen it), then the latest after it.
+    LargestSinceScrape,
+}
+
+/// An exemplar as a bucket keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredExemplar {
+    /// The sample.
+    pub value: f64,
+    /// The stream's ID.
+    pub stream_id: Box<str>,
+    /// Its trace ID, if known.
+    pub trace_id: Option<Box<str>>,
+    /// When it was offered, seconds since the Unix epoch.
+    pub timestamp: f64,
+    /// A scrape has shown it.
+    scraped: bool,
+}
+
+/// How a family is kept beyond its classic buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FamilyOptions {
+    /// Native buckets beside the classic ones, with these settings.
+    pub native: Option<NativeSettings>,
+    /// Exemplars on the classic buckets.
+    pub exemplars: ExemplarPolicy,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+// === impl Extra ===
+
+impl Extra {
+    fn offer(&mut self, bucket: usize, exemplar: &Exemplar<'_>, policy: ExemplarPolicy) {
+        let Some(slot) = self.exemplars.get_mut(bucket) else {
+            return;
+        };
+        let replace = match (policy, &*slot) {
+            (ExemplarPolicy::None, _) => false,
+            (_, None) | (ExemplarPolicy::Latest, _) => true,
+            (ExemplarPolicy::LargestSinceScrape, Some(old)) => {
+                old.scraped || exemplar.value >= old.value
+            }
+        };
+        if replace {
+            *slot = Some(StoredExemplar {
+                value: exemplar.value,
+                stream_id: exemplar.stream_id.into(),
+                trace_id: exemplar.trace_id.map(Into::into),
+                timestamp: unix_now(),
+                scraped: false,
+            });
+        }
+    }
 }
 
 // === impl Series ===
@@ -163,6 +262,9 @@ pub struct HistogramFamily {
 struct FamilyInner {
     desc: Desc,
     bounds: Arc<[f64]>,
+    options: FamilyOptions,
+    /// The native buckets' index, when the family has them.
+    native: Option<NativeIndex>,
     /// Series by a hash of their label values; a bucket holds the rare collisions.
     series: RwLock<SeriesMap>,
 }
@@ -177,6 +279,18 @@ impl HistogramFamily {
         help: &str,
         label_names: &[&str],
         bounds: &[f64],
+    ) -> prometheus::Result<Self> {
+        Self::with_options(name, help, label_names, bounds, FamilyOptions::default())
+    }
+
+    /// A family as [`HistogramFamily::new`] makes it, with native buckets and exemplars as
+    /// `options` say.
+    pub fn with_options(
+        name: &str,
+        help: &str,
+        label_names: &[&str],
+        bounds: &[f64],
+        options: FamilyOptions,
     ) -> prometheus::Result<Self> {
         if bounds.len() > MAX_BOUNDS {
             return Err(prometheus::Error::Msg(format!(
@@ -193,6 +307,8 @@ impl HistogramFamily {
             inner: Arc::new(FamilyInner {
                 desc,
                 bounds: bounds.into(),
+                options,
+                native: options.native.map(NativeIndex::new),
                 series: RwLock::new(SeriesMap::default()),
             }),
         })
@@ -203,8 +319,22 @@ impl HistogramFamily {
         &self.inner.bounds
     }
 
+    /// The native buckets' index, for [`NativeCounts::observe`]; `None` when the family has no
+    /// native buckets.
+    pub fn native(&self) -> Option<&NativeIndex> {
+        self.inner.native.as_ref()
+    }
+
+    /// The family's name.
+    pub fn name(&self) -> &str {
+        &self.inner.desc.fq_name
+    }
+
     /// Merges a stream's samples into the series with these label values. Label values must come
     /// from bounded sets (routes, capped models, points): one series is created per new set.
+    ///
+    /// Only for a family without native buckets (the native counts would miss these samples);
+    /// a family with them takes [`HistogramFamily::merge_with`].
     pub fn merge(&self, label_values: &[&str], local: &LocalHistogram) {
         if local.count == 0 {
             return;
@@ -212,11 +342,121 @@ impl HistogramFamily {
         self.series(label_values).merge(local);
     }
 
-    /// Adds a single sample (for figures that are not per stream).
+    /// Merges a stream's samples (since its last flush) into the series with these label values:
+    /// the classic counts, sum and count of `local`, the native bucket counts of `native` (the
+    /// same samples, counted with [`HistogramFamily::native`]'s index; ignored by a family without
+    /// native buckets) and, when the family keeps exemplars, `exemplar` on the classic bucket of
+    /// its value. One lock of the series per call, none per sample.
+    pub fn merge_with(
+        &self,
+        label_values: &[&str],
+        local: &LocalHistogram,
+        native: &NativeCounts,
+        exemplar: Option<&Exemplar<'_>>,
+    ) {
+        if local.count == 0 && native.is_empty() {
+            return;
+        }
+        let series = self.series(label_values);
+        let Some(extra) = &series.extra else {
+            series.merge(local);
+            return;
+        };
+        // Under the lock, so that a snapshot sees the classic and native counts of the same
+        // merges.
+        let mut extra = extra.lock().unwrap_or_else(|e| e.into_inner());
+        series.merge(local);
+        if let (Some(state), Some(index)) = (&mut extra.native, &self.inner.native) {
+            state.merge(native, index.schema());
+        }
+        if let Some(exemplar) = exemplar {
+            let bucket = self.inner.bounds.partition_point(|b| *b < exemplar.value);
+            extra.offer(bucket, exemplar, self.inner.options.exemplars);
+        }
+    }
+
+    /// Adds a single sample (for figures that are not per stream), to the native buckets too.
     pub fn observe(&self, label_values: &[&str], value: f64) {
+        self.observe_with(label_values, value, None);
+    }
+
+    /// Adds a single sample, with the stream it came from as its exemplar (`exemplar.value` is
+    /// taken to be `value`).
+    pub fn observe_with(&self, label_values: &[&str], value: f64, exemplar: Option<&Exemplar<'_>>) {
         let mut local = LocalHistogram::default();
         local.observe(&self.inner.bounds, value);
-        self.merge(label_values, &local);
+        let mut native = NativeCounts::default();
+        if let Some(index) = &self.inner.native {
+            native.observe(index, value);
+        }
+        let exemplar = exemplar.map(|e| Exemplar { value, ..*e });
+        self.merge_with(label_values, &local, &native, exemplar.as_ref());
+    }
+
+    /// Every series as the exposition encoders read it, sorted by label values. With
+    /// `showing_exemplars` the exemplars returned count as seen (a stall bucket may take a
+    /// smaller one from then on).
+    pub fn snapshot(&self, showing_exemplars: bool) -> Vec<SeriesSnapshot> {
+        let desc = &self.inner.desc;
+        let map = self.inner.series.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<SeriesSnapshot> = map
+            .values()
+            .flatten()
+            .map(|series| {
+                let load = || -> Vec<u64> {
+                    series
+                        .counts
+                        .iter()
+                        .map(|c| c.load(Ordering::Relaxed))
+                        .collect()
+                };
+                let (counts, native, exemplars) = match &series.extra {
+                    Some(extra) => {
+                        let mut extra = extra.lock().unwrap_or_else(|e| e.into_inner());
+                        let counts = load();
+                        let exemplars = extra
+                            .exemplars
+                            .iter_mut()
+                            .map(|slot| {
+                                let shown = slot.clone();
+                                if let Some(stored) = slot.as_mut().filter(|_| showing_exemplars) {
+                                    stored.scraped = true;
+                                }
+                                shown
+                            })
+                            .collect();
+                        (counts, extra.native.clone(), exemplars)
+                    }
+                    None => (load(), None, Vec::new()),
+                };
+                SeriesSnapshot {
+                    labels: desc
+                        .variable_labels
+                        .iter()
+                        .cloned()
+                        .zip(series.label_values.iter().cloned())
+                        .collect(),
+                    count: counts.iter().sum(),
+                    counts,
+                    sum: f64::from_bits(series.sum_bits.load(Ordering::Relaxed)),
+                    created: series.created,
+                    native,
+                    exemplars,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            a.labels
+                .iter()
+                .map(|l| &l.1)
+                .cmp(b.labels.iter().map(|l| &l.1))
+        });
+        out
+    }
+
+    /// The family's help text.
+    pub fn help(&self) -> &str {
+        &self.inner.desc.help
     }
 
     /// Bucket counts (non-cumulative, `+Inf` last) summed over the series whose label values
@@ -246,6 +486,28 @@ impl HistogramFamily {
         bucket_quantile(q, &self.inner.bounds, &counts)
     }
 
+    /// A new series' native state and exemplar slots, as the family's options say.
+    fn extra(&self) -> Option<Mutex<Extra>> {
+        let options = &self.inner.options;
+        let keeps_exemplars = options.exemplars != ExemplarPolicy::None;
+        if options.native.is_none() && !keeps_exemplars {
+            return None;
+        }
+        let slots = if keeps_exemplars {
+            self.inner.bounds.len() + 1
+        } else {
+            0
+        };
+        Some(Mutex::new(Extra {
+            native: self
+                .inner
+                .native
+                .as_ref()
+                .map(|index| NativeState::new(index.settings())),
+            exemplars: (0..slots).map(|_| None).collect(),
+        }))
+    }
+
     fn series(&self, label_values: &[&str]) -> Arc<Series> {
         let hash = hash_labels(label_values);
         let matches = |s: &&Arc<Series>| {
@@ -272,10 +534,31 @@ impl HistogramFamily {
                 .collect(),
             sum_bits: AtomicU64::new(0f64.to_bits()),
             count: AtomicU64::new(0),
+            created: unix_now(),
+            extra: self.extra(),
         });
         bucket.push(series.clone());
         series
     }
+}
+
+/// One series as the encoders read it: a consistent copy taken under the series' lock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeriesSnapshot {
+    /// `(label name, value)` in the family's label order.
+    pub labels: Vec<(String, String)>,
+    /// Non-cumulative classic counts, `+Inf` last.
+    pub counts: Vec<u64>,
+    /// The sum of the classic counts: the series' count.
+    pub count: u64,
+    /// The sum of the samples.
+    pub sum: f64,
+    /// When the series was made, seconds since the Unix epoch.
+    pub created: f64,
+    /// The native buckets, when the family has them.
+    pub native: Option<NativeState>,
+    /// Per classic bucket, its exemplar (empty when the family keeps none).
+    pub exemplars: Vec<Option<StoredExemplar>>,
 }
 
 /// `histogram_quantile` over non-cumulative `counts` (`+Inf` last) with upper `bounds`.
@@ -443,6 +726,7 @@ impl Collector for HistogramFamily {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::NativeCounts;
 
     #[test]
     fn bucket_quantile_interpolates_like_promql() {
@@ -520,5 +804,87 @@ mod tests {
         family.merge(&["a", "bc"], &one);
         let total: u64 = family.totals(&[]).0.iter().sum();
         assert_eq!(total, sets.len() as u64 + 1);
+    }
+
+    fn family_with(policy: ExemplarPolicy) -> HistogramFamily {
+        HistogramFamily::with_options(
+            "t_seconds",
+            "help",
+            &["l"],
+            &[0.5, 1.0, 2.0],
+            FamilyOptions {
+                native: Some(NativeSettings::default()),
+                exemplars: policy,
+            },
+        )
+        .unwrap()
+    }
+
+    fn offer(family: &HistogramFamily, stream_id: &str, value: f64) {
+        let exemplar = Exemplar {
+            stream_id,
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
+            value,
+        };
+        family.observe_with(&["a"], value, Some(&exemplar));
+    }
+
+    fn shown(family: &HistogramFamily, bucket: usize, scrape: bool) -> Option<(String, f64)> {
+        family.snapshot(scrape)[0].exemplars[bucket]
+            .as_ref()
+            .map(|e| (e.stream_id.to_string(), e.value))
+    }
+
+    #[test]
+    fn a_stall_bucket_keeps_its_largest_exemplar_until_a_scrape_shows_it() {
+        let family = family_with(ExemplarPolicy::LargestSinceScrape);
+        offer(&family, "s1", 1.8);
+        offer(&family, "s2", 1.2); // smaller: s1 stays
+        assert_eq!(shown(&family, 2, false), Some(("s1".into(), 1.8)));
+        offer(&family, "s3", 1.9);
+        assert_eq!(shown(&family, 2, true), Some(("s3".into(), 1.9)));
+        // Seen by a scrape: the next one replaces it, even smaller.
+        offer(&family, "s4", 1.1);
+        assert_eq!(shown(&family, 2, true), Some(("s4".into(), 1.1)));
+        // Each bucket has its own.
+        offer(&family, "s5", 0.3);
+        assert_eq!(shown(&family, 0, false), Some(("s5".into(), 0.3)));
+        assert_eq!(shown(&family, 1, false), None);
+        offer(&family, "s6", 9.0);
+        assert_eq!(shown(&family, 3, false), Some(("s6".into(), 9.0)), "+Inf");
+    }
+
+    #[test]
+    fn other_buckets_keep_the_latest_exemplar_and_plain_families_none() {
+        let family = family_with(ExemplarPolicy::Latest);
+        offer(&family, "s1", 1.8);
+        offer(&family, "s2", 1.2);
+        assert_eq!(shown(&family, 2, false), Some(("s2".into(), 1.2)));
+        let plain = family_with(ExemplarPolicy::None);
+        offer(&plain, "s1", 1.8);
+        assert!(plain.snapshot(true)[0].exemplars.is_empty());
+    }
+
+    #[test]
+    fn merge_with_adds_classic_and_native_counts_of_the_same_samples() {
+        let family = family_with(ExemplarPolicy::Latest);
+        let index = family.native().unwrap().clone();
+        let values = [0.0, 0.01, 0.4, 0.4, 0.75, 1.5, 3.0];
+        let mut local = LocalHistogram::default();
+        let mut native = NativeCounts::default();
+        for v in values {
+            local.observe(family.bounds(), v);
+            native.observe(&index, v);
+        }
+        family.merge_with(&["a"], &local, &native, None);
+        family.merge_with(&["a"], &local, &native, None);
+        let snapshot = family.snapshot(false).remove(0);
+        assert_eq!(snapshot.count, 14);
+        assert_eq!(snapshot.counts, vec![8, 2, 2, 2]);
+        let state = snapshot.native.unwrap();
+        assert_eq!(state.zero_count, 2);
+        assert_eq!(state.positive.values().sum::<u64>(), 12);
+        assert_eq!(state.positive[&index.index(0.4)], 4);
+        assert!((snapshot.sum - 2.0 * 6.06).abs() < 1e-9);
     }
 }

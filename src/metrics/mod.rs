@@ -4,8 +4,12 @@
 //! written against them, so they change only through an issue. Stream figures are merged here once
 //! per stream by the ledger; request figures once per request by the forwarder.
 
+pub mod exposition;
 pub mod histogram;
 pub mod models;
+pub mod native;
+mod native_bounds;
+pub mod proto;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -15,8 +19,12 @@ use serde::Deserialize;
 
 use crate::sketch::GapHistogramIndex;
 
-pub use histogram::{BucketCounts, HistogramFamily, LocalHistogram, MAX_BOUNDS};
+pub use histogram::{
+    BucketCounts, Exemplar, ExemplarPolicy, FamilyOptions, HistogramFamily, LocalHistogram,
+    SeriesSnapshot, StoredExemplar, MAX_BOUNDS,
+};
 pub use models::ModelLabels;
+pub use native::{NativeCounts, NativeIndex, NativeSettings};
 
 /// Where a figure was measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,6 +129,163 @@ impl Default for Buckets {
     }
 }
 
+// --- Issue 27: native histograms, exemplars, the finer classic preset ---
+
+/// `[metrics]`: how the histograms are published.
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// `[metrics.native]`: native histograms beside the classic buckets.
+    pub native: NativeConfig,
+    /// `metrics.classic`: `default` (today's buckets, vLLM- and OpenTelemetry-compatible) or
+    /// `fine` (up to 32 bounds per latency histogram, for backends that cannot read native
+    /// histograms). A `[buckets]` list that differs from the default is kept either way.
+    pub classic: ClassicPreset,
+}
+
+/// The classic buckets' preset (`metrics.classic`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ClassicPreset {
+    /// Today's buckets: every vLLM and OpenTelemetry boundary.
+    #[default]
+    Default,
+    /// Finer buckets where LLM latencies fall (ratios of 1.25 to 1.5 from 1 ms to 1 s for the
+    /// gaps): for VictoriaMetrics and other backends without native histograms.
+    Fine,
+}
+
+/// `[metrics.native]`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NativeConfig {
+    /// Keep native histograms (default true); the protobuf exposition carries them.
+    pub enabled: bool,
+    /// Buckets 2^(2^-schema) apart: -4 to 8 (default 4: 2^(1/16), about 2.2 % quantile error).
+    pub schema: i8,
+    /// Samples at most this (seconds, or a ratio) are counted in the zero bucket (default 2^-128,
+    /// Prometheus's).
+    pub zero_threshold: f64,
+    /// Past this many buckets a series halves its resolution (default 160).
+    pub max_buckets: usize,
+}
+
+impl Default for NativeConfig {
+    fn default() -> Self {
+        let settings = NativeSettings::default();
+        NativeConfig {
+            enabled: true,
+            schema: settings.schema,
+            zero_threshold: settings.zero_threshold,
+            max_buckets: settings.max_buckets,
+        }
+    }
+}
+
+// === impl NativeConfig ===
+
+impl NativeConfig {
+    /// The settings of a family's native buckets; `None` when they are off.
+    pub fn settings(&self) -> Option<NativeSettings> {
+        self.enabled.then_some(NativeSettings {
+            schema: self.schema,
+            zero_threshold: self.zero_threshold,
+            max_buckets: self.max_buckets,
+        })
+    }
+
+    /// What is wrong with these settings, as `(key, reason)` pairs.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        if !(native::MIN_SCHEMA..=native::MAX_SCHEMA).contains(&self.schema) {
+            problems.push((
+                "metrics.native.schema",
+                format!("{} is out of range (-4 to 8)", self.schema),
+            ));
+        }
+        if !(self.zero_threshold.is_finite() && self.zero_threshold >= 0.0) {
+            problems.push((
+                "metrics.native.zero_threshold",
+                format!("{} must be finite and not negative", self.zero_threshold),
+            ));
+        }
+        if !(1..=32_768).contains(&self.max_buckets) {
+            problems.push((
+                "metrics.native.max_buckets",
+                format!("{} is out of range (1 to 32768)", self.max_buckets),
+            ));
+        }
+        problems
+    }
+}
+
+// === impl Buckets (presets) ===
+
+impl Buckets {
+    /// The finer classic preset: at most [`MAX_BOUNDS`] bounds per latency histogram, dense where
+    /// LLM latencies fall; the counts' buckets and the jank ratio's stay.
+    pub fn fine() -> Self {
+        Buckets {
+            ttft: vec![
+                0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4,
+                0.5, 0.6, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0,
+                40.0, 80.0, 160.0,
+            ],
+            itl: vec![
+                0.001, 0.0015, 0.002, 0.0025, 0.003, 0.004, 0.005, 0.006, 0.0075, 0.01, 0.0125,
+                0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25,
+                0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+            ],
+            proxy_delay: vec![
+                0.00001, 0.000015, 0.00002, 0.000025, 0.00003, 0.00004, 0.00005, 0.000075, 0.0001,
+                0.00015, 0.0002, 0.00025, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.0015, 0.002,
+                0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ],
+            stall_duration: vec![
+                0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5,
+                10.0, 15.0, 20.0, 30.0, 60.0,
+            ],
+            ..Buckets::default()
+        }
+    }
+
+    /// These buckets with `preset` applied: each list left at its default takes the preset's.
+    pub fn with_preset(mut self, preset: ClassicPreset) -> Self {
+        if preset == ClassicPreset::Default {
+            return self;
+        }
+        let (default, fine) = (Buckets::default(), Buckets::fine());
+        for (list, default, fine) in [
+            (&mut self.ttft, default.ttft, fine.ttft),
+            (&mut self.itl, default.itl, fine.itl),
+            (&mut self.proxy_delay, default.proxy_delay, fine.proxy_delay),
+            (
+                &mut self.stall_duration,
+                default.stall_duration,
+                fine.stall_duration,
+            ),
+        ] {
+            if *list == default {
+                *list = fine;
+            }
+        }
+        self
+    }
+}
+
+/// The trace ID of a W3C `traceparent` (`version-traceid-parentid-flags`): 32 lowercase hex
+/// digits, not all zero; `None` for anything else.
+pub fn trace_id(traceparent: &str) -> Option<&str> {
+    let id = traceparent.trim().split('-').nth(1)?;
+    let hex = id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    (hex && id.bytes().any(|b| b != b'0')).then_some(id)
+}
+
+// --- end of issue 27's block ---
+
 /// Every metric metronome exports, registered in one registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -183,6 +348,8 @@ pub struct Metrics {
     /// A gap longer than this is a stall, in nanoseconds: an atomic because a SIGHUP reload may
     /// change it while streams run; read with [`Metrics::stall_threshold`].
     stall_threshold_nanos: AtomicU64,
+    /// Every histogram family, for the encoders that carry native buckets and exemplars.
+    pub histograms: Vec<HistogramFamily>,
 }
 
 const RMP: &[&str] = &["route", "model", "point"];
@@ -190,18 +357,41 @@ const RMP: &[&str] = &["route", "model", "point"];
 // === impl Metrics ===
 
 impl Metrics {
-    /// Creates and registers every metric.
+    /// Creates and registers every metric, with native histograms at their defaults.
     pub fn new(
         buckets: &Buckets,
         models: ModelLabels,
         stall_threshold: Duration,
     ) -> prometheus::Result<Self> {
+        Self::with_native(buckets, models, stall_threshold, &NativeConfig::default())
+    }
+
+    /// Creates and registers every metric; the latency histograms and the jank ratio get native
+    /// buckets as `native` says, and ITL, TTFT, stall duration and proxy delay keep exemplars.
+    pub fn with_native(
+        buckets: &Buckets,
+        models: ModelLabels,
+        stall_threshold: Duration,
+        native: &NativeConfig,
+    ) -> prometheus::Result<Self> {
         let registry = Registry::new();
-        let hist = |name: &str, help: &str, labels: &[&str], bounds: &[f64]| {
-            let family = HistogramFamily::new(name, help, labels, bounds)?;
-            registry.register(Box::new(family.clone()))?;
-            Ok::<_, prometheus::Error>(family)
+        let families = std::cell::RefCell::new(Vec::new());
+        let latency = |exemplars: ExemplarPolicy| FamilyOptions {
+            native: native.settings(),
+            exemplars,
         };
+        let rich =
+            |name: &str, help: &str, labels: &[&str], bounds: &[f64], options: FamilyOptions| {
+                let family = HistogramFamily::with_options(name, help, labels, bounds, options)?;
+                registry.register(Box::new(family.clone()))?;
+                families.borrow_mut().push(family.clone());
+                Ok::<_, prometheus::Error>(family)
+            };
+        let hist = |name: &str, help: &str, labels: &[&str], bounds: &[f64]| {
+            rich(name, help, labels, bounds, FamilyOptions::default())
+        };
+        let plain = latency(ExemplarPolicy::None);
+        let with_latest = latency(ExemplarPolicy::Latest);
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let vec = IntCounterVec::new(Opts::new(name, help), labels)?;
             registry.register(Box::new(vec.clone()))?;
@@ -212,55 +402,62 @@ impl Metrics {
             registry.register(Box::new(vec.clone()))?;
             Ok::<_, prometheus::Error>(vec)
         };
-        let itl = hist(
+        let itl = rich(
             "metronome_inter_token_latency_seconds",
             "Gap between consecutive token events, per event (one sample per token event after the first; events in one frame have a gap of 0).",
             RMP,
             &buckets.itl,
+            with_latest,
         )?;
-        let proxy_delay = hist(
+        let proxy_delay = rich(
             "metronome_proxy_delay_seconds",
             "Per frame: time from reading it from the upstream to writing it to the client socket.",
             &["route"],
             &buckets.proxy_delay,
+            with_latest,
         )?;
         let metrics = Metrics {
-            ttft: hist(
+            ttft: rich(
                 "metronome_time_to_first_token_seconds",
                 "Time from the request reaching metronome to the first token event, at each point.",
                 RMP,
                 &buckets.ttft,
+                with_latest,
             )?,
-            ttfb: hist(
+            ttfb: rich(
                 "metronome_time_to_first_byte_seconds",
                 "Time from the request reaching metronome to the first response body byte, at each point.",
                 &["route", "point"],
                 &buckets.ttft,
+                plain,
             )?,
             itl_index: GapHistogramIndex::new(itl.bounds()),
             itl,
-            tpot: hist(
+            tpot: rich(
                 "metronome_time_per_output_token_seconds",
                 "Per stream: (last token event - first token event) / (output tokens - 1), at ingress.",
                 &["route", "model"],
                 &buckets.itl,
+                plain,
             )?,
-            jank: hist(
+            jank: rich(
                 "metronome_stream_jank_ratio",
                 "Per stream with at least 8 gaps: p99 gap / max(p50 gap, 1ms).",
                 RMP,
                 &buckets.jank_ratio,
+                plain,
             )?,
             stalls: counter(
                 "metronome_stalls_total",
                 "Inter-token gaps longer than the stall threshold.",
                 RMP,
             )?,
-            stall_duration: hist(
+            stall_duration: rich(
                 "metronome_stall_duration_seconds",
                 "Length of each inter-token gap longer than the stall threshold.",
                 RMP,
                 &buckets.stall_duration,
+                latency(ExemplarPolicy::LargestSinceScrape),
             )?,
             proxy_delay_index: GapHistogramIndex::new(proxy_delay.bounds()),
             proxy_delay,
@@ -296,11 +493,12 @@ impl Metrics {
                 "Every proxied request, streaming or not, by response status class.",
                 &["route", "status_class"],
             )?,
-            request_duration: hist(
+            request_duration: rich(
                 "metronome_request_duration_seconds",
                 "Every proxied request: from receipt to the end of its response body.",
                 &["route"],
                 &buckets.ttft,
+                plain,
             )?,
             upstream_errors: counter(
                 "metronome_upstream_errors_total",
@@ -333,6 +531,11 @@ impl Metrics {
             models,
             stall_threshold_nanos: AtomicU64::new(nanos(stall_threshold)),
             registry: registry.clone(),
+            histograms: Vec::new(),
+        };
+        let metrics = Metrics {
+            histograms: families.into_inner(),
+            ..metrics
         };
         let build_info = gauge(
             "metronome_build_info",
@@ -382,6 +585,9 @@ impl Metrics {
         out
     }
 }
+
+/// The content type of the Prometheus text exposition format (0.0.4).
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, Semaphore};
 
 use super::args::{Load, ProbeConfig, Stop};
 use super::stream::{Recorder, StreamError, StreamRecord};
+use crate::error::Chain;
 use crate::scan::Framing;
 
 /// The connector behind the pool: TCP, and rustls over it for https:// URLs.
@@ -251,12 +252,12 @@ async fn read_stream(
     record: &mut StreamRecord,
 ) -> Result<(), StreamError> {
     let response = shared.client.request(request).await.map_err(|e| {
-        if e.is_connect() && is_canceled(&e) {
-            StreamError::ConnectCanceled(error_chain(&e))
+        if is_canceled(&e) {
+            StreamError::ConnectCanceled(Chain(&e).to_string())
         } else if e.is_connect() {
-            StreamError::Connect(error_chain(&e))
+            StreamError::Connect(Chain(&e).to_string())
         } else {
-            StreamError::Request(error_chain(&e))
+            StreamError::Request(Chain(&e).to_string())
         }
     })?;
     let status = response.status();
@@ -276,7 +277,7 @@ async fn read_stream(
     let mut recorder = Recorder::new(framing);
     let mut body = response.into_body();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| StreamError::Body(error_chain(&e)))?;
+        let frame = frame.map_err(|e| StreamError::Body(Chain(&e).to_string()))?;
         if let Some(data) = frame.data_ref() {
             // One clock reading per frame: every event in it arrived now.
             recorder.frame(data, Instant::now(), record);
@@ -289,24 +290,11 @@ async fn read_stream(
     }
 }
 
-/// An error and its causes on one line (hyper's top-level messages alone say little).
-/// Whether hyper-util gave the request up without a reason of its own: its pool's
-/// `CheckoutNoLongerWanted`, a private type whose text is all there is to recognise it by.
-/// tests/tls.rs (the probe against an unknown CA) notices if that text changes.
+/// Whether hyper-util gave the connect up without a reason of its own (its pool's
+/// `CheckoutNoLongerWanted`, when another stream's attempt to the same server failed first): a
+/// connect error with no I/O error behind it, since every failure to connect, resolve or
+/// handshake carries the `std::io::Error` that says why. tests/tls.rs (the probe against an
+/// unknown CA) checks both sides of that line.
 fn is_canceled(error: &hyper_util::client::legacy::Error) -> bool {
-    use std::error::Error;
-    error
-        .source()
-        .is_some_and(|source| source.to_string() == "request was canceled")
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    error.is_connect() && !crate::error::is_caused_by::<std::io::Error>(error)
 }

@@ -223,7 +223,7 @@ async fn fetch_timeline(client: &AdminClient, url: &Uri) -> Result<StreamTimelin
     let response = client
         .request(request)
         .await
-        .map_err(|e| FetchError::Other(error_chain(&e)))?;
+        .map_err(|e| FetchError::Other(crate::error::Chain(&e).to_string()))?;
     match response.status() {
         StatusCode::OK => {}
         StatusCode::NOT_FOUND => return Err(FetchError::NotFound),
@@ -236,18 +236,6 @@ async fn fetch_timeline(client: &AdminClient, url: &Uri) -> Result<StreamTimelin
         .to_bytes();
     serde_json::from_slice(&body)
         .map_err(|e| FetchError::Other(format!("not a stream timeline: {e}")))
-}
-
-/// An error and its causes on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

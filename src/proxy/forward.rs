@@ -8,13 +8,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
+use http::{header, HeaderValue, Request, Response, Uri};
 
 use super::body::{ClientBody, ProxyBody, RequestBody, TimedBody};
 use super::egress_clock::EgressClock;
 use super::headers::{append_forwarded, content_type_essence, remove_hop_by_hop};
 use super::metered::{meter, MeterSettings};
-use super::upstream::UpstreamFailure;
+use super::refusal::Refusal;
+use super::router::Route;
 use super::{ProxyState, UpstreamClient};
 use crate::clock::Tick;
 use crate::format::{Accounting, Format};
@@ -35,7 +36,8 @@ pub struct Connection {
     pub client: UpstreamClient,
 }
 
-/// Handles one request from a client connection.
+/// Handles one request from a client connection: the beacon route, or the request forwarded,
+/// or the reason it was not, answered as a JSON error.
 pub async fn handle(
     request: Request<ClientBody>,
     state: Arc<ProxyState>,
@@ -46,59 +48,45 @@ pub async fn handle(
     if !beacon_path.is_empty() && request.uri().path() == beacon_path {
         return Ok(crate::beacon::answer(request, &state).await);
     }
-    let Ok(permit) = state.requests_in_flight.clone().try_acquire_owned() else {
-        let route = state
-            .router()
-            .route(request.method(), request.uri().path())
-            .name
-            .clone();
-        return Ok(state.answer_error(
-            &route,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded",
-            "metronome has too many requests in flight",
-        ));
-    };
+    let route = state
+        .router()
+        .route(request.method(), request.uri().path())
+        .clone();
+    Ok(
+        match forward(request, &state, &connection, &route, received).await {
+            Ok(response) => response,
+            Err(refusal) => refusal.answer(&state, &route),
+        },
+    )
+}
+
+/// Sends the request upstream along `route` and turns the response head into the client's.
+async fn forward(
+    request: Request<ClientBody>,
+    state: &Arc<ProxyState>,
+    connection: &Connection,
+    route: &Route,
+    received: Instant,
+) -> Result<Response<ProxyBody>, Refusal> {
+    let permit = state
+        .requests_in_flight
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| Refusal::Overloaded)?;
     let started_unix_ms = unix_ms();
     let traceparent = bounded_header(request.headers(), "traceparent");
     let request_id = bounded_header(request.headers(), "x-request-id");
     // Known before the request moves on; with the response's framing it hints at the API.
     let path_format = Format::from_path(request.uri().path());
-    // HTTP/1.x writes one response at a time, as hyper polls its body; on HTTP/2 flow control can
-    // hold a stream back while the socket takes other streams' bytes.
+    // HTTP/1.x writes one response at a time, as the connection polls its body; on HTTP/2 flow
+    // control can hold a stream back while the socket takes other streams' bytes.
     let client_http1 = request.version() < http::Version::HTTP_2;
-    let route = state
-        .router()
-        .route(request.method(), request.uri().path())
-        .clone();
-    let body_limit = state.config.limits.max_request_body_bytes;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > body_limit) {
-        return Ok(state.answer_error(
-            &route.name,
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "request_too_large",
-            &format!("the request body is larger than {body_limit} bytes"),
-        ));
-    }
-    let upstream_request = match upstream_request(request, &route.upstream, &connection, body_limit)
-    {
-        Ok(r) => r,
-        Err(message) => {
-            return Ok(state.answer_error(
-                &route.name,
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                &message,
-            ))
-        }
-    };
-
     let config = &state.config;
+    let body_limit = config.limits.max_request_body_bytes;
+    if declared_length(request.headers()).is_some_and(|n| n > body_limit) {
+        return Err(Refusal::BodyTooLarge(body_limit));
+    }
+    let upstream_request = upstream_request(request, &route.upstream, connection, body_limit)?;
     let sent = tokio::time::timeout(
         config.first_byte_timeout,
         connection.client.request(upstream_request),
@@ -106,37 +94,12 @@ pub async fn handle(
     .await;
     let response = match sent {
         Ok(Ok(response)) => response,
-        Ok(Err(error)) if error.body_too_large => {
-            return Ok(state.answer_error(
-                &route.name,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                &format!("the request body is larger than {body_limit} bytes"),
-            ));
-        }
-        Ok(Err(error)) => {
-            state.count_upstream_error(&route.name, error.failure.kind());
-            let (status, kind) = match error.failure {
-                UpstreamFailure::Timeout => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
-                _ => (StatusCode::BAD_GATEWAY, "upstream_unavailable"),
-            };
-            let cause = &error.cause;
-            let message = format!("upstream {} failed: {cause}", route.upstream);
-            tracing::warn!(route = %route.name, upstream = %route.upstream, error = %cause, "upstream request failed");
-            return Ok(state.answer_error(&route.name, status, kind, &message));
-        }
-        Err(_) => {
-            state.count_upstream_error(&route.name, "timeout");
-            let message = format!(
-                "upstream {} sent no response head within {:?}",
-                route.upstream, config.first_byte_timeout
-            );
-            return Ok(state.answer_error(
-                &route.name,
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_timeout",
-                &message,
-            ));
+        Ok(Err(error)) => return Err(Refusal::from_upstream(error, &route.upstream, body_limit)),
+        Err(_elapsed) => {
+            return Err(Refusal::NoHead {
+                upstream: route.upstream.clone(),
+                timeout: config.first_byte_timeout,
+            })
         }
     };
 
@@ -148,26 +111,7 @@ pub async fn handle(
         .with_label_values(&[&route.name, status_class(parts.status)])
         .inc();
 
-    let framing = content_type_essence(&parts.headers)
-        .filter(|_| config.metering_enabled)
-        .filter(|essence| config.stream_content_types.iter().any(|c| c == essence))
-        .map(|essence| {
-            let encoded = parts
-                .headers
-                .get(header::CONTENT_ENCODING)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| !v.trim().eq_ignore_ascii_case("identity"));
-            if encoded {
-                // A compressed stream is forwarded untouched and timed, but has no readable
-                // events: it is counted as an opaque stream (outcome `no_token`).
-                Framing::Opaque
-            } else if essence.contains("ndjson") || essence.contains("jsonl") {
-                Framing::Ndjson
-            } else {
-                Framing::Sse
-            }
-        });
-    let Some(framing) = framing else {
+    let Some(framing) = stream_framing(config, &parts.headers) else {
         let body = TimedBody::new(
             body,
             state.metrics.clone(),
@@ -226,6 +170,35 @@ pub async fn handle(
     Ok(Response::from_parts(parts, ProxyBody::Metered { body }))
 }
 
+/// The request's `Content-Length`, when it declares one that parses.
+fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
+/// How a response splits into events, when metering is on and its content type is a stream's;
+/// `None` passes it through unmetered.
+fn stream_framing(config: &crate::config::Config, headers: &http::HeaderMap) -> Option<Framing> {
+    let essence = content_type_essence(headers)
+        .filter(|_| config.metering_enabled)
+        .filter(|essence| config.stream_content_types.iter().any(|c| c == essence))?;
+    let encoded = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| !v.trim().eq_ignore_ascii_case("identity"));
+    Some(if encoded {
+        // A compressed stream is forwarded untouched and timed, but has no readable events: it
+        // is counted as an opaque stream (outcome `no_token`).
+        Framing::Opaque
+    } else if essence.contains("ndjson") || essence.contains("jsonl") {
+        Framing::Ndjson
+    } else {
+        Framing::Sse
+    })
+}
+
 /// The longest request header value kept with a stream (`traceparent`, `x-request-id`).
 const MAX_LOGGED_HEADER: usize = 256;
 
@@ -250,7 +223,7 @@ fn upstream_request(
     upstream: &crate::config::Upstream,
     connection: &Connection,
     body_limit: u64,
-) -> Result<Request<RequestBody>, String> {
+) -> Result<Request<RequestBody>, Refusal> {
     let (mut parts, body) = request.into_parts();
     let path_and_query = parts
         .uri
@@ -262,7 +235,7 @@ fn upstream_request(
         upstream.scheme, upstream.authority, upstream.base_path, path_and_query
     )
     .parse()
-    .map_err(|e| format!("cannot build the upstream URI: {e}"))?;
+    .map_err(Refusal::UpstreamUri)?;
     // An HTTP/2 client names the host in `:authority`; the HTTP/1.1 upstream needs `Host`.
     if !parts.headers.contains_key(header::HOST) {
         if let Some(authority) = parts.uri.authority() {

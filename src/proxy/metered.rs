@@ -35,6 +35,7 @@ use http_body_util::BodyExt;
 use tokio::time::Sleep;
 
 use super::egress_clock::{EgressClock, Standby};
+use super::upstream::UpstreamFailure;
 use super::BoxError;
 use crate::clock::Tick;
 use crate::format::Accounting;
@@ -70,11 +71,11 @@ enum Ending {
 }
 
 /// Why a metered stream was aborted, as the client connection sees it.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum StreamError {
-    /// The upstream body failed.
+    /// The upstream body failed; its error kept as it came.
     #[error("the upstream failed mid-stream: {0}")]
-    Upstream(String),
+    Upstream(#[source] BoxError),
     /// The upstream went silent.
     #[error("the upstream sent nothing for {0:?}")]
     Idle(Duration),
@@ -101,8 +102,8 @@ pub struct MeterSettings {
     pub client_http1: bool,
 }
 
-/// The upstream body, its error turned into its message and its `kind` label (only when it fails).
-type Upstream = Pin<Box<dyn Body<Data = Bytes, Error = (String, &'static str)> + Send>>;
+/// The upstream body, its error boxed with its type (read by [`UpstreamFailure::of_body`]).
+type Upstream = Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send>>;
 
 /// Who reads the upstream now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,7 +178,7 @@ pub fn meter<B>(
 ) -> EgressBody
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::error::Error + Send + 'static,
+    B::Error: Into<BoxError>,
 {
     let meter = IngressMeter::new(
         Scanner::new(settings.framing, settings.max_event_bytes),
@@ -189,9 +190,7 @@ where
     let now = Instant::now();
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
-            upstream: Some(Box::pin(
-                upstream.map_err(|e| (e.to_string(), body_failure_kind(&e))),
-            )),
+            upstream: Some(Box::pin(upstream.map_err(Into::into))),
             meter: Some(meter),
             reading: if inline {
                 Reading::Egress
@@ -269,9 +268,9 @@ impl Shared {
                     self.finish(state, IngressEnd::Complete, Ending::Complete);
                     return Poll::Ready(Read::Ended);
                 }
-                Poll::Ready(Some(Err((message, kind)))) => {
-                    self.count_upstream_error(kind);
-                    let ending = Ending::Failed(StreamError::Upstream(message));
+                Poll::Ready(Some(Err(error))) => {
+                    self.count_upstream_error(UpstreamFailure::of_body(&*error).kind());
+                    let ending = Ending::Failed(StreamError::Upstream(error));
                     self.finish(state, IngressEnd::UpstreamError, ending);
                     return Poll::Ready(Read::Ended);
                 }
@@ -467,39 +466,6 @@ pub(crate) fn set_waker(slot: &mut Option<Waker>, cx: &Context<'_>) {
         Some(waker) if waker.will_wake(cx.waker()) => {}
         _ => *slot = Some(cx.waker().clone()),
     }
-}
-
-/// The `kind` of an upstream body failure: `reset` when the connection was lost (reset, aborted,
-/// or closed before the body's end: hyper reports those as a body error whose cause is an I/O
-/// error, so the cause is what tells), `protocol` when the upstream sent something that is not
-/// HTTP.
-fn body_failure_kind(error: &(dyn std::error::Error + 'static)) -> &'static str {
-    use std::io::ErrorKind;
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if matches!(
-                io.kind(),
-                ErrorKind::ConnectionReset
-                    | ErrorKind::ConnectionAborted
-                    | ErrorKind::BrokenPipe
-                    | ErrorKind::UnexpectedEof
-            ) {
-                return "reset";
-            }
-        }
-        if e.downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_incomplete_message)
-        {
-            return "reset";
-        }
-        let text = e.to_string();
-        if text.contains("reset") || text.contains("closed") {
-            return "reset";
-        }
-        next = e.source();
-    }
-    "protocol"
 }
 
 /// The client's response body of a metered stream: the upstream's frames, untouched.

@@ -15,6 +15,7 @@ pub mod headers;
 pub mod joined_writes;
 pub mod listener;
 pub mod metered;
+pub mod refusal;
 pub mod reload;
 pub mod router;
 pub mod upstream;
@@ -133,10 +134,11 @@ fn warn_if_https_meets_no_roots(config: &Config) {
 impl ProxyState {
     /// Builds the shared state: metrics, router, TLS and the pooled client.
     pub fn new(config: Config) -> Result<Self, StartError> {
-        let metrics = Metrics::new(
+        let metrics = Metrics::with_native(
             &config.buckets,
             ModelLabels::new(&config.models.allow, config.models.max),
             config.stall_threshold,
+            &config.metrics.native,
         )?;
         let upstream_tls = tls::client_config(
             config.upstream_tls.ca.as_deref(),

@@ -22,6 +22,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 
 use super::body::{BodyTooLarge, RequestBody};
+use crate::error;
+use decode::Incomplete;
 use native::{NativeBody, NativeBodyError, NativeClient};
 
 /// hyper-util's pooled client (http and https).
@@ -130,6 +132,17 @@ impl UpstreamFailure {
             UpstreamFailure::Protocol => "protocol",
         }
     }
+
+    /// Why a response body failed after its head: `Reset` when the connection was lost (reset,
+    /// aborted, or closed before the body's end), `Protocol` when the upstream sent something
+    /// that is not HTTP. Read from the error's types, from either client.
+    pub fn of_body(error: &(dyn std::error::Error + 'static)) -> Self {
+        if error::is_connection_lost(error) || error::is_caused_by::<Incomplete>(error) {
+            UpstreamFailure::Reset
+        } else {
+            UpstreamFailure::Protocol
+        }
+    }
 }
 
 /// A request that got no response head from the upstream.
@@ -157,47 +170,27 @@ impl UpstreamError {
 
     /// Reads a hyper-util client error: its kind from its causes, its cause from the innermost.
     pub fn from_hyper(error: hyper_util::client::legacy::Error) -> Self {
-        let timed_out = error_chain(&error).any(|e| {
-            e.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        });
+        let timed_out = error::find_cause::<std::io::Error>(&error)
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
         let failure = if timed_out {
             UpstreamFailure::Timeout
         } else if error.is_connect() {
             UpstreamFailure::Connect
+        } else if error::is_connection_lost(&error) {
+            UpstreamFailure::Reset
         } else {
-            let text = format!("{error:?}");
-            if text.contains("Reset")
-                || text.contains("closed")
-                || text.contains("IncompleteMessage")
-            {
-                UpstreamFailure::Reset
-            } else {
-                UpstreamFailure::Protocol
-            }
+            UpstreamFailure::Protocol
         };
-        let cause = error_chain(&error)
+        let cause = error::chain(&error)
             .last()
             .map(|e| e.to_string())
             .unwrap_or_else(|| error.to_string());
         UpstreamError {
             failure,
             cause,
-            body_too_large: error_chain(&error).any(|e| e.is::<BodyTooLarge>()),
+            body_too_large: error::is_caused_by::<BodyTooLarge>(&error),
         }
     }
-}
-
-/// The causes of an error, outermost first.
-fn error_chain<'a>(
-    error: &'a (dyn std::error::Error + 'static),
-) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
-    let mut next = error.source();
-    std::iter::from_fn(move || {
-        let current = next?;
-        next = current.source();
-        Some(current)
-    })
 }
 
 pin_project_lite::pin_project! {

@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Parses an OpenMetrics text exposition (stdin) with prometheus_client's own parser and prints
+what tests/exposition.rs checks, as JSON: per family its type and unit, per histogram sample
+(name, labels, value) and the exemplars (labels, value) of the buckets that carry one.
+
+The parser raises on anything not OpenMetrics 1.0.0 (a missing `# EOF`, a bad exemplar, buckets
+out of order), and then this exits 1 with its message.
+Install: pip install prometheus_client
+"""
+import json
+import sys
+
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+
+def main():
+    text = sys.stdin.read()
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as e:  # the parser's ValueError, or anything else it raises
+        print(f"not OpenMetrics: {e}", file=sys.stderr)
+        return 1
+    out = []
+    for family in families:
+        samples = []
+        for s in family.samples:
+            exemplar = None
+            if s.exemplar is not None:
+                exemplar = {"labels": s.exemplar.labels, "value": s.exemplar.value,
+                            "timestamp": None if s.exemplar.timestamp is None
+                            else float(s.exemplar.timestamp)}
+            samples.append({"name": s.name, "labels": s.labels, "value": s.value,
+                            "exemplar": exemplar})
+        out.append({"name": family.name, "type": family.type, "unit": family.unit,
+                    "samples": samples})
+    json.dump(out, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+//! Why metronome answered a request itself instead of forwarding the upstream's response: each
+//! reason knows its status, its JSON error `type` and its message, so the forwarding code says
+//! only which refusal it is (as `h1::head::HeadError::status` does for malformed heads).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Response, StatusCode};
+
+use super::body::ProxyBody;
+use super::router::Route;
+use super::upstream::{UpstreamError, UpstreamFailure};
+use super::ProxyState;
+use crate::config::Upstream;
+
+/// A request metronome refuses, or could not get an upstream response for.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// `limits.max_requests_in_flight` requests are already being served.
+    #[error("metronome has too many requests in flight")]
+    Overloaded,
+    /// The request body is (or says it is) larger than `limits.max_request_body_bytes`.
+    #[error("the request body is larger than {0} bytes")]
+    BodyTooLarge(u64),
+    /// The request's path does not make an upstream URI.
+    #[error("cannot build the upstream URI: {0}")]
+    UpstreamUri(#[source] http::uri::InvalidUri),
+    /// The upstream could not be reached, or failed before its response head.
+    #[error("upstream {upstream} failed: {}", .error.cause)]
+    Upstream {
+        /// Where the request went.
+        upstream: Arc<Upstream>,
+        /// How it failed.
+        error: UpstreamError,
+    },
+    /// The upstream sent no response head within `first_byte_timeout`.
+    #[error("upstream {upstream} sent no response head within {timeout:?}")]
+    NoHead {
+        /// Where the request went.
+        upstream: Arc<Upstream>,
+        /// How long metronome waited.
+        timeout: Duration,
+    },
+}
+
+// === impl Refusal ===
+
+impl Refusal {
+    /// A failure of the upstream client: a request body over its limit is the client's fault
+    /// (413); anything else is the upstream's.
+    pub fn from_upstream(error: UpstreamError, upstream: &Arc<Upstream>, limit: u64) -> Self {
+        if error.body_too_large {
+            Refusal::BodyTooLarge(limit)
+        } else {
+            Refusal::Upstream {
+                upstream: upstream.clone(),
+                error,
+            }
+        }
+    }
+
+    /// The response status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::UpstreamUri(_) => StatusCode::BAD_REQUEST,
+            Refusal::NoHead { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Refusal::Upstream { error, .. } => match error.failure {
+                UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                _ => StatusCode::BAD_GATEWAY,
+            },
+        }
+    }
+
+    /// The JSON error body's `type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Refusal::Overloaded => "overloaded",
+            Refusal::BodyTooLarge(_) => "request_too_large",
+            Refusal::UpstreamUri(_) => "invalid_request",
+            Refusal::NoHead { .. } => "upstream_timeout",
+            Refusal::Upstream { error, .. } => match error.failure {
+                UpstreamFailure::Timeout => "upstream_timeout",
+                _ => "upstream_unavailable",
+            },
+        }
+    }
+
+    /// The upstream failure it counts in `metronome_upstream_errors_total`, when it is one.
+    pub fn upstream_failure(&self) -> Option<UpstreamFailure> {
+        match self {
+            Refusal::Upstream { error, .. } => Some(error.failure),
+            Refusal::NoHead { .. } => Some(UpstreamFailure::Timeout),
+            _ => None,
+        }
+    }
+
+    /// Counts the refusal and answers it as a JSON error.
+    pub fn answer(self, state: &ProxyState, route: &Route) -> Response<ProxyBody> {
+        if let Some(failure) = self.upstream_failure() {
+            state.count_upstream_error(&route.name, failure.kind());
+        }
+        if let Refusal::Upstream { upstream, error } = &self {
+            tracing::warn!(route = %route.name, upstream = %upstream, error = %error.cause, "upstream request failed");
+        }
+        state.answer_error(&route.name, self.status(), self.kind(), &self.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_refusal_knows_its_status_and_kind() {
+        let upstream: Arc<Upstream> =
+            Arc::new(Upstream::parse("http://127.0.0.1:1").expect("upstream"));
+        let failed = |failure| Refusal::Upstream {
+            upstream: upstream.clone(),
+            error: UpstreamError::new(failure, "refused".into()),
+        };
+        let cases = [
+            (Refusal::Overloaded, 503, "overloaded", None),
+            (Refusal::BodyTooLarge(10), 413, "request_too_large", None),
+            (
+                failed(UpstreamFailure::Connect),
+                502,
+                "upstream_unavailable",
+                Some(UpstreamFailure::Connect),
+            ),
+            (
+                failed(UpstreamFailure::Timeout),
+                504,
+                "upstream_timeout",
+                Some(UpstreamFailure::Timeout),
+            ),
+            (
+                Refusal::NoHead {
+                    upstream: upstream.clone(),
+                    timeout: Duration::from_secs(1),
+                },
+                504,
+                "upstream_timeout",
+                Some(UpstreamFailure::Timeout),
+            ),
+        ];
+        for (refusal, status, kind, failure) in cases {
+            assert_eq!(refusal.status().as_u16(), status, "{refusal}");
+            assert_eq!(refusal.kind(), kind, "{refusal}");
+            assert_eq!(refusal.upstream_failure(), failure, "{refusal}");
+        }
+    }
+
+    #[test]
+    fn a_request_body_over_its_limit_is_the_clients_fault() {
+        let upstream: Arc<Upstream> =
+            Arc::new(Upstream::parse("http://127.0.0.1:1").expect("upstream"));
+        let mut error = UpstreamError::new(UpstreamFailure::Reset, "body".into());
+        error.body_too_large = true;
+        let refusal = Refusal::from_upstream(error, &upstream, 64);
+        assert_eq!(refusal.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            refusal.to_string(),
+            "the request body is larger than 64 bytes"
+        );
+    }
+}
