@@ -61,7 +61,7 @@ def contract():
     """Metric names registered in src/metrics/mod.rs, and which are histograms."""
     text = METRICS_RS.read_text()
     names = set(re.findall(r'"(metronome_[a-z_]+)"', text))
-    histograms = set(re.findall(r'hist\(\s*"(metronome_[a-z_]+)"', text))
+    histograms = set(re.findall(r'(?:hist|rich)\(\s*"(metronome_[a-z_]+)"', text))
     return names, histograms
 
 
