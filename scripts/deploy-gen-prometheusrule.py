@@ -18,7 +18,7 @@ for name in ("metronome.rules.yml", "metronome.alerts.yml"):
 rule = {
     "apiVersion": "monitoring.coreos.com/v1",
     "kind": "PrometheusRule",
-    "metadata": {"name": "metronome", "labels": {"app.kubernetes.io/name": "vllm"}},
+    "metadata": {"name": "metronome", "labels": {"app.kubernetes.io/name": "vllm", "release": "kube-prometheus-stack"}},
     "spec": {"groups": groups},
 }
 

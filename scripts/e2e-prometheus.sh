@@ -9,7 +9,13 @@
 #   4. Prometheus' ingress ITL p99 (histogram_quantile) agrees with the probe's client p99 within
 #      the bucket resolution;
 #   5. the stall alert, driven true by the sim's stall profile, reaches the firing state, and so
-#      does the upstream-errors alert, driven by a route whose upstream is down.
+#      does the upstream-errors alert, driven by a route whose upstream is down;
+#   6. two metronome instances whose targets carry different `namespace` labels (team-a, team-b,
+#      as the Prometheus Operator would give two deployments of the same model) stay apart in the
+#      recording rules, and the upstream-errors alert fires for team-a (which has the broken
+#      route) only;
+#   7. the dashboard's vLLM panels have data from a vLLM-shaped /metrics (a fixture of vLLM 0.11's
+#      families, scripts/deploy-vllm-metrics.py) scraped beside metronome.
 # Deviations from the shipped files, all made on copies: scrape and evaluation every 1s, the
 # Kubernetes job left out (Debian's Prometheus lacks Kubernetes discovery), the target is this
 # run's admin port, and every alert's `for` is cut to 5s so that firing takes seconds.
@@ -64,7 +70,8 @@ fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 SIM=$(free_port); PROXY=$(free_port); ADMIN=$(free_port); PROM=$(free_port); DOWN=$(free_port)
-say "ports: sim $SIM, proxy $PROXY, admin $ADMIN, prometheus $PROM, a closed one $DOWN"
+PROXY_B=$(free_port); ADMIN_B=$(free_port); VLLM=$(free_port)
+say "ports: sim $SIM, proxy $PROXY, admin $ADMIN, prometheus $PROM, a closed one $DOWN, team-b proxy $PROXY_B admin $ADMIN_B, vLLM-shaped metrics $VLLM"
 
 wait_for() { # description, seconds, command...
     local what=$1 limit=$((SECONDS + $2))
@@ -102,14 +109,25 @@ EOF
 "$BIN" check-config "$TMP/metronome.toml" >/dev/null || die "check-config refused the e2e config"
 "$BIN" serve --config "$TMP/metronome.toml" >"$TMP/metronome.log" 2>&1 &
 PIDS+=($!)
+# team-b: a second deployment of the same model, without the broken route.
+sed -e "s/127.0.0.1:$PROXY\"/127.0.0.1:$PROXY_B\"/" -e "s/127.0.0.1:$ADMIN\"/127.0.0.1:$ADMIN_B\"/" \
+    "$TMP/metronome.toml" | head -n -4 >"$TMP/metronome-b.toml"
+grep -q broken "$TMP/metronome-b.toml" && die "team-b's config still has the broken route"
+"$BIN" check-config "$TMP/metronome-b.toml" >/dev/null || die "check-config refused team-b's config"
+"$BIN" serve --config "$TMP/metronome-b.toml" >"$TMP/metronome-b.log" 2>&1 &
+PIDS+=($!)
+python3 scripts/deploy-vllm-metrics.py "$VLLM" deploy/prometheus/tests/fixtures/vllm-0.11-metrics.txt 300 >"$TMP/vllm.log" 2>&1 &
+PIDS+=($!)
 wait_for "metronome /readyz" 20 curl -fsS "http://127.0.0.1:$ADMIN/readyz"
-ok "metronome is ready in front of the sim (/readyz 200: the sim answers GET /health)"
+wait_for "team-b metronome /readyz" 20 curl -fsS "http://127.0.0.1:$ADMIN_B/readyz"
+wait_for "the vLLM-shaped /metrics" 20 curl -fsS "http://127.0.0.1:$VLLM/metrics"
+ok "two metronomes are ready in front of the sim (/readyz 200: the sim answers GET /health), and a vLLM-shaped /metrics answers"
 
 # --- Prometheus, with the shipped config and rules -------------------------------------------
 mkdir -p "$TMP/prom/rules" "$TMP/prom/targets"
-python3 - "$TMP/prom" "$ADMIN" <<'EOF'
-import re, sys, yaml, pathlib
-out, admin = pathlib.Path(sys.argv[1]), sys.argv[2]
+python3 - "$TMP/prom" "$ADMIN" "$ADMIN_B" "$VLLM" <<'EOF'
+import json, re, sys, yaml, pathlib
+out, admin, admin_b, vllm = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 c = yaml.safe_load(open("deploy/prometheus/prometheus.yml"))
 c["global"]["scrape_interval"] = "1s"
 c["global"]["evaluation_interval"] = "1s"
@@ -117,7 +135,11 @@ c["scrape_configs"] = [j for j in c["scrape_configs"] if "kubernetes_sd_configs"
 for j in c["scrape_configs"]:
     j["scrape_timeout"] = "1s"
 yaml.safe_dump(c, open(out / "prometheus.yml", "w"))
-(out / "targets" / "e2e.json").write_text(f'[{{"targets": ["127.0.0.1:{admin}"], "labels": {{"env": "e2e"}}}}]')
+# The namespace label as the Operator would set it; team-a's vLLM beside its metronome.
+(out / "targets" / "e2e.json").write_text(json.dumps([
+    {"targets": [f"127.0.0.1:{admin}", f"127.0.0.1:{vllm}"], "labels": {"env": "e2e", "namespace": "team-a"}},
+    {"targets": [f"127.0.0.1:{admin_b}"], "labels": {"env": "e2e", "namespace": "team-b"}},
+]))
 for rules in c["rule_files"]:
     text = open(f"deploy/prometheus/{rules}").read()
     (out / rules).write_text(re.sub(r"^(\s+)for: \S+$", r"\1for: 5s", text, flags=re.M))
@@ -134,6 +156,9 @@ ok "Prometheus $PROM is up with deploy/prometheus/prometheus.yml and its rules"
     --json "$TMP/probe.json" >"$TMP/probe.log" 2>&1 &
 PROBE=$!
 PIDS+=($PROBE)
+"$BIN" probe --url "http://127.0.0.1:$PROXY_B" --model sim-model -c 2 --duration 45s --max-tokens 64 \
+    --json "$TMP/probe-b.json" >"$TMP/probe-b.log" 2>&1 &
+PIDS+=($!)
 # One request a second to the route whose upstream is down, for at most 90 s (a counter must
 # rise between scrapes for rate() to see it).
 (for _ in $(seq 90); do
@@ -170,6 +195,23 @@ for alert in MetronomeStallRateHigh MetronomeUpstreamErrors; do
     ok "$alert is firing"
 done
 
+# 6. Two deployments of the same model stay apart; the alert names team-a only.
+for ns in team-a team-b; do
+    wait_for "$P99 for $ns" 60 has_data "$P99{namespace=\"$ns\", model=\"sim-model\", point=\"ingress\"}"
+done
+[[ $(query "$P99{model=\"sim-model\", point=\"ingress\", route=\"chat\"}") -eq 2 ]] ||
+    die "$P99 for model sim-model should be one series per namespace (2)"
+ok "the recording rules keep team-a and team-b apart: 2 series of $P99 for the one model"
+team_b_alerts=$(curl -fsS "$API/alerts" | python3 -c '
+import json, sys
+print(sum(1 for a in json.load(sys.stdin)["data"]["alerts"] if a["labels"]["alertname"] == "MetronomeUpstreamErrors" and a["labels"].get("namespace") != "team-a"))')
+[[ $team_b_alerts -eq 0 ]] || die "MetronomeUpstreamErrors fired for a namespace other than team-a"
+[[ $(curl -fsS "$API/alerts" | python3 -c '
+import json, sys
+print(sum(1 for a in json.load(sys.stdin)["data"]["alerts"] if a["labels"]["alertname"] == "MetronomeUpstreamErrors" and a["labels"].get("namespace") == "team-a" and a["state"] == "firing"))') -eq 1 ]] ||
+    die "MetronomeUpstreamErrors is not firing once for team-a"
+ok "MetronomeUpstreamErrors fires for namespace team-a only"
+
 # Let the probe finish its streams, then compare it with Prometheus.
 while kill -0 $PROBE 2>/dev/null; do
     ((SECONDS < DEADLINE)) || die "the probe did not finish"
@@ -201,13 +243,13 @@ while IFS=$'\t' read -r title expr; do
     queries=$((queries + 1))
     if ! has_data "$expr"; then
         case $title in
-        "Inter-token gaps at client" | "Events metronome could not inspect") expected_empty=$((expected_empty + 1)) ;;
+        "Inter-token gaps at client" | "Events metronome could not inspect" | *"(native histogram)") expected_empty=$((expected_empty + 1)) ;;
         *) no_data+=("$title") ;;
         esac
     fi
 done < <(python3 scripts/deploy-check-promql.py dashboard-exprs)
 ((${#no_data[@]} == 0)) || die "dashboard queries without data: ${no_data[*]}"
-ok "$((queries - expected_empty)) of $queries dashboard queries return data (no data, as expected: the client-point heatmap, as no client reports here, and unparsed events, as the sim sends none)"
+ok "$((queries - expected_empty)) of $queries dashboard queries return data, the vLLM panels included (no data, as expected: the client-point heatmap, as no client reports here, unparsed events, as the sim sends none, and the native-histogram panels, as this scrape is classic)"
 
 # 4. Prometheus' ingress p99 against the probe's client p99: within one bucket of each other.
 PROM_P99=$(curl -fsS --get "$API/query" --data-urlencode \

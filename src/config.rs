@@ -542,8 +542,15 @@ impl Config {
 
     /// Parses and validates TOML text.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_problem(&e, text))?;
-        validate(raw)
+        let (raw, mut problems) = parse_raw(text);
+        match validate(raw) {
+            Ok(config) if problems.is_empty() => Ok(config),
+            Ok(_) => Err(ConfigError(problems)),
+            Err(ConfigError(more)) => {
+                problems.extend(more);
+                Err(ConfigError(problems))
+            }
+        }
     }
 
     /// Reads, parses and validates a file.
@@ -561,7 +568,11 @@ impl Config {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     ConfigError::one("--config", format!("cannot read {}: {e}", path.display()))
                 })?;
-                toml::from_str(&text).map_err(|e| toml_problem(&e, &text))?
+                let (raw, problems) = parse_raw(&text);
+                if !problems.is_empty() {
+                    return Err(ConfigError(problems));
+                }
+                raw
             }
             None => RawConfig::default(),
         };
@@ -587,7 +598,36 @@ impl Config {
     }
 }
 
-fn toml_problem(e: &toml::de::Error, text: &str) -> ConfigError {
+/// The most TOML and type problems one run reports (each costs a parse of the file).
+const MAX_PARSE_PROBLEMS: usize = 64;
+
+/// Parses TOML text into the raw configuration like a linter: every syntax, type and unknown-key
+/// problem with its key path, line and column, all of them in one run. After each problem the
+/// lines it spans (a whole table, for a table header) are blanked, offsets kept, and the parse
+/// runs again; what is left parses into a [`RawConfig`] that `validate` checks for the rest.
+fn parse_raw(text: &str) -> (RawConfig, Vec<ConfigProblem>) {
+    let mut problems = Vec::new();
+    let mut text = text.to_string();
+    while problems.len() < MAX_PARSE_PROBLEMS {
+        let error = match serde_path_to_error::deserialize(toml::Deserializer::new(&text)) {
+            Ok(raw) => return (raw, problems),
+            Err(e) => e,
+        };
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        problems.push(toml_problem(&inner, &path, &text));
+        let blanked = inner.span().map(|span| blank_lines(&text, span));
+        match blanked {
+            Some(next) if next != text => text = next,
+            _ => break,
+        }
+    }
+    (RawConfig::default(), problems)
+}
+
+/// One TOML or type problem: the key path where serde was, and the toml crate's message with
+/// the line and column (1-based) it points at.
+fn toml_problem(e: &toml::de::Error, path: &str, text: &str) -> ConfigProblem {
     let mut message = e.message().trim().to_string();
     if message.is_empty() {
         // The toml crate gives no message for some characters (a control character in a
@@ -601,11 +641,73 @@ fn toml_problem(e: &toml::de::Error, text: &str) -> ConfigError {
             None => "this is not valid TOML".to_string(),
         };
     }
-    let key = match e.span() {
-        Some(span) => format!("(at byte {})", span.start),
-        None => "(file)".to_string(),
+    let reason = match e.span() {
+        Some(span) => {
+            let (line, column) = line_and_column(text, span.start);
+            format!("line {line}, column {column}: {message}")
+        }
+        None => message,
     };
-    ConfigError::one(&key, message)
+    let key = if path.is_empty() || path == "." {
+        "(file)".to_string()
+    } else {
+        path.to_string()
+    };
+    ConfigProblem { key, reason }
+}
+
+/// The 1-based line and column (in characters) of a byte offset.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+/// `text` with the lines that `span` touches turned into spaces (newlines and byte offsets
+/// kept); when the first is a table header, the table's lines up to the next header too.
+fn blank_lines(text: &str, span: std::ops::Range<usize>) -> String {
+    let line_start = |at: usize| {
+        text.get(..at)
+            .and_then(|t| t.rfind('\n'))
+            .map_or(0, |i| i + 1)
+    };
+    let line_end = |at: usize| {
+        text.get(at..)
+            .and_then(|t| t.find('\n'))
+            .map_or(text.len(), |i| at + i)
+    };
+    let start = line_start(span.start.min(text.len()));
+    let mut end = line_end(
+        span.end
+            .max(span.start + 1)
+            .saturating_sub(1)
+            .min(text.len()),
+    );
+    let header = text
+        .get(start..)
+        .is_some_and(|t| t.trim_start().starts_with('['));
+    if header {
+        while end < text.len() {
+            let next = end + 1;
+            let next_end = line_end(next);
+            if text
+                .get(next..next_end)
+                .is_some_and(|l| l.trim_start().starts_with('['))
+            {
+                break;
+            }
+            end = next_end;
+        }
+    }
+    let mut bytes = text.as_bytes().to_vec();
+    for b in bytes.iter_mut().take(end).skip(start) {
+        if *b != b'\n' && *b != b'\r' {
+            *b = b' ';
+        }
+    }
+    // Only ASCII bytes of whole lines changed: the result is still UTF-8.
+    String::from_utf8(bytes).unwrap_or_default()
 }
 
 /// The longest duration a key may take: far beyond any sensible timeout, far below what would
@@ -1208,8 +1310,11 @@ mod tests {
         // Found by fuzzing: toml's message is empty for a control character in a comment.
         let e = Config::from_toml("# a comment \u{1b} with ESC\n").unwrap_err();
         assert_eq!(e.0.len(), 1);
-        assert_eq!(e.0[0].key, "(at byte 12)");
-        assert_eq!(e.0[0].reason, "unexpected character '\\u{1b}' (U+001B)");
+        assert_eq!(e.0[0].key, "(file)");
+        assert_eq!(
+            e.0[0].reason,
+            "line 1, column 13: unexpected character '\\u{1b}' (U+001B)"
+        );
     }
 
     #[test]
@@ -1266,6 +1371,63 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn every_toml_and_type_problem_comes_in_one_run_with_line_column_and_key() {
+        let text = "[server]\nlisten = 8080\ncolour = \"red\"\n\n[nosuch]\na = 1\n\n\
+                    [metering]\nstall_threshold = \"5 parsecs\"\n\n[[routes]]\nname = \"chat\"\n\
+                    path = \"/v1/chat/completions\"\nupstream = 5\n";
+        let problems = Config::from_toml(text).unwrap_err().0;
+        let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(problems.len(), 5, "{lines:#?}");
+        assert!(
+            lines[0].starts_with("server.listen: line 2, column 10: invalid type"),
+            "{lines:#?}"
+        );
+        assert!(
+            lines[1].starts_with("server.colour: line 3, column 1: unknown field"),
+            "{lines:#?}"
+        );
+        assert!(
+            lines[2].starts_with("nosuch: line 5, column 2: unknown field"),
+            "{lines:#?}"
+        );
+        assert!(
+            lines[3].starts_with("routes[0].upstream: line 14, column 12: invalid type"),
+            "{lines:#?}"
+        );
+        assert!(
+            lines[4].starts_with("metering.stall_threshold: "),
+            "{lines:#?}"
+        );
+    }
+
+    #[test]
+    fn a_syntax_error_has_its_line_and_column_and_later_ones_still_come() {
+        let problems =
+            Config::from_toml("[server\nlisten = \"x\"\n[limits]\nmax_requests = \"many\"\n")
+                .unwrap_err()
+                .0;
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert_eq!(problems[0].key, "(file)");
+        assert!(
+            problems[0].reason.starts_with("line 1, column 8: "),
+            "{problems:#?}"
+        );
+        assert_eq!(problems[1].key, "limits.max_requests");
+        assert!(
+            problems[1]
+                .reason
+                .starts_with("line 4, column 16: invalid type"),
+            "{problems:#?}"
+        );
+    }
+
+    #[test]
+    fn durations_take_the_go_and_kubernetes_spelling() {
+        let config = Config::from_toml("[server]\ndrain_grace = \"1m30s\"\n").unwrap();
+        assert_eq!(config.drain_grace, Duration::from_secs(90));
     }
 
     #[test]

@@ -412,6 +412,8 @@ pub struct StreamInfo {
     pub traceparent: Option<String>,
     /// The request's `x-request-id`, if any (bounded).
     pub request_id: Option<String>,
+    /// The response status sent to the client (for the access log).
+    pub status: u16,
 }
 
 /// Everything known about one metered stream; recorded exactly once, when the last holder drops it.
@@ -709,7 +711,7 @@ impl Drop for StreamLedger {
             outcome,
         );
         tracing::debug!(
-            id = &*finished.id,
+            stream_id = &*finished.id,
             route = &*finished.route,
             model = &*finished.model,
             format = format.name(),
@@ -718,6 +720,15 @@ impl Drop for StreamLedger {
             request_id = finished.request_id.as_deref(),
             "stream recorded"
         );
+        crate::logging::access(&crate::logging::AccessRecord {
+            route: &finished.route,
+            status: self.info.status,
+            duration: Some(Duration::from_micros(finished.duration_us)),
+            ttft: finished.ttft_us.egress.map(Duration::from_micros),
+            stalls: finished.stalls.egress,
+            outcome: finished.outcome,
+            stream_id: Some(&finished.id),
+        });
         self.registry.finished(finished);
         drop(self.in_flight.take());
 

@@ -10,6 +10,8 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: metronome::logging::LogArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -31,7 +33,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    metronome::telemetry::init_logging();
+    metronome::logging::init(&cli.log);
     match cli.command {
         // `serve` chooses its threads from its configuration.
         Command::Serve(args) => metronome::proxy::main(args),

@@ -113,6 +113,15 @@ pub fn server_config(resolver: Arc<ReloadableCert>) -> Result<Arc<ServerConfig>,
     Ok(Arc::new(config))
 }
 
+/// How many roots the system trust store holds that rustls can use (0 in an image without
+/// ca-certificates): the proxy warns at startup when an https upstream meets none.
+pub fn system_root_count() -> usize {
+    let mut roots = RootCertStore::empty();
+    let (added, _ignored) =
+        roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    added
+}
+
 /// A client configuration that trusts no certificate: for a client that may be handed an
 /// https connector but only ever speaks plain http (the probe on an http:// URL).
 pub fn client_config_without_roots() -> Result<ClientConfig, TlsError> {

@@ -149,6 +149,7 @@ async fn forward(
         content_type,
         traceparent,
         request_id,
+        status: parts.status.as_u16(),
     };
     let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info, permit);
     let settings = MeterSettings {

@@ -109,6 +109,26 @@ pub struct ProxyState {
     pub connections: Arc<tokio::sync::Semaphore>,
 }
 
+/// Warns at startup when an `https://` upstream will be verified against the system trust store
+/// and that store is empty (an image without ca-certificates): otherwise the first request would
+/// be the first word of it.
+fn warn_if_https_meets_no_roots(config: &Config) {
+    if config.upstream_tls.ca.is_some() {
+        return;
+    }
+    let https = std::iter::once(config.upstream.to_string())
+        .chain(config.routes.iter().map(|r| r.upstream.to_string()))
+        .find(|u| u.starts_with("https://"));
+    if let Some(upstream) = https {
+        if tls::system_root_count() == 0 {
+            tracing::warn!(
+                %upstream,
+                "the system trust store is empty, so no https:// upstream can be verified: install ca-certificates or set upstream_tls.ca"
+            );
+        }
+    }
+}
+
 // === impl ProxyState ===
 
 impl ProxyState {
@@ -128,6 +148,7 @@ impl ProxyState {
                 .as_ref()
                 .map(|(c, k)| (c.as_path(), k.as_path())),
         )?;
+        warn_if_https_meets_no_roots(&config);
         let listener_tls = match &config.tls {
             Some(t) => Some(Arc::new(tls::ReloadableCert::load(&t.cert, &t.key)?)),
             None => None,
@@ -227,6 +248,15 @@ impl ProxyState {
             .requests
             .with_label_values(&[route, status_class(status)])
             .inc();
+        crate::logging::access(&crate::logging::AccessRecord {
+            route,
+            status: status.as_u16(),
+            duration: None,
+            ttft: None,
+            stalls: 0,
+            outcome: kind,
+            stream_id: None,
+        });
         let body = serde_json::json!({ "error": { "type": kind, "message": message } });
         let mut response = Response::new(ProxyBody::local(body.to_string()));
         *response.status_mut() = status;

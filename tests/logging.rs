@@ -1,0 +1,103 @@
+//! The binary's logging as an operator meets it: JSON lines on request, no colour codes off a
+//! terminal, and a warning at startup when an https:// upstream meets an empty trust store.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Kills the child when the test ends, however it ends.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `serve` with an empty trust store and returns its first stderr lines (at most 8 s).
+fn first_lines(upstream: &str, extra: &[&str]) -> Vec<String> {
+    let empty = std::env::temp_dir().join(format!("metronome-empty-roots-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let empty_file = empty.join("none.pem");
+    std::fs::write(&empty_file, "").unwrap();
+    let mut child = Running(
+        Command::new(env!("CARGO_BIN_EXE_metronome"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(["--upstream", upstream])
+            .args(extra)
+            .env("SSL_CERT_FILE", &empty_file)
+            .env("SSL_CERT_DIR", &empty)
+            .env("RUST_LOG", "info")
+            .env_remove("NO_COLOR")
+            .env_remove("METRONOME_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match rx.recv_timeout(left) {
+            // "metronome serving" comes after the state is built, so after the warning.
+            Ok(line) => {
+                let done = line.contains("metronome serving");
+                lines.push(line);
+                if done {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    lines
+}
+
+#[test]
+fn an_https_upstream_and_an_empty_trust_store_warn_at_startup_in_json() {
+    let lines = first_lines("https://127.0.0.1:9", &["--log-format", "json"]);
+    assert!(!lines.is_empty(), "no output");
+    for line in &lines {
+        assert!(!line.contains('\u{1b}'), "colour off a terminal: {line:?}");
+        let parsed: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not one JSON object a line ({e}): {line}"));
+        assert!(parsed["level"].is_string(), "{line}");
+    }
+    let warnings: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("trust store is empty"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{lines:#?}");
+    assert!(
+        warnings[0].contains("\"level\":\"WARN\""),
+        "{}",
+        warnings[0]
+    );
+    assert!(
+        warnings[0].contains("https://127.0.0.1:9"),
+        "{}",
+        warnings[0]
+    );
+}
+
+#[test]
+fn a_plain_upstream_does_not_warn_and_text_has_no_colour_off_a_terminal() {
+    let lines = first_lines("http://127.0.0.1:9", &[]);
+    assert!(!lines.is_empty(), "no output");
+    assert!(lines.iter().all(|l| !l.contains('\u{1b}')), "{lines:#?}");
+    assert!(
+        lines.iter().all(|l| !l.contains("trust store")),
+        "{lines:#?}"
+    );
+}
