@@ -84,6 +84,20 @@ impl Tick {
     }
 }
 
+/// What the ingress side learned of one frame, carried with it until its bytes reach the client
+/// socket: when it was read and what it held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameStamp {
+    /// When the frame was read from the upstream.
+    pub ingress: Tick,
+    /// Events that ended in the frame.
+    pub events: u32,
+    /// Of those, events that carried tokens.
+    pub token_events: u32,
+    /// Place in the stream's timeline, when kept there.
+    pub seq: Option<u32>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -139,7 +139,7 @@ async fn demo(args: &DemoArgs) -> Result<(), DemoError> {
         );
         println!("  curl -s {metrics_url} | grep metronome_inter_token_latency");
         println!("Ctrl-C stops.");
-        crate::proxy::wait_for_termination().await;
+        crate::proxy::serve::wait_for_termination().await;
     } else {
         println!(
             "\n(`metronome demo --keep` leaves the sim and proxy running to curl and scrape.)"

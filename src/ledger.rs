@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::clock::Tick;
+use crate::clock::{FrameStamp, Tick};
 use crate::format::Format;
 use crate::meter::FrameCounts;
 use crate::metrics::{
@@ -477,24 +477,16 @@ impl StreamLedger {
         self.registry.max_frames()
     }
 
-    /// A frame reached the client socket; `seq` is its place in the timeline when kept there.
-    pub fn egress_frame(
-        &self,
-        at: Tick,
-        write_seq: u64,
-        ingress: Tick,
-        events: u32,
-        token_events: u32,
-        seq: Option<u32>,
-    ) {
+    /// A frame reached the client socket at `at`, in socket write `write_seq`.
+    pub fn egress_frame(&self, at: Tick, write_seq: u64, stamp: &FrameStamp) {
         let mut egress = self.egress.lock().unwrap_or_else(|e| e.into_inner());
         egress.frame(
             at,
             write_seq,
-            ingress,
-            events,
-            token_events,
-            seq.map(|seq| (seq, self.info.received)),
+            stamp.ingress,
+            stamp.events,
+            stamp.token_events,
+            stamp.seq.map(|seq| (seq, self.info.received)),
             &self.metrics,
         );
     }

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     metronome::logging::init(&cli.log);
     match cli.command {
         // `serve` chooses its threads from its configuration.
-        Command::Serve(args) => metronome::proxy::main(args),
+        Command::Serve(args) => metronome::proxy::serve::main(args),
         Command::CheckConfig { file } => metronome::config::check_config_command(&file),
         Command::Sim(args) => block_on(metronome::sim::run(args)),
         Command::Probe(args) => block_on(metronome::probe::run(args)),

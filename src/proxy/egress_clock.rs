@@ -23,7 +23,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::clock::Tick;
+use crate::clock::{FrameStamp, Tick};
 use crate::ledger::StreamLedger;
 
 /// A frame handed to hyper, waiting for its bytes to reach the socket.
@@ -32,11 +32,7 @@ struct PendingFrame {
     /// Socket byte count at which the frame is out.
     threshold: u64,
     ledger: Arc<StreamLedger>,
-    ingress: Tick,
-    events: u32,
-    token_events: u32,
-    /// Place in the stream's timeline, when kept there.
-    seq: Option<u32>,
+    stamp: FrameStamp,
 }
 
 /// A metered stream that reads its upstream from its egress body while the client keeps up and
@@ -80,24 +76,13 @@ impl EgressClock {
     }
 
     /// The egress body handed hyper a frame of `len` bytes.
-    pub fn handoff(
-        &self,
-        len: usize,
-        ledger: &Arc<StreamLedger>,
-        ingress: Tick,
-        events: u32,
-        token_events: u32,
-        seq: Option<u32>,
-    ) {
+    pub fn handoff(&self, len: usize, ledger: &Arc<StreamLedger>, stamp: FrameStamp) {
         let threshold = self.written.load(Ordering::Acquire) + len as u64;
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         pending.push_back(PendingFrame {
             threshold,
             ledger: ledger.clone(),
-            ingress,
-            events,
-            token_events,
-            seq,
+            stamp,
         });
         self.pending_len.store(pending.len(), Ordering::Release);
     }
@@ -115,14 +100,7 @@ impl EgressClock {
         // every waiting frame rather than stopping at the first that is not out.
         pending.retain(|frame| {
             if frame.threshold <= total {
-                frame.ledger.egress_frame(
-                    now,
-                    write_seq,
-                    frame.ingress,
-                    frame.events,
-                    frame.token_events,
-                    frame.seq,
-                );
+                frame.ledger.egress_frame(now, write_seq, &frame.stamp);
                 false
             } else {
                 true

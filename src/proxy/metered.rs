@@ -37,7 +37,7 @@ use tokio::time::Sleep;
 use super::egress_clock::{EgressClock, Standby};
 use super::upstream::UpstreamFailure;
 use super::BoxError;
-use crate::clock::Tick;
+use crate::clock::{FrameStamp, Tick};
 use crate::format::Accounting;
 use crate::ledger::{IngressEnd, StreamLedger};
 use crate::meter::IngressMeter;
@@ -47,11 +47,7 @@ use crate::scan::{Framing, Scanner};
 #[derive(Debug)]
 struct MeteredFrame {
     bytes: Bytes,
-    ingress: Tick,
-    events: u32,
-    token_events: u32,
-    /// Place in the stream's timeline, when kept there.
-    seq: Option<u32>,
+    stamp: FrameStamp,
 }
 
 /// What the reader task queued while the client could not take it.
@@ -295,10 +291,12 @@ impl Shared {
             state.metering_warm = true;
             return Poll::Ready(Read::Data(MeteredFrame {
                 bytes,
-                ingress: at,
-                events: counts.events,
-                token_events: counts.token_events,
-                seq: counts.seq,
+                stamp: FrameStamp {
+                    ingress: at,
+                    events: counts.events,
+                    token_events: counts.token_events,
+                    seq: counts.seq,
+                },
             }));
         }
     }
@@ -355,14 +353,8 @@ impl Shared {
 
     /// The frame goes to hyper now: register it with the connection's egress clock.
     fn handoff(&self, frame: &MeteredFrame) {
-        self.clock.handoff(
-            frame.bytes.len(),
-            &self.ledger,
-            frame.ingress,
-            frame.events,
-            frame.token_events,
-            frame.seq,
-        );
+        self.clock
+            .handoff(frame.bytes.len(), &self.ledger, frame.stamp);
     }
 
     fn count_upstream_error(&self, kind: &str) {

@@ -3,9 +3,11 @@
 //! - [`listener`] accepts connections (HTTP/1.1 and HTTP/2) and wraps each one's IO in the
 //!   [`egress_clock`], so frames are stamped when their bytes reach the client socket;
 //! - [`router`] gives each request its `route` label and upstream;
-//! - [`forward`] sends it upstream through a pooled client and builds the response;
+//! - [`forward`] sends it upstream through a pooled client and builds the response, or answers
+//!   a [`refusal`] (a JSON error that knows its status);
 //! - [`metered`] meters a streamed response: an ingress reader task and the egress body;
-//! - [`body`] and [`headers`] are the small pieces those share.
+//! - [`body`] and [`headers`] are the small pieces those share;
+//! - [`serve`] is `metronome serve`: runtime, signals, and serving until SIGTERM.
 
 pub mod body;
 pub mod egress_clock;
@@ -18,11 +20,11 @@ pub mod metered;
 pub mod refusal;
 pub mod reload;
 pub mod router;
+pub mod serve;
 pub mod upstream;
 pub mod workers;
 
 use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -34,7 +36,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::{Config, ServeArgs, Threading};
+use crate::config::{Config, Threading};
 use crate::metrics::{status_class, Metrics, ModelLabels};
 use crate::timeline::StreamRegistry;
 use crate::tls;
@@ -387,95 +389,5 @@ impl ProxyHandle {
         let _ = self.proxy_task.await;
         let _ = self.admin_shutdown.send(true);
         let _ = self.admin_task.await;
-    }
-}
-
-/// Entry point of `metronome serve`: reads the configuration, then starts the event loop that
-/// runs everything but the proxy listener's workers (signals, reloads, the admin listener) and,
-/// under `threading = "shared"`, the proxy listener too.
-pub fn main(args: ServeArgs) -> ExitCode {
-    let config = match Config::from_args(&args) {
-        Ok(config) => config,
-        Err(crate::config::ConfigError(problems)) => {
-            eprintln!("error: the configuration is invalid:");
-            for p in problems {
-                eprintln!("  {p}");
-            }
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = match config.threading {
-        // The workers have event loops of their own; this one only answers the admin listener.
-        Threading::PerCore => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-        Threading::Shared => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(config.worker_threads())
-            .enable_all()
-            .build(),
-    };
-    match runtime {
-        Ok(runtime) => runtime.block_on(run(config, args)),
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Serves `config` until SIGTERM, reloading on SIGHUP, then drains.
-async fn run(config: Config, args: ServeArgs) -> ExitCode {
-    let (listen, admin) = (config.listen, config.admin);
-    // Signal handlers go in before the listeners answer: a SIGTERM or SIGHUP that comes right
-    // after start must drain or reload, not kill the process with the default action.
-    let terminated = termination();
-    #[cfg(unix)]
-    let _hangup_handler =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let handle = match ProxyHandle::start(config).await {
-        Ok(handle) => handle,
-        Err(e) => {
-            eprintln!("error: cannot start listening on {listen} and {admin}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    tracing::info!(
-        proxy = %handle.proxy_addr,
-        admin = %handle.admin_addr,
-        upstream = %handle.state.config.upstream,
-        threading = handle.state.config.threading.name(),
-        workers = handle.state.config.worker_threads(),
-        "metronome serving"
-    );
-    reload::reload_on_sighup(&handle.state, &args, terminated).await;
-    tracing::info!(
-        grace = ?handle.state.config.drain_grace,
-        "draining in-flight streams"
-    );
-    handle.shutdown().await;
-    tracing::info!("stopped");
-    ExitCode::SUCCESS
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-pub async fn wait_for_termination() {
-    termination().await
-}
-
-/// Registers for SIGTERM at once (so a signal that comes before the returned future is first
-/// polled is not lost, nor does it kill the process) and resolves on SIGTERM or Ctrl-C.
-pub fn termination() -> impl std::future::Future<Output = ()> {
-    #[cfg(unix)]
-    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    async move {
-        #[cfg(unix)]
-        if let Some(mut term) = term {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
