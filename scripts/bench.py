@@ -965,6 +965,15 @@ def saturation_figure(steps):
     }
 
 
+def version(command):
+    """The first line a tool prints of its version (stdout or stderr), or "" if it is not installed."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+    except FileNotFoundError:
+        return ""
+    return (done.stdout or done.stderr).strip().split("\n")[0]
+
+
 def machine():
     cpu = "unknown"
     try:
@@ -975,9 +984,10 @@ def machine():
     except OSError:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True).stdout.strip()
-    nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip()
-    haproxy = subprocess.run(["haproxy", "-v"], capture_output=True, text=True).stdout.split("\n")[0]
+    rustc = version(["rustc", "--version"])
+    # The smoke installs neither nginx nor HAProxy; a tool that is absent is named as absent.
+    nginx = version(["nginx", "-v"]) or "nginx not installed"
+    haproxy = version(["haproxy", "-v"]) or "HAProxy not installed"
     return (f"{os.cpu_count()} vCPU ({cpu}), {mem:.0f} GiB, Linux {platform.release()}, {rustc}, "
             f"{nginx.replace('nginx version: ', '')}, {haproxy.split(' - ')[0]}")
 
