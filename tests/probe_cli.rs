@@ -1,5 +1,6 @@
 //! `metronome probe` as CI runs it: the built binary against a scripted upstream, checking the
-//! exit codes (0 pass, 1 gate failed, 2 usage error), the gate lines and the report files.
+//! exit codes (0 pass, 1 gate failed, 2 usage error, 3 the run failed), the gate lines and the
+//! report files.
 
 #[path = "probe/upstream.rs"]
 mod upstream;
@@ -124,33 +125,152 @@ fn every_gate_passes_and_fails_with_the_right_exit_code() {
     assert!(text.contains("FAIL itl_max<250ms: measured "), "{text}");
 }
 
-#[test]
-fn failed_streams_do_not_fail_the_run_unless_gated() {
+/// A URL on a port nothing listens on.
+fn refused_url() -> String {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!(
         "http://{}/v1/chat/completions",
         closed.local_addr().unwrap()
     );
     drop(closed);
+    url
+}
 
-    let plain = probe(&["--url", &url, "-n", "3"]);
-    assert_eq!(plain.status.code(), Some(0), "{}", stderr(&plain));
+#[test]
+fn a_refused_port_is_a_failed_run_exit_3() {
+    let url = refused_url();
+    // Without --model, the model list cannot be read: exit 3, saying what to do.
+    let no_model = probe(&["--url", &url, "-n", "3"]);
+    assert_eq!(no_model.status.code(), Some(3), "{}", stderr(&no_model));
+    let err = stderr(&no_model);
+    assert!(
+        err.contains("no --model given, and none could be found"),
+        "{err}"
+    );
+    assert!(err.contains("/v1/models failed"), "{err}");
+    assert!(err.contains("--model NAME"), "{err}");
+
+    // With a model, every stream fails to connect: exit 3 with or without gates.
+    let plain = probe(&["--url", &url, "-n", "3", "--model", "m"]);
+    assert_eq!(plain.status.code(), Some(3), "{}", stderr(&plain));
     assert!(
         stdout(&plain).contains("3 failed (connect 3)"),
         "{}",
         stdout(&plain)
     );
+    let err = stderr(&plain);
+    assert!(
+        err.contains("the run failed: no stream completed (3 of 3 failed)"),
+        "{err}"
+    );
+    assert!(err.contains("  connect (3): could not connect: "), "{err}");
 
-    let gated = probe(&["--url", &url, "-n", "3", "--assert", "errors<1"]);
-    assert_eq!(gated.status.code(), Some(1));
+    let gated = probe(&[
+        "--url", &url, "-n", "3", "--model", "m", "--assert", "errors<1",
+    ]);
+    assert_eq!(gated.status.code(), Some(3));
     assert!(
         stdout(&gated).contains("FAIL errors<1: measured 3"),
         "{}",
         stdout(&gated)
     );
-    // A latency gate without data fails rather than passing vacuously.
+}
+
+#[test]
+fn a_404_server_is_a_failed_run_showing_its_error_body() {
+    let server = Upstream::sse()
+        .status(404)
+        .no_models()
+        .start_in_background();
+    let url = server.url();
+    let no_model = probe(&["--url", &url, "-n", "2"]);
+    assert_eq!(no_model.status.code(), Some(3), "{}", stderr(&no_model));
+    assert!(
+        stderr(&no_model).contains("/v1/models answered 404: {\"detail\":\"Not Found\"}"),
+        "{}",
+        stderr(&no_model)
+    );
+    let output = probe(&[
+        "--url",
+        &url,
+        "-n",
+        "2",
+        "--model",
+        "nope",
+        "-H",
+        "Authorization: Bearer secret-token",
+    ]);
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    let (out, err) = (stdout(&output), stderr(&output));
+    assert!(out.contains("2 failed (status 2)"), "{out}");
+    let example =
+        "the server answered with status 404: {\"error\":{\"message\":\"scripted failure\"}}";
+    assert!(out.contains(example), "{out}");
+    assert!(err.contains(&format!("  status (2): {example}")), "{err}");
+    assert!(!out.contains("secret-token") && !err.contains("secret-token"));
+}
+
+#[test]
+fn a_server_failing_half_the_requests_fails_the_run_over_the_error_rate() {
+    let server = Upstream::sse()
+        .tokens(3)
+        .every(ms(5))
+        .fail_every(2)
+        .start_in_background();
+    let url = server.url();
+    let output = probe(&["--url", &url, "-n", "4", "--assert", "errors<10"]);
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(
+        err.contains("no --model given; using `scripted-model`"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "the run failed: 2 of 4 streams failed (50.0%, more than --max-error-rate 0.05)"
+        ),
+        "{err}"
+    );
+    assert!(stdout(&output).contains("PASS errors<10: measured 2"));
+    // Allowing half of them to fail makes it a run again, and the gates decide.
+    let allowed = probe(&[
+        "--url",
+        &url,
+        "-n",
+        "4",
+        "--max-error-rate",
+        "0.5",
+        "--assert",
+        "errors<10",
+    ]);
+    assert_eq!(allowed.status.code(), Some(0), "{}", stderr(&allowed));
+    let gated = probe(&[
+        "--url",
+        &url,
+        "-n",
+        "4",
+        "--max-error-rate",
+        "0.5",
+        "--assert",
+        "errors<1",
+    ]);
+    assert_eq!(gated.status.code(), Some(1), "{}", stderr(&gated));
+    let bad = probe(&["--url", &url, "--max-error-rate", "2"]);
+    assert_eq!(bad.status.code(), Some(2));
+    // The model the probe found is the one it asked for.
+    let seen = server.seen.lock().unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&seen.bodies[0]).unwrap();
+    assert_eq!(body["model"], "scripted-model");
+}
+
+#[test]
+fn a_latency_gate_without_data_fails() {
+    let server = Upstream::sse().tokens(0).start_in_background();
+    let url = server.url();
+    // No token event at all: no stream completed (exit 3), and the gate fails rather than
+    // passing vacuously.
     let no_data = probe(&["--url", &url, "-n", "1", "--assert", "itl_p99<250ms"]);
-    assert_eq!(no_data.status.code(), Some(1));
+    assert_eq!(no_data.status.code(), Some(3));
     assert!(stdout(&no_data).contains("FAIL itl_p99<250ms: measured no data"));
 }
 
@@ -158,7 +278,7 @@ fn failed_streams_do_not_fail_the_run_unless_gated() {
 fn usage_errors_exit_2_before_any_request() {
     // Nothing listens here; a usage error must be reported before connecting.
     let url = "http://127.0.0.1:9/v1/chat/completions";
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["--assert", "itl_p99"], "has no comparison"),
         (&["--assert", "itl_p98<250ms"], "not a metric"),
         (&["--assert", "itl_p99<250"], "needs a duration with a unit"),
@@ -170,6 +290,12 @@ fn usage_errors_exit_2_before_any_request() {
         (&["--header", "no-colon"], "is not a header"),
         (&["--concurrency", "0"], "must be at least 1"),
         (&["--no-such-flag"], "unexpected argument"),
+        (&["--assert", "itl_p99<1.1*baseline"], "give --baseline"),
+        (&["--slo", "ttft<500"], "needs a duration"),
+        (
+            &["--baseline", "/nonexistent/main.json"],
+            "cannot read the report",
+        ),
     ];
     for (extra, message) in cases {
         let mut args = vec!["--url", url];
@@ -244,8 +370,41 @@ fn json_report_has_exactly_the_contract_keys() {
             "stream_jank_ratio",
             "verdict",
             "reading_bands",
+            "throughput",
+            "meta",
         ])
     );
+    assert_eq!(
+        keys(&report["meta"]),
+        expected(&[
+            "version",
+            "command_line",
+            "url",
+            "model",
+            "load",
+            "concurrency",
+            "rate",
+            "started",
+            "duration_s"
+        ])
+    );
+    assert_eq!(report["meta"]["model"], "scripted-model");
+    assert_eq!(report["meta"]["load"], "closed");
+    assert_eq!(report["meta"]["concurrency"], 1);
+    assert_eq!(report["meta"]["url"], server.url());
+    assert_eq!(report["meta"]["version"], env!("CARGO_PKG_VERSION"));
+    assert!(report["meta"]["started"].as_str().unwrap().ends_with('Z'));
+    let wall = report["meta"]["duration_s"].as_f64().unwrap();
+    // Two streams of 20 token events 20 ms apart, one after the other, plus a 300 ms stall each.
+    assert!(wall > 1.0 && wall < 30.0, "{wall}");
+    let rps = report["throughput"]["requests_per_second"]
+        .as_f64()
+        .unwrap();
+    assert!((rps - 2.0 / wall).abs() < 0.05 * rps, "{rps} {wall}");
+    let tps = report["throughput"]["output_tokens_per_second"]
+        .as_f64()
+        .unwrap();
+    assert!((tps - 40.0 / wall).abs() < 0.05 * tps, "{tps} {wall}");
     let quantiles = expected(&["p50", "p95", "p99", "max"]);
     assert_eq!(keys(&report["ttft_ms"]), quantiles);
     assert_eq!(keys(&report["itl_ms"]), quantiles);
@@ -309,7 +468,17 @@ fn no_data_is_null_in_json() {
     let server = Upstream::sse().status(500).start_in_background();
     let dir = tempfile::tempdir().unwrap();
     let json_path = dir.path().join("report.json");
-    probe_two_requests_writing(&server, &["--json", json_path.to_str().unwrap()]);
+    // The report is written even when the run failed (exit 3).
+    let url = server.url();
+    let output = probe(&[
+        "--url",
+        &url,
+        "-n",
+        "2",
+        "--json",
+        json_path.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
     let report = read_json(&json_path);
     assert_eq!(report["errors"], 2);
     assert!(report["itl_ms"]["p50"].is_null());

@@ -10,10 +10,14 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use http::Uri;
 
+use super::workload::{chat_request, read_dataset, synthetic_prompt, OutputLength};
 use crate::units::parse_duration;
 
 /// The response header that carries the proxy's stream ID, joined later with its timeline.
 pub const STREAM_ID_HEADER: &str = "x-metronome-stream-id";
+
+/// The user message of the default chat request.
+pub const DEFAULT_PROMPT: &str = "Write a short story about a metronome.";
 
 /// The path used when `--url` names only a host: the OpenAI chat endpoint.
 pub const DEFAULT_PATH: &str = "/v1/chat/completions";
@@ -22,11 +26,16 @@ pub const DEFAULT_PATH: &str = "/v1/chat/completions";
 /// of `--help`). The larger groups are boxed so the binary's subcommand enum stays small.
 #[derive(clap::Args, Debug, Clone)]
 #[command(after_long_help = AFTER_HELP)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct ProbeArgs {
+    /// `metronome probe compare A.json B.json`: no run, two reports side by side.
+    #[command(subcommand)]
+    pub command: Option<ProbeCommand>,
+
     /// URL to stream from (POST), `http://` or `https://`. A URL without a path gets
     /// `/v1/chat/completions`.
-    #[arg(long)]
-    pub url: String,
+    #[arg(long, required = true)]
+    pub url: Option<String>,
 
     /// How many streams, how fast.
     #[command(flatten)]
@@ -39,6 +48,18 @@ pub struct ProbeArgs {
     /// What is reported and gated.
     #[command(flatten)]
     pub output: Box<OutputArgs>,
+}
+
+/// What `metronome probe` does instead of a run.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum ProbeCommand {
+    /// Print two earlier `--json` reports side by side with their deltas (B against A).
+    Compare {
+        /// The earlier report (the baseline).
+        a: PathBuf,
+        /// The later report.
+        b: PathBuf,
+    },
 }
 
 /// How many streams the probe runs, how fast, and how long each may take.
@@ -62,8 +83,14 @@ pub struct LoadArgs {
 
     /// Open loop: start this many streams per second at fixed intended times, whatever the
     /// server's pace. TTFT is measured from the intended start, so queueing is not hidden.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "rate_sweep")]
     pub rate: Option<f64>,
+
+    /// One open-loop run per rate (streams per second), e.g. `1,2,4,8`, and one report with a
+    /// row per rate: at what load does it start to stutter? Each run follows `--requests` or
+    /// `--duration`; gates apply to every rate.
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["html", "detail", "join", "baseline"])]
+    pub rate_sweep: Vec<f64>,
 
     /// Give up on a stream after this long (from sending it to its last byte).
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
@@ -84,17 +111,42 @@ pub struct LoadArgs {
 #[derive(clap::Args, Debug, Clone)]
 #[command(next_help_heading = "Request")]
 pub struct RequestArgs {
-    /// The `model` of the default chat request.
-    #[arg(long, default_value = "default")]
-    pub model: String,
+    /// The `model` of the default chat request. Without it, the probe asks the server's
+    /// `GET /v1/models` and uses the first model listed (and says so).
+    #[arg(long)]
+    pub model: Option<String>,
 
     /// The user message of the default chat request.
-    #[arg(long, default_value = "Write a short story about a metronome.")]
+    #[arg(long, default_value = DEFAULT_PROMPT)]
     pub prompt: String,
 
     /// The `max_tokens` of the default chat request.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, conflicts_with = "output_tokens")]
     pub max_tokens: u32,
+
+    /// Ask for exactly this many output tokens: `max_tokens` and `ignore_eos: true` (as vllm
+    /// bench does; vLLM and SGLang honour it, other servers ignore or refuse it: see
+    /// `--no-ignore-eos`).
+    #[arg(long, value_name = "N")]
+    pub output_tokens: Option<u32>,
+
+    /// With `--output-tokens`: do not send `ignore_eos` (for servers that refuse unknown fields).
+    #[arg(long, requires = "output_tokens")]
+    pub no_ignore_eos: bool,
+
+    /// A synthetic prompt of about N tokens (common one-token English words) instead of
+    /// `--prompt`.
+    #[arg(long, value_name = "N", conflicts_with = "prompt")]
+    pub input_tokens: Option<u32>,
+
+    /// One request per line, in order (or at random with `--seed`): a JSON object is a request
+    /// body (its `model` filled in when missing, `stream` set), anything else a prompt.
+    #[arg(long, value_name = "FILE.jsonl", conflicts_with = "body")]
+    pub dataset: Option<PathBuf>,
+
+    /// Sample `--dataset` lines at random (with replacement) from this seed instead of in order.
+    #[arg(long, requires = "dataset")]
+    pub seed: Option<u64>,
 
     /// Send this file as the request body instead of the default chat request.
     #[arg(long)]
@@ -126,10 +178,41 @@ pub struct OutputArgs {
     #[arg(long, value_name = "FILE")]
     pub detail: Option<PathBuf>,
 
-    /// A gate such as `itl_p99<250ms` or `tps_p50>10` (repeatable, comma-separable). Any failed
-    /// gate makes the exit code 1.
+    /// A gate such as `itl_p99<250ms`, `tps_p50>10`, `goodput>=0.99` or
+    /// `itl_p99<1.1*baseline` (repeatable, comma-separable). Any failed gate makes the exit
+    /// code 1.
     #[arg(long = "assert")]
     pub gates: Vec<String>,
+
+    /// The run itself fails (exit 3) when more than this share (0-1) of the streams failed,
+    /// whether or not gates are given. A run where no stream completed always fails.
+    #[arg(long, default_value_t = 0.05)]
+    pub max_error_rate: f64,
+
+    /// Off a terminal, print a progress line to stderr this often (`0` = never). On a
+    /// terminal a progress bar is drawn instead.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub progress_interval: Duration,
+
+    /// Service-level objectives per stream, e.g. `ttft<500ms,tpot<=50ms,itl_p99<100ms,stalls==0`
+    /// (objectives: ttft tpot e2el itl_p99 itl_max stalls). `goodput` is the share of streams
+    /// meeting every one; a failed stream meets none.
+    #[arg(long)]
+    pub slo: Option<String>,
+
+    /// An earlier `--json` report: prints the deltas and lets gates name it
+    /// (`--assert 'itl_p99<1.1*baseline'`).
+    #[arg(long, value_name = "FILE.json")]
+    pub baseline: Option<PathBuf>,
+
+    /// Write a JUnit XML report (one test case per gate) to this file.
+    #[arg(long, value_name = "FILE.xml")]
+    pub junit: Option<PathBuf>,
+
+    /// Write a Markdown summary to this file; when `GITHUB_STEP_SUMMARY` is set it is also
+    /// appended there.
+    #[arg(long, value_name = "FILE.md")]
+    pub markdown: Option<PathBuf>,
 
     /// After the run, fetch each stream's timeline from metronome's admin listener at this URL
     /// (e.g. http://127.0.0.1:9464) and split the client's gaps into generation, metronome and
@@ -161,8 +244,9 @@ Failed streams (connect, non-2xx, body error, timeout, no token event, error eve
 `errors`; their token events still count in the timing figures.
 
 Gates (--assert): tps_p50 tps_p5 itl_p50 itl_p95 itl_p99 itl_max ttft_p50 ttft_p95 ttft_p99
-ttft_max jank stream_jank_p50 stream_jank_p95 stall_pct errors, with < <= > >=; latencies take
-a unit (250ms, 2s), the others plain numbers. A gate without data fails.
+ttft_max jank stream_jank_p50 stream_jank_p95 stall_pct errors goodput goodput_rps rps
+output_tps, with < <= > >=; latencies take a unit (250ms, 2s), the others plain numbers. A gate
+without data fails.
 
 Attribution (--join ADMIN_URL): each stream's timeline is fetched from metronome's admin
 listener by its x-metronome-stream-id and matched event by event (the k-th token event at the
@@ -173,7 +257,17 @@ metronome (the rest, G - generation - metronome): a buffering edge shows as a ne
 clumps and a large positive part in the gap that releases them. Clumping compares events per
 client read with events per upstream frame. Streams that cannot be joined are counted, never fatal.
 
-Exit codes: 0 all gates pass, 1 a gate failed, 2 usage error or a report file cannot be written.";
+Goodput (--slo): per stream, ttft (from the intended start), tpot ((e2el - ttft) / (output
+tokens - 1), 0 for one token, as vllm bench serve computes it), e2el (intended start -> end of
+the body), itl_p99, itl_max, stalls (gaps over --stall-threshold). goodput is the share of
+streams meeting every objective; failed streams meet none. goodput_rps (good streams per second
+of wall time) is what vllm bench serve --goodput reports.
+
+Baselines (--baseline FILE.json): a gate's bound may be `baseline` or `F*baseline`, the same
+metric in that report. `metronome probe compare A.json B.json` prints two reports side by side.
+
+Exit codes: 0 all gates pass, 1 a gate failed, 2 usage error or a report file cannot be written,
+3 the run failed: no stream completed, or more than --max-error-rate of them failed.";
 
 /// When the probe stops starting streams.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -212,8 +306,15 @@ pub struct ProbeConfig {
     pub load: Load,
     /// When to stop starting streams.
     pub stop: Stop,
-    /// The request body, sent unchanged with every request.
+    /// The request body, sent unchanged with every request (unless `bodies` is not empty).
     pub body: Bytes,
+    /// The `--dataset` bodies; stream `i` sends the one [`super::workload::pick`] chooses.
+    /// Empty: every stream sends `body`.
+    pub bodies: Vec<Bytes>,
+    /// `--seed`: draw `bodies` at random instead of in order.
+    pub seed: Option<u64>,
+    /// The model asked for, for the report's metadata (`None` with `--body`).
+    pub model: Option<String>,
     /// Request headers (a `content-type: application/json` unless the user gave another).
     pub headers: HeaderMap,
     /// Per-stream limit, from sending the request to the end of its body.
@@ -266,6 +367,15 @@ pub enum ConfigError {
     /// `--rate` is not a positive, finite number.
     #[error("--rate must be a positive number of streams per second, not {0}")]
     InvalidRate(f64),
+    /// `--max-error-rate` is not a share between 0 and 1.
+    #[error("--max-error-rate must be between 0 and 1, not {0}")]
+    InvalidErrorRate(f64),
+    /// No model was given or found (the caller resolves `--model` from `/v1/models` first).
+    #[error("no model: give --model")]
+    NoModel,
+    /// `--dataset` cannot be used.
+    #[error(transparent)]
+    Dataset(#[from] super::workload::DatasetError),
 }
 
 // === impl ProbeConfig ===
@@ -283,7 +393,10 @@ impl ProbeConfig {
             url,
             load: Load::Closed { concurrency: 1 },
             stop: Stop::Requests(10),
-            body: chat_body(model, "Write a short story about a metronome.", 64),
+            body: chat_body(model, DEFAULT_PROMPT, 64),
+            bodies: Vec::new(),
+            seed: None,
+            model: Some(model.to_owned()),
             headers,
             timeout: Duration::from_secs(120),
             http2: false,
@@ -298,8 +411,19 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
     type Error = ConfigError;
 
     fn try_from(args: &ProbeArgs) -> Result<Self, Self::Error> {
-        let url = parse_url(&args.url)?;
+        let url = parse_url(args.url.as_deref().unwrap_or_default())?;
         let (load_args, request) = (&args.load, &*args.request);
+        let max_error_rate = args.output.max_error_rate;
+        if !(0.0..=1.0).contains(&max_error_rate) {
+            return Err(ConfigError::InvalidErrorRate(max_error_rate));
+        }
+        if let Some(rate) = load_args
+            .rate_sweep
+            .iter()
+            .find(|r| !(r.is_finite() && **r > 0.0))
+        {
+            return Err(ConfigError::InvalidRate(*rate));
+        }
         let load = match load_args.rate {
             None => Load::Closed {
                 concurrency: positive(load_args.concurrency.unwrap_or(1), "--concurrency")?,
@@ -317,14 +441,35 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
             Some(duration) => Stop::After(duration),
             None => Stop::Requests(load_args.requests.unwrap_or(10)),
         };
-        let body = match &request.body {
-            Some(path) => std::fs::read(path).map(Bytes::from).map_err(|source| {
-                ConfigError::UnreadableBody {
-                    path: path.clone(),
-                    source,
-                }
-            })?,
-            None => chat_body(&request.model, &request.prompt, request.max_tokens),
+        let output = OutputLength {
+            max_tokens: request.output_tokens.unwrap_or(request.max_tokens),
+            ignore_eos: request.output_tokens.is_some() && !request.no_ignore_eos,
+        };
+        let (body, bodies) = match &request.body {
+            Some(path) => {
+                let body = std::fs::read(path).map(Bytes::from).map_err(|source| {
+                    ConfigError::UnreadableBody {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+                (body, Vec::new())
+            }
+            None => {
+                let model = request.model.as_deref().ok_or(ConfigError::NoModel)?;
+                let prompt = match request.input_tokens {
+                    Some(n) => synthetic_prompt(n),
+                    None => request.prompt.clone(),
+                };
+                let body = chat_request(model, &prompt, output);
+                let bodies = match &request.dataset {
+                    Some(path) => {
+                        read_dataset(path, model, output, request.output_tokens.is_some())?
+                    }
+                    None => Vec::new(),
+                };
+                (body, bodies)
+            }
         };
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -352,6 +497,13 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
             load,
             stop,
             body,
+            bodies,
+            seed: request.seed,
+            model: request
+                .body
+                .is_none()
+                .then(|| request.model.clone())
+                .flatten(),
             headers,
             timeout: load_args.timeout,
             http2: load_args.http2,
@@ -362,17 +514,16 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
     }
 }
 
-/// The default request: an OpenAI chat completion with streaming and a final usage chunk, so the
-/// output-token count is exact where the server supports `stream_options`.
+/// The default request for `model`: see [`chat_request`] (no `ignore_eos`).
 pub fn chat_body(model: &str, prompt: &str, max_tokens: u32) -> Bytes {
-    let body = serde_json::json!({
-        "model": model,
-        "messages": [{ "role": "user", "content": prompt }],
-        "stream": true,
-        "max_tokens": max_tokens,
-        "stream_options": { "include_usage": true },
-    });
-    Bytes::from(body.to_string())
+    chat_request(
+        model,
+        prompt,
+        OutputLength {
+            max_tokens,
+            ignore_eos: false,
+        },
+    )
 }
 
 /// Parses `--url`, refusing what the client cannot reach and filling in the chat path.
@@ -434,8 +585,9 @@ mod tests {
     }
 
     fn config(line: &[&str]) -> Result<ProbeConfig, ConfigError> {
-        let cli =
+        let mut cli =
             Cli::try_parse_from(std::iter::once("probe").chain(line.iter().copied())).unwrap();
+        cli.args.request.model.get_or_insert_with(|| "m".to_owned());
         ProbeConfig::try_from(&cli.args)
     }
 

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, Semaphore};
 
 use super::args::{Load, ProbeConfig, Stop};
 use super::stream::{Recorder, StreamError, StreamRecord};
+use super::workload::pick;
 use crate::error::Chain;
 use crate::scan::Framing;
 
@@ -27,7 +28,7 @@ use crate::scan::Framing;
 type Connector = HttpsConnector<HttpConnector>;
 
 /// The pooled client every stream of a run shares.
-type HttpClient = Client<Connector, Full<Bytes>>;
+pub(crate) type HttpClient = Client<Connector, Full<Bytes>>;
 
 /// Why a run could not take place at all (individual streams fail into their records instead).
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +62,8 @@ struct Shared {
     client: HttpClient,
     /// The run's settings (request, timeout, stop rule).
     config: ProbeConfig,
+    /// Streams sent so far (for the progress line's "in flight").
+    sent: Arc<AtomicU64>,
 }
 
 /// Runs the configured load and returns every stream's record.
@@ -71,14 +74,25 @@ pub async fn measure(config: &ProbeConfig) -> Result<ProbeRun, ProbeError> {
 /// Like [`measure`], calling `on_stream` as each stream ends (for a progress bar).
 pub async fn measure_with(
     config: &ProbeConfig,
+    on_stream: impl FnMut(&StreamRecord),
+) -> Result<ProbeRun, ProbeError> {
+    measure_counting(config, Arc::new(AtomicU64::new(0)), on_stream).await
+}
+
+/// Like [`measure_with`], counting in `sent` every stream as it is sent (so that a progress
+/// line can tell the streams in flight: sent minus ended).
+pub async fn measure_counting(
+    config: &ProbeConfig,
+    sent: Arc<AtomicU64>,
     mut on_stream: impl FnMut(&StreamRecord),
 ) -> Result<ProbeRun, ProbeError> {
     let client = build_client(config)?;
     // Fail on an unbuildable request once, up front, rather than in every stream.
-    build_request(config).map_err(|e| ProbeError::InvalidRequest(e.to_string()))?;
+    build_request(config, 0).map_err(|e| ProbeError::InvalidRequest(e.to_string()))?;
     let shared = Arc::new(Shared {
         client,
         config: config.clone(),
+        sent,
     });
     let (tx, mut rx) = mpsc::unbounded_channel();
     let started = Instant::now();
@@ -112,7 +126,8 @@ pub async fn measure_with(
     })
 }
 
-fn build_client(config: &ProbeConfig) -> Result<HttpClient, ProbeError> {
+/// The pooled client for `config`'s URL (also used to ask `/v1/models`).
+pub(crate) fn build_client(config: &ProbeConfig) -> Result<HttpClient, ProbeError> {
     let mut tls = match config.url.scheme_str() {
         Some("https") => crate::tls::client_config(config.ca.as_deref(), None)?,
         // No certificate is ever checked: reading the system's roots would only cost start-up.
@@ -143,14 +158,19 @@ fn build_client(config: &ProbeConfig) -> Result<HttpClient, ProbeError> {
         .build(connector))
 }
 
-fn build_request(config: &ProbeConfig) -> Result<Request<Full<Bytes>>, http::Error> {
+/// Stream `index`'s request: the body, or the dataset line [`pick`] chooses for it.
+fn build_request(config: &ProbeConfig, index: u64) -> Result<Request<Full<Bytes>>, http::Error> {
     let mut builder = Request::builder()
         .method(Method::POST)
         .uri(config.url.clone());
     if let Some(headers) = builder.headers_mut() {
         headers.extend(config.headers.clone());
     }
-    builder.body(Full::new(config.body.clone()))
+    let body = match config.bodies.len() {
+        0 => config.body.clone(),
+        n => config.bodies[pick(index, n, config.seed)].clone(),
+    };
+    builder.body(Full::new(body))
 }
 
 /// `concurrency` workers, each starting its next stream as soon as its previous one ends.
@@ -220,7 +240,7 @@ fn may_start(stop: Stop, index: u64, at: Instant, started: Instant) -> bool {
 /// Runs one stream to its end (or its timeout) and returns its record.
 async fn run_stream(shared: &Shared, index: u64, scheduled: Instant) -> StreamRecord {
     let mut record = StreamRecord::new(index, scheduled);
-    let request = match build_request(&shared.config) {
+    let request = match build_request(&shared.config, index) {
         Ok(request) => request,
         Err(e) => {
             record.error = Some(StreamError::Request(e.to_string()));
@@ -230,6 +250,7 @@ async fn run_stream(shared: &Shared, index: u64, scheduled: Instant) -> StreamRe
     };
     let sent = Instant::now();
     record.sent = Some(sent);
+    shared.sent.fetch_add(1, Ordering::Relaxed);
     let timeout = shared.config.timeout;
     let outcome = tokio::time::timeout_at(
         (sent + timeout).into(),
@@ -268,6 +289,7 @@ async fn read_stream(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     if !status.is_success() {
+        record.error_body = error_body(response.into_body()).await;
         return Err(StreamError::Status(status.as_u16()));
     }
     let framing = match response.headers().get(CONTENT_TYPE) {
@@ -288,6 +310,41 @@ async fn read_stream(
         Some(error) => Err(error),
         None => Ok(()),
     }
+}
+
+/// At most this many bytes of an error response's body are read, and this many characters shown.
+const ERROR_BODY_BYTES: usize = 1024;
+/// See [`ERROR_BODY_BYTES`].
+const ERROR_BODY_CHARS: usize = 300;
+
+/// The start of a non-2xx response's body, on one line and truncated, so the report says what
+/// the server objected to (`{"error":"model not found"}`). `None` when the body is empty.
+async fn error_body(mut body: hyper::body::Incoming) -> Option<String> {
+    let mut bytes = Vec::new();
+    while bytes.len() < ERROR_BODY_BYTES {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    bytes.extend_from_slice(data);
+                }
+            }
+            _ => break,
+        }
+    }
+    one_line(&String::from_utf8_lossy(&bytes), ERROR_BODY_CHARS)
+}
+
+/// `text` with its whitespace runs folded to one space, cut at `max` characters (with `...`).
+pub(crate) fn one_line(text: &str, max: usize) -> Option<String> {
+    let folded = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if folded.is_empty() {
+        return None;
+    }
+    if folded.chars().count() <= max {
+        return Some(folded);
+    }
+    let cut: String = folded.chars().take(max).collect();
+    Some(cut + "...")
 }
 
 /// Whether hyper-util gave the connect up without a reason of its own (its pool's

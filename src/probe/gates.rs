@@ -45,10 +45,18 @@ pub enum Metric {
     StallPct,
     /// Failed streams.
     Errors,
+    /// Share (0-1) of streams meeting every `--slo` objective.
+    Goodput,
+    /// Streams meeting every `--slo` objective per second (vllm bench serve's goodput).
+    GoodputRps,
+    /// Completed streams per second.
+    Rps,
+    /// Output tokens per second, all streams together.
+    OutputTps,
 }
 
 /// Every metric with its name, for parsing and for the error that lists them.
-const METRICS: [(&str, Metric); 15] = [
+pub const METRICS: [(&str, Metric); 19] = [
     ("tps_p50", Metric::TpsP50),
     ("tps_p5", Metric::TpsP5),
     ("itl_p50", Metric::ItlP50),
@@ -64,7 +72,20 @@ const METRICS: [(&str, Metric); 15] = [
     ("stream_jank_p95", Metric::StreamJankP95),
     ("stall_pct", Metric::StallPct),
     ("errors", Metric::Errors),
+    ("goodput", Metric::Goodput),
+    ("goodput_rps", Metric::GoodputRps),
+    ("rps", Metric::Rps),
+    ("output_tps", Metric::OutputTps),
 ];
+
+/// What a gate compares with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Bound {
+    /// A fixed number, in the metric's report unit (milliseconds for latencies).
+    Value(f64),
+    /// `factor` times the same metric in the `--baseline` report (`1.1*baseline`).
+    Baseline(f64),
+}
 
 /// A comparison operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,8 +107,9 @@ pub struct Gate {
     pub metric: Metric,
     /// How it is compared.
     pub op: Op,
-    /// The bound, in the metric's report unit (milliseconds for latencies).
-    pub threshold: f64,
+    /// The bound: a number in the metric's report unit (milliseconds for latencies), or a
+    /// multiple of the baseline's value.
+    pub bound: Bound,
     /// The gate as the user wrote it (without spaces), for messages.
     pub text: String,
 }
@@ -99,6 +121,10 @@ pub struct GateOutcome {
     pub gate: Gate,
     /// The measured value (milliseconds for latencies), `None` when there was no data.
     pub measured: Option<f64>,
+    /// The bound the value was compared with (`None`: a baseline bound without a baseline value).
+    pub threshold: Option<f64>,
+    /// The baseline's value, for a gate that names the baseline.
+    pub baseline: Option<f64>,
     /// Whether the measured value satisfies the gate.
     pub passed: bool,
 }
@@ -130,6 +156,9 @@ pub enum GateError {
     /// The bound of another gate is not a plain number.
     #[error("gate `{0}` needs a plain number (no unit)")]
     BadNumber(String),
+    /// A gate names the baseline, but no `--baseline` report was given.
+    #[error("gate `{0}` compares with the baseline: give --baseline FILE.json")]
+    NoBaseline(String),
 }
 
 // === impl Metric ===
@@ -176,7 +205,44 @@ impl Metric {
             Metric::StreamJankP95 => report.stream_jank_ratio.p95,
             Metric::StallPct => report.stall_pct,
             Metric::Errors => Some(report.errors as f64),
+            Metric::Goodput => report.goodput.as_ref().and_then(|g| g.share),
+            Metric::GoodputRps => report.goodput.as_ref().and_then(|g| g.per_second),
+            Metric::Rps => report.throughput.requests_per_second,
+            Metric::OutputTps => report.throughput.output_tokens_per_second,
         }
+    }
+
+    /// Where the metric is in a `--json` report.
+    pub fn json_path(self) -> &'static [&'static str] {
+        match self {
+            Metric::TpsP50 => &["tokens_per_second", "p50"],
+            Metric::TpsP5 => &["tokens_per_second", "p5"],
+            Metric::ItlP50 => &["itl_ms", "p50"],
+            Metric::ItlP95 => &["itl_ms", "p95"],
+            Metric::ItlP99 => &["itl_ms", "p99"],
+            Metric::ItlMax => &["itl_ms", "max"],
+            Metric::TtftP50 => &["ttft_ms", "p50"],
+            Metric::TtftP95 => &["ttft_ms", "p95"],
+            Metric::TtftP99 => &["ttft_ms", "p99"],
+            Metric::TtftMax => &["ttft_ms", "max"],
+            Metric::Jank => &["jank_ratio"],
+            Metric::StreamJankP50 => &["stream_jank_ratio", "p50"],
+            Metric::StreamJankP95 => &["stream_jank_ratio", "p95"],
+            Metric::StallPct => &["stall_pct"],
+            Metric::Errors => &["errors"],
+            Metric::Goodput => &["goodput", "share"],
+            Metric::GoodputRps => &["goodput", "per_second"],
+            Metric::Rps => &["throughput", "requests_per_second"],
+            Metric::OutputTps => &["throughput", "output_tokens_per_second"],
+        }
+    }
+
+    /// The metric's value in a `--json` report read back (`None` when absent or null).
+    pub fn from_json(self, report: &serde_json::Value) -> Option<f64> {
+        self.json_path()
+            .iter()
+            .try_fold(report, |v, key| v.get(key))?
+            .as_f64()
     }
 
     /// A value of this metric as people read it (`312.4ms`, `2.56`, `3`).
@@ -236,25 +302,53 @@ impl FromStr for Gate {
                 metric: name.to_owned(),
                 known: METRICS.map(|(n, _)| n).join(", "),
             })?;
-        let threshold = if metric.is_duration() {
+        let bound = if let Some(factor) = baseline_factor(value) {
+            Bound::Baseline(factor.ok_or_else(|| GateError::BadNumber(text.clone()))?)
+        } else if metric.is_duration() {
             let d = parse_duration(value).map_err(|reason| GateError::BadDuration {
                 gate: text.clone(),
                 reason,
             })?;
-            d.as_secs_f64() * 1e3
+            Bound::Value(d.as_secs_f64() * 1e3)
         } else {
-            value
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite())
-                .ok_or_else(|| GateError::BadNumber(text.clone()))?
+            Bound::Value(
+                value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|v| v.is_finite())
+                    .ok_or_else(|| GateError::BadNumber(text.clone()))?,
+            )
         };
         Ok(Gate {
             metric,
             op,
-            threshold,
+            bound,
             text,
         })
+    }
+}
+
+/// `baseline` → factor 1, `1.1*baseline` → 1.1; `Some(None)` when the factor is not a number;
+/// `None` when the bound does not name the baseline.
+fn baseline_factor(value: &str) -> Option<Option<f64>> {
+    if value == "baseline" {
+        return Some(Some(1.0));
+    }
+    let factor = value.strip_suffix("*baseline")?;
+    Some(
+        factor
+            .parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite() && *f >= 0.0),
+    )
+}
+
+// === impl Gate ===
+
+impl Gate {
+    /// Whether the gate compares with the baseline.
+    pub fn needs_baseline(&self) -> bool {
+        matches!(self.bound, Bound::Baseline(_))
     }
 }
 
@@ -264,11 +358,24 @@ impl fmt::Display for GateOutcome {
     /// `PASS itl_p99<250ms: measured 31.2ms` or `FAIL ...: measured no data`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let word = if self.passed { "PASS" } else { "FAIL" };
+        let metric = self.gate.metric;
         let measured = match self.measured {
-            Some(v) => self.gate.metric.format(v),
+            Some(v) => metric.format(v),
             None => "no data".to_owned(),
         };
-        write!(f, "{word} {}: measured {measured}", self.gate.text)
+        write!(f, "{word} {}: measured {measured}", self.gate.text)?;
+        if self.gate.needs_baseline() {
+            match (self.threshold, self.baseline) {
+                (Some(t), Some(b)) => write!(
+                    f,
+                    ", bound {} (baseline {})",
+                    metric.format(t),
+                    metric.format(b)
+                )?,
+                _ => write!(f, ", the baseline has no data")?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -282,16 +389,42 @@ pub fn parse_gates<S: AsRef<str>>(specs: &[S]) -> Result<Vec<Gate>, GateError> {
         .collect()
 }
 
-/// Checks every gate against `report`, in order.
-pub fn evaluate(gates: &[Gate], report: &Report) -> Vec<GateOutcome> {
+/// Refuses gates that name the baseline when there is none (a usage error).
+pub fn check_baseline(gates: &[Gate], have_baseline: bool) -> Result<(), GateError> {
+    match gates.iter().find(|g| g.needs_baseline() && !have_baseline) {
+        Some(gate) => Err(GateError::NoBaseline(gate.text.clone())),
+        None => Ok(()),
+    }
+}
+
+/// Checks every gate against `report`, in order; gates naming the baseline read its value from
+/// `baseline` (a `--json` report read back). A gate without data, or whose baseline has none,
+/// fails.
+pub fn evaluate(
+    gates: &[Gate],
+    report: &Report,
+    baseline: Option<&serde_json::Value>,
+) -> Vec<GateOutcome> {
     gates
         .iter()
         .map(|gate| {
             let measured = gate.metric.measure(report);
-            let passed = measured.is_some_and(|v| gate.op.holds(v, gate.threshold));
+            let (threshold, base) = match gate.bound {
+                Bound::Value(v) => (Some(v), None),
+                Bound::Baseline(factor) => {
+                    let base = baseline.and_then(|b| gate.metric.from_json(b));
+                    (base.map(|b| b * factor), base)
+                }
+            };
+            let passed = match (measured, threshold) {
+                (Some(v), Some(t)) => gate.op.holds(v, t),
+                _ => false,
+            };
             GateOutcome {
                 gate: gate.clone(),
                 measured,
+                threshold,
+                baseline: base,
                 passed,
             }
         })
@@ -301,6 +434,33 @@ pub fn evaluate(gates: &[Gate], report: &Report) -> Vec<GateOutcome> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn baseline_gates_scale_the_baselines_value() {
+        let baseline =
+            serde_json::json!({"itl_ms": {"p99": 300.0}, "tokens_per_second": {"p50": 40.0}});
+        let gates =
+            parse_gates(&["itl_p99<1.1*baseline,tps_p50>0.95*baseline,ttft_p50<baseline"]).unwrap();
+        assert!(check_baseline(&gates, false).is_err());
+        assert!(check_baseline(&gates, true).is_ok());
+        let outcomes = evaluate(&gates, &report(), Some(&baseline));
+        // 312.4 < 330: pass; 30 > 38: fail; the baseline has no ttft: fail.
+        assert!(outcomes[0].passed);
+        assert_eq!(
+            outcomes[0].to_string(),
+            "PASS itl_p99<1.1*baseline: measured 312.4ms, bound 330.0ms (baseline 300.0ms)"
+        );
+        assert!(!outcomes[1].passed);
+        assert_eq!(
+            outcomes[1].to_string(),
+            "FAIL tps_p50>0.95*baseline: measured 30.00, bound 38.00 (baseline 40.00)"
+        );
+        assert!(!outcomes[2].passed);
+        assert_eq!(
+            outcomes[2].to_string(),
+            "FAIL ttft_p50<baseline: measured 100.0ms, the baseline has no data"
+        );
+    }
     use crate::probe::stats::{
         Quantiles, ReadingBands, ReportDetail, StreamJank, TokensPerSecond, Verdict,
     };
@@ -334,13 +494,16 @@ mod tests {
             verdict: Verdict::Janky,
             reading_bands: ReadingBands::default(),
             attribution: None,
+            throughput: Default::default(),
+            goodput: None,
+            meta: None,
             detail: ReportDetail::default(),
         }
     }
 
     fn check(gate: &str) -> GateOutcome {
         let gates = parse_gates(&[gate]).unwrap();
-        evaluate(&gates, &report()).remove(0)
+        evaluate(&gates, &report(), None).remove(0)
     }
 
     #[test]
@@ -349,18 +512,28 @@ mod tests {
         assert_eq!(gates.len(), 3);
         assert_eq!(gates[0].metric, Metric::ItlP99);
         assert_eq!(gates[0].op, Op::Lt);
-        assert!((gates[0].threshold - 250.0).abs() < 1e-9);
+        assert_eq!(gates[0].bound, Bound::Value(250.0));
         assert_eq!(gates[1].metric, Metric::TpsP50);
         assert_eq!(gates[1].op, Op::Ge);
         assert_eq!(gates[1].text, "tps_p50>=10");
         assert_eq!(gates[2].op, Op::Lt);
         let g: Gate = "ttft_p95 <= 2s".parse().unwrap();
         assert_eq!(
-            (g.metric, g.op, g.threshold),
-            (Metric::TtftP95, Op::Le, 2000.0)
+            (g.metric, g.op, g.bound),
+            (Metric::TtftP95, Op::Le, Bound::Value(2000.0))
         );
         let g: Gate = "stall_pct>0.5".parse().unwrap();
-        assert_eq!((g.op, g.threshold), (Op::Gt, 0.5));
+        assert_eq!((g.op, g.bound), (Op::Gt, Bound::Value(0.5)));
+        let g: Gate = "itl_p99 < 1.1*baseline".parse().unwrap();
+        assert_eq!((g.op, g.bound), (Op::Lt, Bound::Baseline(1.1)));
+        let g: Gate = "tps_p50>baseline".parse().unwrap();
+        assert_eq!(g.bound, Bound::Baseline(1.0));
+        assert!(matches!(
+            "tps_p50>x*baseline".parse::<Gate>(),
+            Err(GateError::BadNumber(_))
+        ));
+        let g: Gate = "goodput>=0.99".parse().unwrap();
+        assert_eq!((g.metric, g.bound), (Metric::Goodput, Bound::Value(0.99)));
         for (name, metric) in METRICS {
             assert_eq!(metric.name(), name);
         }
@@ -421,6 +594,7 @@ mod tests {
             check("stall_pct<1").to_string(),
             "FAIL stall_pct<1: measured 2.56"
         );
+        assert!(!check("goodput>=0.5").passed, "no --slo, no goodput");
         // No data never passes.
         let none = check("stream_jank_p95<100");
         assert!(!none.passed);

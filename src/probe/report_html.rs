@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::attribution::Attribution;
 use super::client::ProbeRun;
+use super::report_html_more as more;
 use super::stats::{millis, Quantiles, Report, Verdict};
 use crate::units::format_duration;
 
@@ -31,10 +32,22 @@ svg text{font:11px system-ui,sans-serif;fill:#444}\
 .bar{fill:#4a78b5}.bar.stall{fill:#b3261e}.bar.zero{fill:#e08a00}\
 .axis{stroke:#888;stroke-width:1}.threshold{stroke:#b3261e;stroke-width:1.5;stroke-dasharray:4 3}\
 .lane{stroke:#e6e6e6}.lane.failed{stroke:#f3c1bd}\
+.line-itl{stroke:#4a78b5;fill:#4a78b5;stroke-width:2}polyline.line-itl,polyline.line-ttft{fill:none}\
+.line-ttft{stroke:#e08a00;fill:#e08a00;stroke-width:2}\
 .tick{stroke:#333;stroke-width:1}.clump{stroke:#e08a00;stroke-width:2}.gap{fill:#b3261e;opacity:.35}";
 
 /// Renders the page. `title` names what was probed (the URL).
 pub fn render_html(run: &ProbeRun, report: &Report, title: &str) -> String {
+    render_html_joined(run, report, title, None)
+}
+
+/// Like [`render_html`], linking each stream ID to `{admin}/streams/{id}` (the `--join` URL).
+pub fn render_html_joined(
+    run: &ProbeRun,
+    report: &Report,
+    title: &str,
+    admin: Option<&str>,
+) -> String {
     let verdict = match report.verdict {
         Verdict::Smooth => "SMOOTH",
         Verdict::Janky => "JANKY",
@@ -49,6 +62,7 @@ pub fn render_html(run: &ProbeRun, report: &Report, title: &str) -> String {
         escape(title)
     );
     summary_table(&mut out, report);
+    more::meta_section(&mut out, report);
     if let Some(attribution) = &report.attribution {
         attribution_section(&mut out, attribution);
     }
@@ -61,6 +75,8 @@ pub fn render_html(run: &ProbeRun, report: &Report, title: &str) -> String {
         format_duration(report.detail.stall_threshold)
     );
     histogram(&mut out, run, report.detail.stall_threshold);
+    more::percentile_section(&mut out, run);
+    more::ttft_section(&mut out, run);
     out.push_str("<h2>Cadence per stream</h2>\n");
     let shown = run.streams.len().min(MAX_STRIPS);
     let left_out = if run.streams.len() > shown {
@@ -78,6 +94,7 @@ pub fn render_html(run: &ProbeRun, report: &Report, title: &str) -> String {
          the one before, a red lane a stream that failed.{left_out}</p>"
     );
     strips(&mut out, run, report.detail.stall_threshold);
+    more::streams_section(&mut out, run, admin);
     out.push_str("</body>\n</html>\n");
     out
 }

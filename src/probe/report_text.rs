@@ -78,6 +78,30 @@ pub fn render_text(report: &Report) -> String {
         share(b.from_15_to_50),
         share(b.above_50)
     );
+    let t = &report.throughput;
+    let _ = writeln!(
+        out,
+        "throughput     {} completed streams/s, {} output tokens/s   (over the wall time)",
+        number(t.requests_per_second, 2),
+        number(t.output_tokens_per_second, 1)
+    );
+    if let Some(g) = &report.goodput {
+        let met: Vec<String> = g
+            .objectives
+            .iter()
+            .map(|o| format!("{} {}", o.objective, o.met))
+            .collect();
+        let _ = writeln!(
+            out,
+            "goodput        {}   ({} of {} streams met {}; {} good streams/s; met per objective: {})",
+            share(g.share),
+            g.good,
+            g.streams,
+            g.slo,
+            number(g.per_second, 2),
+            met.join(", ")
+        );
+    }
     let why = match report.verdict {
         Verdict::Smooth => "jank ratio under 4 and median stream over 7 tokens/s",
         Verdict::Janky => "needs jank ratio under 4 and median stream over 7 tokens/s",
@@ -89,6 +113,41 @@ pub fn render_text(report: &Report) -> String {
     let _ = writeln!(out, "verdict        {word}   ({why})");
     if let Some(attribution) = &report.attribution {
         out.push_str(&render_attribution(attribution));
+    }
+    out
+}
+
+/// The `--rate-sweep` table: one row per rate, so the load where the cadence breaks shows.
+pub fn render_sweep(runs: &[super::report_ci::Judged]) -> String {
+    let mut out = String::from(
+        "sweep          rate        streams failed  TTFT p50  TTFT p99   ITL p50   ITL p99  stalls   jank goodput  verdict
+",
+    );
+    for run in runs {
+        let r = &run.report;
+        let rate = r
+            .meta
+            .as_ref()
+            .and_then(|m| m.rate)
+            .map_or_else(|| "-".to_owned(), |v| format!("{v}/s"));
+        let goodput = r.goodput.as_ref().and_then(|g| g.share);
+        let _ = writeln!(
+            out,
+            "               {rate:<10} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>7}  {}",
+            r.requests,
+            r.errors,
+            ms(r.ttft_ms.p50),
+            ms(r.ttft_ms.p99),
+            ms(r.itl_ms.p50),
+            ms(r.itl_ms.p99),
+            percent(r.stall_pct),
+            number(r.jank_ratio, 2),
+            share(goodput),
+            match r.verdict {
+                Verdict::Smooth => "SMOOTH",
+                Verdict::Janky => "JANKY",
+            }
+        );
     }
     out
 }

@@ -28,6 +28,7 @@ use serde::Serialize;
 
 use super::attribution::Attribution;
 use super::client::ProbeRun;
+use super::goodput::Goodput;
 
 /// Streams need at least this many gaps for a per-stream jank ratio (DESIGN.md section 3).
 pub const MIN_GAPS_FOR_STREAM_JANK: usize = 8;
@@ -69,9 +70,51 @@ pub struct Report {
     /// stay as they are).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attribution: Option<Attribution>,
+    /// Completed streams and output tokens per second of the run's wall time.
+    pub throughput: Throughput,
+    /// The share of streams meeting `--slo` (absent without `--slo`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<Goodput>,
+    /// What was run, where and when (set by the command; absent from library runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub meta: Option<RunMeta>,
     /// Context for the human-readable reports; not part of the JSON contract.
     #[serde(skip)]
     pub detail: ReportDetail,
+}
+
+/// The run's throughput, over its wall time (first start to last end), as vllm bench serve
+/// reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Throughput {
+    /// Streams that completed without error, per second.
+    pub requests_per_second: Option<f64>,
+    /// Output tokens (of every stream) per second.
+    pub output_tokens_per_second: Option<f64>,
+}
+
+/// The run's metadata: the JSON `meta` section, so a report says what produced it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunMeta {
+    /// metronome's version.
+    pub version: &'static str,
+    /// The command line, as given (request headers are not part of it unless the user typed
+    /// them; `--header` values are shown as `Name: ...`).
+    pub command_line: Vec<String>,
+    /// The URL probed.
+    pub url: String,
+    /// The model asked for (`null` with `--body`).
+    pub model: Option<String>,
+    /// `closed` or `open`.
+    pub load: &'static str,
+    /// Closed loop: streams in flight; open loop: the cap, if any.
+    pub concurrency: Option<usize>,
+    /// Open loop: streams started per second.
+    pub rate: Option<f64>,
+    /// When the run started, RFC 3339 in UTC.
+    pub started: String,
+    /// The run's wall time in seconds.
+    pub duration_s: f64,
 }
 
 /// p50, p95, p99 and max of a set of durations, in milliseconds.
@@ -213,16 +256,20 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
             // The first error of each kind is its example, unless a later one says why where
             // the first did not.
             let kind = error.kind();
+            let example = match &stream.error_body {
+                Some(body) => format!("{error}: {body}"),
+                None => error.to_string(),
+            };
             match detail.error_examples.entry(kind) {
                 Entry::Vacant(slot) => {
-                    slot.insert(error.to_string());
+                    slot.insert(example);
                     if error.explains() {
                         explained.insert(kind);
                     }
                 }
                 Entry::Occupied(mut slot) => {
                     if error.explains() && explained.insert(kind) {
-                        slot.insert(error.to_string());
+                        slot.insert(example);
                     }
                 }
             }
@@ -257,6 +304,12 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         p5: nearest_rank(&tps, 5),
     };
     let jank_ratio = jank(&gaps);
+    let seconds = detail.wall_time.as_secs_f64();
+    let per_second = |n: u64| (seconds > 0.0).then(|| n as f64 / seconds);
+    let throughput = Throughput {
+        requests_per_second: per_second(run.streams.len() as u64 - errors),
+        output_tokens_per_second: per_second(detail.output_tokens),
+    };
     Report {
         requests: run.streams.len() as u64,
         errors,
@@ -272,6 +325,9 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         verdict: verdict(jank_ratio, tokens_per_second.p50),
         reading_bands: reading_bands(&tps),
         attribution: None,
+        throughput,
+        goodput: None,
+        meta: None,
         detail,
     }
 }

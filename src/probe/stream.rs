@@ -65,6 +65,8 @@ pub struct StreamRecord {
     pub finished: Option<Instant>,
     /// Why the stream counts as an error, if it does.
     pub error: Option<StreamError>,
+    /// The start of the body of a non-2xx response (one line, truncated), what the server said.
+    pub error_body: Option<String>,
 }
 
 /// Why a stream counts in `errors`. Errors never abort the run.
@@ -142,6 +144,7 @@ impl StreamRecord {
             unparsed_events: 0,
             finished: None,
             error: None,
+            error_body: None,
         }
     }
 

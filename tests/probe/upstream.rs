@@ -39,6 +39,8 @@ pub struct Upstream {
     error_event_at: Option<usize>,
     usage: Option<u64>,
     stream_id: bool,
+    fail_every: Option<u64>,
+    models: Option<&'static str>,
 }
 
 /// What the server saw, for assertions on the requests.
@@ -76,6 +78,8 @@ impl Upstream {
             error_event_at: None,
             usage: None,
             stream_id: false,
+            fail_every: None,
+            models: Some("scripted-model"),
         }
     }
 
@@ -127,6 +131,18 @@ impl Upstream {
         self
     }
 
+    /// Every `n`-th request (the 2nd, 4th, ... for 2) answers 500 with a JSON error body.
+    pub fn fail_every(mut self, n: u64) -> Self {
+        self.fail_every = Some(n);
+        self
+    }
+
+    /// `GET /v1/models` answers 404 (a server without the list).
+    pub fn no_models(mut self) -> Self {
+        self.models = None;
+        self
+    }
+
     /// Add an `x-metronome-stream-id` header (`s-<n>`, n counting requests).
     pub fn stream_id(mut self) -> Self {
         self.stream_id = true;
@@ -153,6 +169,9 @@ impl Upstream {
                         let (script, seen, counter) =
                             (script.clone(), seen.clone(), counter.clone());
                         async move {
+                            if req.uri().path() == "/v1/models" {
+                                return Ok::<_, Infallible>(script.models());
+                            }
                             let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             Ok::<_, Infallible>(script.respond(req, n, &seen).await)
                         }
@@ -184,6 +203,26 @@ impl Upstream {
         rx.recv().unwrap()
     }
 
+    /// The answer to `GET /v1/models`: an OpenAI list of one model, or a 404.
+    fn models(&self) -> Response<Chunks> {
+        let (tx, rx) = mpsc::channel(1);
+        let (status, body) = match self.models {
+            Some(id) => (
+                200,
+                format!(
+                    "{{\"object\":\"list\",\"data\":[{{\"id\":\"{id}\",\"object\":\"model\"}}]}}"
+                ),
+            ),
+            None => (404, "{\"detail\":\"Not Found\"}".to_owned()),
+        };
+        let _ = tx.try_send(Bytes::from(body));
+        Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Chunks(rx))
+            .unwrap()
+    }
+
     async fn respond(
         &self,
         req: Request<Incoming>,
@@ -207,7 +246,12 @@ impl Upstream {
         if self.stream_id {
             response = response.header("x-metronome-stream-id", format!("s-{n}"));
         }
-        if self.status != 200 {
+        let status = match self.fail_every {
+            Some(every) if (n + 1) % every == 0 => 500,
+            _ => self.status,
+        };
+        if status != 200 {
+            response = response.status(status);
             let _ = tx
                 .send(Bytes::from_static(
                     b"{\"error\":{\"message\":\"scripted failure\"}}",
