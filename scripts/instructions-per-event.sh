@@ -2,7 +2,7 @@
 # Instructions metronome's proxy process executes per token event, counted by valgrind's callgrind:
 # a figure that moves far less with the machine's load than CPU seconds do, so a change can be
 # judged on a noisy machine. It still moves with timing (how many frames each poll finds under
-# valgrind): three runs of one binary gave 5,942 / 6,746 / 7,125 with metering on (BENCHMARKS.md,
+# valgrind): three runs of one binary gave 5,942 / 6,746 / 7,125 with metering on (docs/perf-history.md,
 # eleventh round), so compare builds within one run of this script, with every binary given to it,
 # and take the per-frame metering path from scripts/metering-instructions.sh, which is exact.
 # User space only (the kernel's share of a frame, the loopback TCP work, is the same for every

@@ -23,6 +23,11 @@
 //! - [`sim`], [`probe`], [`demo`]: a streaming server with a cadence you set, a client that measures
 //!   what arrives, and both wired around the proxy in one command.
 
+// `unsafe` only where a module allows it (four do: prefetch, probe::limits,
+// proxy::joined_writes, proxy::h1::writer), and every block says why it is sound.
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod admin;
 pub mod beacon;
 pub mod clock;

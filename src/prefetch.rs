@@ -10,6 +10,9 @@
 //! can observe but its timing, so any address may be given. On targets without a prefetch
 //! instruction these functions do nothing.
 
+// The prefetch intrinsics are `unsafe`; each block says why it is sound.
+#![allow(unsafe_code)]
+
 /// The cache line size assumed for stepping through a value.
 const LINE: usize = 64;
 

@@ -1,6 +1,9 @@
 //! Raising the open-file limit: every concurrent stream holds a socket, and the default soft
 //! limit (often 1024) would turn a 10,000-stream benchmark into a wall of connect errors.
 
+// getrlimit/setrlimit through libc; each block says why it is sound.
+#![allow(unsafe_code)]
+
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit and returns the soft limit now in force
 /// (`None` where the platform has no such limit or it cannot be read). Never fails the run: if
 /// raising is refused, the old limit stays and streams beyond it fail (and count) as errors.

@@ -7,6 +7,9 @@
 //! array, the frame's `Bytes` are the very ones the upstream read, and nothing is copied or
 //! allocated per frame (the list of pieces is kept for the connection's life).
 
+// IoSlice reinterpretation; each block says why it is sound.
+#![allow(unsafe_code)]
+
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
@@ -175,8 +178,8 @@ impl Writer {
     ) -> Poll<io::Result<()>> {
         while !self.is_empty() {
             // Only the slices used are written to: this array and the read probe's, zeroed on
-            // every poll, cost about 280 instructions per metered event (BENCHMARKS.md, fifteenth
-            // round: 6,166 -> 5,887 by scripts/instructions-per-event.sh).
+            // every poll, cost about 280 instructions per metered event (docs/perf-history.md,
+            // the fifteenth round: 6,166 -> 5,887 by scripts/instructions-per-event.sh).
             let mut slices = [const { MaybeUninit::<IoSlice<'_>>::uninit() }; MAX_SLICES];
             let mut count = 0;
             for (slot, piece) in slices.iter_mut().zip(&self.pieces[self.first..]) {
