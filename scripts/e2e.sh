@@ -120,8 +120,9 @@ $BIN check-config config/metronome.toml >/dev/null || fail "the documented examp
 printf '[server]\nlisten = "nowhere"\n[[routes]]\nname = "x"\npath = "nopath"\n' >"$WORK/bad.toml"
 set +e; out=$($BIN check-config "$WORK/bad.toml" 2>&1); rc=$?; set -e
 [ "$rc" = 2 ] || fail "check-config on a bad file must exit 2, got $rc"
-echo "$out" | grep -q 'server.listen' && echo "$out" | grep -q 'routes\[0\].path' || fail "check-config: $out"
-pass "check-config: example OK, bad file exit 2 naming server.listen and routes[0].path"
+echo "$out" | grep -q 'server.listen: line 2, column 10: ' && echo "$out" | grep -q 'routes\[0\].path: line 5, column 8: ' \
+  || fail "check-config: $out"
+pass "check-config: example OK, bad file exit 2 naming server.listen and routes[0].path with their lines"
 
 # 5. Drain on SIGTERM.
 kill -TERM "$SERVE_PID"

@@ -64,6 +64,21 @@ impl fmt::Display for ConfigProblem {
 pub struct ConfigError(pub Vec<ConfigProblem>);
 
 impl ConfigError {
+    /// The same problems, each that validation found (no line yet) given the line and column
+    /// where the text writes its key, or its table when the key is missing, as a parse problem
+    /// has them.
+    fn located_in(self, text: &str) -> Self {
+        let problems = self.0.into_iter().map(|mut problem| {
+            if !problem.reason.starts_with("line ") {
+                if let Some((line, column)) = crate::config_spans::locate(text, &problem.key) {
+                    problem.reason = format!("line {line}, column {column}: {}", problem.reason);
+                }
+            }
+            problem
+        });
+        ConfigError(problems.collect())
+    }
+
     fn one(key: &str, reason: impl Into<String>) -> Self {
         ConfigError(vec![ConfigProblem {
             key: key.to_string(),
@@ -546,8 +561,8 @@ impl Config {
         match validate(raw) {
             Ok(config) if problems.is_empty() => Ok(config),
             Ok(_) => Err(ConfigError(problems)),
-            Err(ConfigError(more)) => {
-                problems.extend(more);
+            Err(more) => {
+                problems.extend(more.located_in(text).0);
                 Err(ConfigError(problems))
             }
         }
@@ -563,15 +578,17 @@ impl Config {
 
     /// The configuration for `serve`: the file if given, then the flag and environment overrides.
     pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let mut text = None;
         let mut raw = match &args.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
+                let read = std::fs::read_to_string(path).map_err(|e| {
                     ConfigError::one("--config", format!("cannot read {}: {e}", path.display()))
                 })?;
-                let (raw, problems) = parse_raw(&text);
+                let (raw, problems) = parse_raw(&read);
                 if !problems.is_empty() {
                     return Err(ConfigError(problems));
                 }
+                text = Some(read);
                 raw
             }
             None => RawConfig::default(),
@@ -594,7 +611,12 @@ impl Config {
         if let Some(v) = &args.tls_key {
             raw.tls.key = v.clone();
         }
-        validate(raw)
+        // A problem with a value from a flag is reported at the file's key only if the file
+        // wrote it; `located_in` names a line only for keys the text has.
+        validate(raw).map_err(|e| match &text {
+            Some(text) => e.located_in(text),
+            None => e,
+        })
     }
 }
 
@@ -1334,7 +1356,8 @@ mod tests {
             let e = Config::from_toml(&format!("[timeouts]\nidle = \"{text}\"\n")).unwrap_err();
             assert_eq!(e.0.len(), 1);
             assert_eq!(e.0[0].key, "timeouts.idle");
-            assert_eq!(e.0[0].reason, reason);
+            // Validation's problems name the line and column of the value, as parse problems do.
+            assert_eq!(e.0[0].reason, format!("line 2, column 8: {reason}"));
         }
         assert!(Config::from_toml("[timeouts]\nidle = \"8760h\"\n").is_ok());
     }
@@ -1363,11 +1386,11 @@ mod tests {
             [
                 (
                     "server.threading",
-                    "`per-core` is not one of per_core, shared"
+                    "line 3, column 13: `per-core` is not one of per_core, shared"
                 ),
                 (
                     "server.workers",
-                    "5000 is more than 1024; 0 means one per CPU"
+                    "line 2, column 11: 5000 is more than 1024; 0 means one per CPU"
                 ),
             ]
         );

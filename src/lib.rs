@@ -32,6 +32,7 @@ pub mod admin;
 pub mod beacon;
 pub mod clock;
 pub mod config;
+pub mod config_spans;
 pub mod demo;
 pub mod error;
 pub mod format;
