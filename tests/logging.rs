@@ -101,3 +101,90 @@ fn a_plain_upstream_does_not_warn_and_text_has_no_colour_off_a_terminal() {
         "{lines:#?}"
     );
 }
+
+/// An upstream that answers every request with the same small JSON body (not a stream), on a
+/// thread of its own; returns its address.
+fn json_upstream() -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().map_while(Result::ok) {
+            let mut head = [0u8; 4096];
+            let _ = conn.read(&mut head);
+            let body = r#"{"object":"list","data":[]}"#;
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_passed_through_response_has_its_access_line() {
+    use std::io::{Read, Write};
+    let upstream = json_upstream();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = Running(
+        Command::new(env!("CARGO_BIN_EXE_metronome"))
+            .args(["serve", "--listen", &listen, "--admin", "127.0.0.1:0"])
+            .args(["--upstream", &format!("http://{upstream}")])
+            .args(["--log-format", "json", "--access-log"])
+            .env("RUST_LOG", "info")
+            .env_remove("METRONOME_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_for = |what: &str| -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains(what) => return line,
+                Ok(_) => continue,
+                Err(_) => break,
+            }
+        }
+        panic!("no line with {what:?} within 20 s");
+    };
+    wait_for("metronome serving");
+    let mut conn = std::net::TcpStream::connect(&listen).unwrap();
+    conn.write_all(b"GET /v1/models?key=secret HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.ends_with(r#"{"object":"list","data":[]}"#),
+        "{response}"
+    );
+
+    let line: serde_json::Value = serde_json::from_str(&wait_for("\"access\"")).unwrap();
+    assert_eq!(line["status"], 200, "{line}");
+    assert_eq!(line["outcome"], "complete", "{line}");
+    assert_eq!(line["route"], "other", "{line}");
+    assert!(line["duration_ms"].as_f64().unwrap() >= 0.0, "{line}");
+    assert!(line.get("stream_id").is_none(), "{line}");
+    assert!(
+        !line.to_string().contains("secret"),
+        "no query string: {line}"
+    );
+}

@@ -73,26 +73,42 @@ impl Body for ProxyBody {
     }
 }
 
-/// Records `metronome_request_duration_seconds` once, when the body ends or is dropped, and
-/// holds the request's place among those in flight until then.
+/// Records `metronome_request_duration_seconds` once, when the body ends or is dropped, writes
+/// the request's access log line then, and holds the request's place among those in flight
+/// until then.
 #[derive(Debug)]
 struct DurationRecorder {
     metrics: Arc<Metrics>,
     route: Arc<str>,
     received: Instant,
+    status: u16,
+    /// How the body ended, as the access log says it: `client_cancelled` until the upstream's
+    /// body ends (`complete`) or fails (`upstream_error`).
+    outcome: &'static str,
     _in_flight: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Drop for DurationRecorder {
     fn drop(&mut self) {
+        let duration = self.received.elapsed();
         self.metrics
             .request_duration
-            .observe(&[&self.route], self.received.elapsed().as_secs_f64());
+            .observe(&[&self.route], duration.as_secs_f64());
+        crate::logging::access(&crate::logging::AccessRecord {
+            route: &self.route,
+            status: self.status,
+            duration: Some(duration),
+            ttft: None,
+            stalls: 0,
+            outcome: self.outcome,
+            stream_id: None,
+        });
     }
 }
 
 pin_project_lite::pin_project! {
-    /// An upstream body passed through untouched; the request's duration is recorded at its end.
+    /// An upstream body passed through untouched; the request's duration is recorded, and its
+    /// access log line written, at its end.
     #[derive(Debug)]
     pub struct TimedBody<B> {
         #[pin]
@@ -104,12 +120,14 @@ pin_project_lite::pin_project! {
 // === impl TimedBody ===
 
 impl<B> TimedBody<B> {
-    /// Wraps `inner`; the duration runs from `received` to the body's end.
+    /// Wraps `inner`; the duration runs from `received` to the body's end, and `status` is the
+    /// one sent to the client, for the access log.
     pub fn new(
         inner: B,
         metrics: Arc<Metrics>,
         route: Arc<str>,
         received: Instant,
+        status: http::StatusCode,
         in_flight: tokio::sync::OwnedSemaphorePermit,
     ) -> Self {
         TimedBody {
@@ -118,6 +136,8 @@ impl<B> TimedBody<B> {
                 metrics,
                 route,
                 received,
+                status: status.as_u16(),
+                outcome: "client_cancelled",
                 _in_flight: in_flight,
             }),
         }
@@ -137,9 +157,23 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
-        let result = this.inner.poll_frame(cx).map_err(Into::into);
-        if let Poll::Ready(None | Some(Err(_))) = &result {
-            this.recorder.take();
+        let mut inner = this.inner;
+        let result = inner.as_mut().poll_frame(cx).map_err(Into::into);
+        let outcome = match &result {
+            Poll::Ready(None) => "complete",
+            Poll::Ready(Some(Err(_))) => "upstream_error",
+            Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => {
+                // A body with a content-length is not asked for its end: its last frame is.
+                // The duration still runs until the server lets go of the body.
+                if let Some(recorder) = this.recorder.as_mut() {
+                    recorder.outcome = "complete";
+                }
+                return result;
+            }
+            _ => return result,
+        };
+        if let Some(mut recorder) = this.recorder.take() {
+            recorder.outcome = outcome;
         }
         result
     }

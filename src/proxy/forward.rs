@@ -117,6 +117,7 @@ async fn forward(
             state.metrics.clone(),
             route.name.clone(),
             received,
+            parts.status,
             permit,
         );
         return Ok(Response::from_parts(
