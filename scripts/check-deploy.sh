@@ -182,6 +182,20 @@ if command -v kubectl >/dev/null; then
     must_fail "a probe on a port no container declares" python3 $V <(sed 's/port: admin$/port: metrics/' "$TMP/base.yaml")
     must_fail "a native sidecar on Kubernetes 1.27 (no container restartPolicy yet)" python3 $V -k 1.27.0 "$TMP/base.yaml"
 
+    step "the Grafana dashboard ConfigMap (deploy/grafana)"
+    kubectl kustomize deploy/grafana >"$TMP/grafana.yaml" 2>"$TMP/kerr" || cat "$TMP/kerr"
+    check "kustomize build deploy/grafana: a ConfigMap, Kubernetes 1.29 and 1.37" python3 $V -k 1.29.0 -k 1.37.0 "$TMP/grafana.yaml"
+    check "the ConfigMap carries grafana_dashboard: \"1\" and exactly deploy/grafana/metronome.json" \
+        python3 - "$TMP/grafana.yaml" deploy/grafana/metronome.json <<'PY'
+import json, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+assert [d["kind"] for d in docs] == ["ConfigMap"], [d["kind"] for d in docs]
+cm = docs[0]
+assert cm["metadata"]["labels"].get("grafana_dashboard") == "1", cm["metadata"]["labels"]
+assert list(cm["data"]) == ["metronome.json"], list(cm["data"])
+assert json.loads(cm["data"]["metronome.json"]) == json.load(open(sys.argv[2]))
+PY
+
     step "the Component on an existing vLLM Deployment"
     kubectl kustomize deploy/kubernetes/examples/existing-vllm >"$TMP/component.yaml" 2>"$TMP/kerr" || cat "$TMP/kerr"
     check "kustomize build examples/existing-vllm: Kubernetes 1.29 and 1.37" python3 $V -k 1.29.0 -k 1.37.0 "$TMP/component.yaml"
