@@ -414,6 +414,8 @@ pub struct StreamInfo {
     pub request_id: Option<String>,
     /// The response status sent to the client (for the access log).
     pub status: u16,
+    /// The latency objectives the request carried (`x-llm-d-slo-*`), judged at the stream's end.
+    pub slo: Option<crate::slo::StreamSlo>,
 }
 
 /// Everything known about one metered stream; recorded exactly once, when the last holder drops it.
@@ -689,6 +691,27 @@ impl Drop for StreamLedger {
             Some(&longest_delay),
         );
 
+        if let Some(slo) = &self.info.slo {
+            let tokens = ingress.as_ref().map_or(0, |(l, _)| l.output_tokens().0);
+            let delivered = crate::slo::Delivered {
+                complete: outcome == Outcome::Complete,
+                ttft: egress.point.ttft(self.info.received),
+                tpot: egress
+                    .point
+                    .token_span()
+                    .filter(|_| tokens >= 2)
+                    .map(|(first, last)| {
+                        let gaps = u32::try_from(tokens - 1).unwrap_or(u32::MAX);
+                        last.saturating_duration_since(first) / gaps
+                    }),
+            };
+            for verdict in slo.judge(&delivered) {
+                metrics
+                    .slo_streams
+                    .with_label_values(&[route, model, verdict.objective, verdict.result()])
+                    .inc();
+            }
+        }
         metrics
             .request_duration
             .observe(&[route], Tick::now().secs_since(self.info.received));

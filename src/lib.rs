@@ -46,6 +46,7 @@ pub mod proxy;
 pub mod scan;
 pub mod sim;
 pub mod sketch;
+pub mod slo;
 pub mod timeline;
 pub mod timeline_json;
 pub mod tls;

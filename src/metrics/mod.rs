@@ -321,6 +321,9 @@ pub struct Metrics {
     pub output_tokens: IntCounterVec,
     /// `metronome_streams_total{route,model,outcome}`.
     pub streams: IntCounterVec,
+    /// `metronome_slo_streams_total{route,model,objective,result}`: streams whose request set
+    /// latency objectives (`x-llm-d-slo-ttft-ms`, `x-llm-d-slo-tpot-ms`), met or missed.
+    pub slo_streams: IntCounterVec,
     /// `metronome_streams_active{route}`.
     pub streams_active: IntGaugeVec,
     /// `metronome_requests_total{route,status_class}`.
@@ -486,6 +489,11 @@ impl Metrics {
                 "metronome_streams_total",
                 "Metered streams by how they ended.",
                 &["route", "model", "outcome"],
+            )?,
+            slo_streams: counter(
+                "metronome_slo_streams_total",
+                "Streams whose request carried latency objectives (x-llm-d-slo-ttft-ms, x-llm-d-slo-tpot-ms), by objective (ttft, tpot, all) and whether the client's stream met it.",
+                &["route", "model", "objective", "result"],
             )?,
             streams_active: gauge(
                 "metronome_streams_active",

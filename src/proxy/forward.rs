@@ -76,6 +76,7 @@ async fn forward(
     let started_unix_ms = unix_ms();
     let traceparent = bounded_header(request.headers(), "traceparent");
     let request_id = bounded_header(request.headers(), "x-request-id");
+    let slo = crate::slo::StreamSlo::from_headers(request.headers());
     // Known before the request moves on; with the response's framing it hints at the API.
     let path_format = Format::from_path(request.uri().path());
     // HTTP/1.x writes one response at a time, as the connection polls its body; on HTTP/2 flow
@@ -151,6 +152,7 @@ async fn forward(
         traceparent,
         request_id,
         status: parts.status.as_u16(),
+        slo,
     };
     let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info, permit);
     let settings = MeterSettings {
