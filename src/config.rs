@@ -469,6 +469,9 @@ pub struct Config {
     pub buckets: Buckets,
     /// How histograms are published: native buckets, the classic preset.
     pub metrics: MetricsConfig,
+    /// How often running streams' counts are flushed into the metrics (`metrics.flush_interval`);
+    /// `None` (`0s`): only when each stream ends.
+    pub flush_interval: Option<Duration>,
     /// Stream timelines and the browser beacon.
     pub timeline: TimelineConfig,
     /// TLS on the proxy listener, when configured.
@@ -735,6 +738,10 @@ fn blank_lines(text: &str, span: std::ops::Range<usize>) -> String {
 /// The longest duration a key may take: far beyond any sensible timeout, far below what would
 /// overflow a deadline.
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The longest `metrics.flush_interval`: past an hour a stream's figures are as late as if they
+/// were published at its end.
+const MAX_FLUSH_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Validates every value, collecting all problems.
 fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
@@ -1026,6 +1033,24 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     for (key, reason) in raw.metrics.native.problems() {
         problem(key, reason);
     }
+    let flush_interval = match parse_duration(&raw.metrics.flush_interval) {
+        Ok(d) if d.is_zero() => Some(None),
+        Ok(d) if d <= MAX_FLUSH_INTERVAL => Some(Some(d)),
+        Ok(_) => {
+            problem(
+                "metrics.flush_interval",
+                format!(
+                    "`{}` is longer than an hour (0s flushes only at each stream's end)",
+                    raw.metrics.flush_interval
+                ),
+            );
+            None
+        }
+        Err(e) => {
+            problem("metrics.flush_interval", e);
+            None
+        }
+    };
 
     let mut routes = Vec::new();
     let mut names = std::collections::HashSet::new();
@@ -1140,6 +1165,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         upstream_idle_timeout,
         readiness,
         sniff_timeout,
+        flush_interval,
     ) {
         (
             Some(listen),
@@ -1158,6 +1184,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             Some(upstream_idle_timeout),
             Some(readiness),
             Some(sniff_timeout),
+            Some(flush_interval),
         ) if problems.is_empty() => Ok(Config {
             listen,
             admin,
@@ -1184,6 +1211,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             models: raw.models,
             buckets: raw.buckets.with_preset(raw.metrics.classic),
             metrics: raw.metrics,
+            flush_interval,
             timeline: raw.timeline,
             tls,
             upstream_tls,

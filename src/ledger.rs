@@ -91,6 +91,21 @@ pub struct PointLedger {
     stall_durations: Option<Box<(LocalHistogram, NativeCounts)>>,
     events_per_frame: SmallCounts,
     gaps: GapSketch,
+    /// What earlier flushes merged already (`metrics.flush_interval`), so that every figure is
+    /// merged exactly once.
+    flushed: Flushed,
+}
+
+/// What a point's earlier flushes took: the gaps up to a token event, the stalls, and whether
+/// the first byte and first token were observed.
+#[derive(Debug, Default, Clone, Copy)]
+struct Flushed {
+    /// Gaps merged, and the token event the last of them ended at.
+    gaps: u64,
+    until: Option<Tick>,
+    stalls: u64,
+    first_byte: bool,
+    first_token: bool,
 }
 
 // === impl PointLedger ===
@@ -172,13 +187,15 @@ impl PointLedger {
         self.stalls
     }
 
-    /// The inter-token gaps recorded: bucket counts, their sum (the span from the first token
-    /// event to the last) and their count (one less than the token events).
+    /// The inter-token gaps recorded since the last flush: bucket counts, their sum (the span
+    /// from the token event the last flush ended at, or the first, to the last) and their count
+    /// (the token events but one, less those flushed).
     pub fn itl(&self) -> LocalHistogram {
-        let sum = self
-            .token_span()
-            .map_or(0.0, |(first, last)| last.secs_since(first));
-        LocalHistogram::from_counts(&self.itl, sum, self.token_events.saturating_sub(1))
+        let sum = self.token_span().map_or(0.0, |(first, last)| {
+            last.secs_since(self.flushed.until.unwrap_or(first))
+        });
+        let gaps = self.token_events.saturating_sub(1) - self.flushed.gaps;
+        LocalHistogram::from_counts(&self.itl, sum, gaps)
     }
 
     /// Time to first token since `received`.
@@ -201,11 +218,15 @@ impl PointLedger {
         &self.itl_native
     }
 
-    /// Merges this point's figures into the metrics; TTFT only when `with_ttft`. `stream` names
-    /// the stream for the exemplars (its `value` is replaced by each figure's own).
+    /// Merges what this point counted since its last flush into the metrics, and forgets it:
+    /// TTFB and TTFT (only when `with_ttft`) once, the gaps, stalls and their durations, events
+    /// per frame. `stream` names the stream for the exemplars (its `value` is replaced by each
+    /// figure's own). Called every `metrics.flush_interval` while the stream runs and once more
+    /// by [`PointLedger::record`] at its end, so a gap reaches `/metrics` within an interval of
+    /// happening and is counted exactly once.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn record(
-        &self,
+    pub(crate) fn flush(
+        &mut self,
         metrics: &Metrics,
         route: &str,
         model: &str,
@@ -215,45 +236,79 @@ impl PointLedger {
         stream: &Exemplar<'_>,
     ) {
         let p = point.as_str();
-        if let Some(at) = self.first_byte {
+        if let Some(at) = self.first_byte.filter(|_| !self.flushed.first_byte) {
             metrics.ttfb.observe(&[route, p], at.secs_since(received));
+            self.flushed.first_byte = true;
         }
-        if let Some(at) = self.first_token.filter(|_| with_ttft) {
+        if let Some(at) = self
+            .first_token
+            .filter(|_| with_ttft && !self.flushed.first_token)
+        {
             metrics
                 .ttft
                 .observe_with(&[route, model, p], at.secs_since(received), Some(stream));
+            self.flushed.first_token = true;
         }
         let longest = Exemplar {
             value: self.longest_gap as f64 * 1e-9,
             ..*stream
         };
-        metrics.itl.merge_with(
-            &[route, model, p],
-            &self.itl(),
-            &self.itl_native,
-            (self.longest_gap > 0).then_some(&longest),
-        );
-        if self.stalls > 0 {
+        let pending = self.itl();
+        if pending.count() > 0 {
+            metrics.itl.merge_with(
+                &[route, model, p],
+                &pending,
+                &self.itl_native,
+                (self.longest_gap > 0).then_some(&longest),
+            );
+            self.itl = BucketCounts::default();
+            self.itl_native.clear();
+            self.flushed.gaps += pending.count();
+            self.flushed.until = self.last_token;
+        }
+        let stalls = self.stalls - self.flushed.stalls;
+        if stalls > 0 {
             metrics
                 .stalls
                 .with_label_values(&[route, model, p])
-                .inc_by(self.stalls);
-            if let Some(stall_durations) = &self.stall_durations {
+                .inc_by(stalls);
+            if let Some(stall_durations) = self.stall_durations.as_deref_mut() {
                 metrics.stall_duration.merge_with(
                     &[route, model, p],
                     &stall_durations.0,
                     &stall_durations.1,
                     Some(&longest),
                 );
+                stall_durations.0 = LocalHistogram::default();
+                stall_durations.1.clear();
             }
+            self.flushed.stalls = self.stalls;
         }
-        if let Some(jank) = self.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
-            metrics.jank.observe(&[route, model, p], jank);
-        }
+        self.longest_gap = 0;
         let bounds = metrics.events_per_frame.bounds();
+        let events = std::mem::take(&mut self.events_per_frame);
         metrics
             .events_per_frame
-            .merge(&[route, p], &self.events_per_frame.to_local(bounds));
+            .merge(&[route, p], &events.to_local(bounds));
+    }
+
+    /// Merges what is left of this point's figures at the stream's end ([`PointLedger::flush`])
+    /// and the one figure that exists only for the whole stream, its jank ratio.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record(
+        &mut self,
+        metrics: &Metrics,
+        route: &str,
+        model: &str,
+        point: Point,
+        received: Tick,
+        with_ttft: bool,
+        stream: &Exemplar<'_>,
+    ) {
+        self.flush(metrics, route, model, point, received, with_ttft, stream);
+        if let Some(jank) = self.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
+            metrics.jank.observe(&[route, model, point.as_str()], jank);
+        }
     }
 }
 
@@ -381,6 +436,23 @@ impl EgressLedger {
         self.point.token_events(at, token_events, metrics);
     }
 
+    /// Merges the proxy delays counted since the last flush into the metrics, and forgets them.
+    fn flush_delays(&mut self, metrics: &Metrics, route: &str, stream: &Exemplar<'_>) {
+        let longest_delay = Exemplar {
+            value: self.longest_delay,
+            ..*stream
+        };
+        metrics.proxy_delay.merge_with(
+            &[route],
+            &self.proxy_delay,
+            &self.proxy_delay_native,
+            Some(&longest_delay),
+        );
+        self.proxy_delay = LocalHistogram::default();
+        self.proxy_delay_native.clear();
+        self.longest_delay = 0.0;
+    }
+
     /// The stream is over. `completed_at_end` are the events that completed only when the body
     /// ended: their bytes were in the last frame, so they count in the last socket write, at its
     /// stamp (when every frame reached the socket; otherwise they never reached the client).
@@ -457,6 +529,52 @@ impl StreamLedger {
             ingress: Mutex::new(None),
             in_flight: in_flight.into(),
         })
+    }
+
+    /// The live flush (`metrics.flush_interval`): merges what both points counted since the last
+    /// flush into the metrics, while the stream runs. `ingress` is the ingress side's ledger,
+    /// lent by whoever holds it (the metered body's state, under its lock); the egress ledger is
+    /// taken under its own lock, after. At the stream's end `Drop` merges what is left, so
+    /// every figure is merged exactly once.
+    pub fn flush_live(&self, ingress: &mut IngressLedger) {
+        let metrics = &*self.metrics;
+        let route = &*self.info.route;
+        let model_label = ingress
+            .model
+            .clone()
+            .unwrap_or_else(|| metrics.models.resolve(None));
+        let model = &*model_label;
+        let trace_id = self
+            .info
+            .traceparent
+            .as_deref()
+            .and_then(crate::metrics::trace_id);
+        let stream = Exemplar {
+            stream_id: &self.info.id,
+            trace_id,
+            value: 0.0,
+        };
+        let received = self.info.received;
+        ingress.point.flush(
+            metrics,
+            route,
+            model,
+            Point::Ingress,
+            received,
+            true,
+            &stream,
+        );
+        let mut egress = self.egress.lock().unwrap_or_else(|e| e.into_inner());
+        egress.point.flush(
+            metrics,
+            route,
+            model,
+            Point::Egress,
+            received,
+            true,
+            &stream,
+        );
+        egress.flush_delays(metrics, route, &stream);
     }
 
     /// The metrics this stream records into.
@@ -620,7 +738,7 @@ impl Drop for StreamLedger {
             value: 0.0,
         };
 
-        if let Some((ledger, _)) = &ingress {
+        if let Some((ledger, _)) = &mut ingress {
             ledger.point.record(
                 metrics,
                 route,
@@ -680,16 +798,7 @@ impl Drop for StreamLedger {
             true,
             &stream,
         );
-        let longest_delay = Exemplar {
-            value: egress.longest_delay,
-            ..stream
-        };
-        metrics.proxy_delay.merge_with(
-            &[route],
-            &egress.proxy_delay,
-            &egress.proxy_delay_native,
-            Some(&longest_delay),
-        );
+        egress.flush_delays(metrics, route, &stream);
 
         if let Some(slo) = &self.info.slo {
             let tokens = ingress.as_ref().map_or(0, |(l, _)| l.output_tokens().0);
@@ -804,6 +913,61 @@ mod tests {
         *x ^= *x << 13;
         *x ^= *x >> 7;
         *x ^= *x << 17;
+    }
+
+    /// What a family holds, for comparing two metrics: per series, the classic counts, the
+    /// native buckets and the sum (rounded: flushes add the same gaps' sum in pieces).
+    fn held(family: &HistogramFamily) -> Vec<(Vec<u64>, Option<String>, String)> {
+        family
+            .snapshot(false)
+            .into_iter()
+            .map(|s| {
+                let native = s.native.map(|n| format!("{n:?}"));
+                (s.counts, native, format!("{:.6}", s.sum))
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        /// The live flush splits a stream's figures at any frames; what the metrics hold at the
+        /// end is what one record at the end gives: every gap, stall and frame counted once.
+        #[test]
+        fn flushing_at_any_frames_counts_every_figure_exactly_once(
+            frames in proptest::collection::vec((0u64..600_000_000, 0u32..4), 1..200),
+            flushes in proptest::collection::vec(proptest::bool::weighted(0.2), 200),
+        ) {
+            let (flushed, once) = (default_metrics(), default_metrics());
+            let (mut a, mut b) = (PointLedger::default(), PointLedger::default());
+            let received = Tick::now();
+            let stream = Exemplar { stream_id: "s", trace_id: None, value: 0.0 };
+            let mut at = received;
+            for (i, (gap, events)) in frames.iter().enumerate() {
+                at = at.saturating_add(Duration::from_nanos(*gap));
+                for (point, metrics) in [(&mut a, &flushed), (&mut b, &once)] {
+                    point.bytes(at);
+                    point.token_events(at, *events, metrics);
+                    point.events_in_frame(*events, metrics);
+                }
+                if flushes[i] {
+                    a.flush(&flushed, "r", "m", Point::Ingress, received, true, &stream);
+                }
+            }
+            a.record(&flushed, "r", "m", Point::Ingress, received, true, &stream);
+            b.record(&once, "r", "m", Point::Ingress, received, true, &stream);
+            for (x, y) in [
+                (&flushed.itl, &once.itl),
+                (&flushed.ttft, &once.ttft),
+                (&flushed.ttfb, &once.ttfb),
+                (&flushed.stall_duration, &once.stall_duration),
+                (&flushed.events_per_frame, &once.events_per_frame),
+                (&flushed.jank, &once.jank),
+            ] {
+                proptest::prop_assert_eq!(held(x), held(y));
+            }
+            let stalls = |m: &Metrics| m.stalls.with_label_values(&["r", "m", "ingress"]).get();
+            proptest::prop_assert_eq!(stalls(&flushed), stalls(&once));
+            proptest::prop_assert_eq!(stalls(&flushed), a.stall_count());
+        }
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod demo;
 pub mod error;
 pub mod format;
 pub mod ledger;
+pub mod live;
 pub mod logging;
 pub mod meter;
 pub mod metrics;

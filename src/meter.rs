@@ -82,6 +82,11 @@ impl IngressMeter {
         counts
     }
 
+    /// The ledger so far, lent to the live flush (`metrics.flush_interval`).
+    pub fn ledger_mut(&mut self) -> &mut IngressLedger {
+        &mut self.ledger
+    }
+
     /// The body ended: events that complete only at the end (an NDJSON line without its newline)
     /// are counted, and the ledger is handed over.
     pub fn finish(mut self, at: Tick, metrics: &Metrics) -> IngressLedger {

@@ -74,6 +74,7 @@ async fn a_panicking_stream_task_does_not_take_down_other_streams() {
         buffer_frames: 64,
         idle_timeout: Duration::from_secs(10),
         client_http1: false,
+        live: None,
     };
     let frames: Vec<Bytes> = (0..FRAMES).map(token_event).collect();
 

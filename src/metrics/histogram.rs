@@ -212,6 +212,17 @@ impl Extra {
             }
         };
         if replace {
+            // The same stream offering again (each live flush does): kept in place, so a flush
+            // allocates nothing for its exemplars.
+            if let Some(old) = slot
+                .as_mut()
+                .filter(|old| *old.stream_id == *exemplar.stream_id)
+            {
+                old.value = exemplar.value;
+                old.timestamp = unix_now();
+                old.scraped = false;
+                return;
+            }
             *slot = Some(StoredExemplar {
                 value: exemplar.value,
                 stream_id: exemplar.stream_id.into(),
@@ -484,6 +495,30 @@ impl HistogramFamily {
     pub fn quantile(&self, q: f64, filter: &[(usize, &str)]) -> Option<f64> {
         let (counts, _) = self.totals(filter);
         bucket_quantile(q, &self.inner.bounds, &counts)
+    }
+
+    /// The `q` quantile from the native buckets, as PromQL's `histogram_quantile` reads a native
+    /// histogram (the series matching `filter` summed at their lowest schema); `None` without
+    /// native buckets or samples.
+    pub fn native_quantile(&self, q: f64, filter: &[(usize, &str)]) -> Option<f64> {
+        let map = self.inner.series.read().unwrap_or_else(|e| e.into_inner());
+        let mut total: Option<NativeState> = None;
+        for series in map.values().flatten() {
+            let matches = filter
+                .iter()
+                .all(|(i, v)| series.label_values.get(*i).map(String::as_str) == Some(*v));
+            let Some(extra) = series.extra.as_ref().filter(|_| matches) else {
+                continue;
+            };
+            let extra = extra.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(native) = &extra.native {
+                match &mut total {
+                    Some(total) => total.add_state(native),
+                    None => total = Some(native.clone()),
+                }
+            }
+        }
+        total?.quantile(q)
     }
 
     /// A new series' native state and exemplar slots, as the family's options say.

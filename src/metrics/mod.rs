@@ -132,15 +132,29 @@ impl Default for Buckets {
 // --- Issue 27: native histograms, exemplars, the finer classic preset ---
 
 /// `[metrics]`: how the histograms are published.
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
+    /// `metrics.flush_interval`, as written: how often a running stream's counts are merged into
+    /// what `/metrics` serves (default `1s`; `0s`: only when the stream ends). Validated into
+    /// `Config::flush_interval`.
+    pub flush_interval: String,
     /// `[metrics.native]`: native histograms beside the classic buckets.
     pub native: NativeConfig,
     /// `metrics.classic`: `default` (today's buckets, vLLM- and OpenTelemetry-compatible) or
     /// `fine` (up to 32 bounds per latency histogram, for backends that cannot read native
     /// histograms). A `[buckets]` list that differs from the default is kept either way.
     pub classic: ClassicPreset,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            flush_interval: "1s".into(),
+            native: NativeConfig::default(),
+            classic: ClassicPreset::default(),
+        }
+    }
 }
 
 /// The classic buckets' preset (`metrics.classic`).

@@ -328,6 +328,64 @@ impl NativeState {
         }
     }
 
+    /// Adds another series' buckets, at the lower of the two schemas (as PromQL sums native
+    /// histograms of different schemas).
+    pub fn add_state(&mut self, other: &NativeState) {
+        if other.schema < self.schema {
+            let shift = i32::from(self.schema - other.schema);
+            let before = std::mem::take(&mut self.positive);
+            for (index, n) in before {
+                *self.positive.entry(downscale(index, shift)).or_insert(0) += n;
+            }
+            self.schema = other.schema;
+        }
+        let shift = i32::from(other.schema - self.schema);
+        for (index, n) in &other.positive {
+            *self.positive.entry(downscale(*index, shift)).or_insert(0) += n;
+        }
+        self.zero_count += other.zero_count;
+        self.zero_threshold = self.zero_threshold.max(other.zero_threshold);
+    }
+
+    /// The samples counted: the zero bucket's and every positive bucket's.
+    pub fn count(&self) -> u64 {
+        self.zero_count + self.positive.values().sum::<u64>()
+    }
+
+    /// The `q` quantile as PromQL's `histogram_quantile` reads a native histogram: the bucket
+    /// where the rank `q * count` falls, interpolated exponentially inside it (linearly inside
+    /// the zero bucket, from 0 to its threshold). `None` without samples.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.count();
+        if total == 0 || q.is_nan() {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total as f64;
+        if rank <= self.zero_count as f64 {
+            let fraction = if self.zero_count == 0 {
+                0.0
+            } else {
+                rank / self.zero_count as f64
+            };
+            return Some(self.zero_threshold * fraction);
+        }
+        let mut below = self.zero_count as f64;
+        let mut last = None;
+        for (index, n) in &self.positive {
+            let n = *n as f64;
+            last = Some(*index);
+            if below + n >= rank {
+                let upper = bucket_upper_bound(*index, self.schema);
+                let lower = bucket_upper_bound(index - 1, self.schema);
+                let fraction = (rank - below) / n;
+                let (log_lower, log_upper) = (lower.log2(), upper.log2());
+                return Some((log_lower + (log_upper - log_lower) * fraction).exp2());
+            }
+            below += n;
+        }
+        last.map(|index| bucket_upper_bound(index, self.schema))
+    }
+
     /// The buckets as Prometheus's protobuf carries them: spans of consecutive indices
     /// (`offset` from the end of the previous span, or the first index) and each bucket's count
     /// as the difference from the previous bucket's.
@@ -367,6 +425,75 @@ fn downscale(index: i32, shift: i32) -> i32 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Every value counted into a series at `settings`' schema.
+    fn state_of(values: &[f64], settings: NativeSettings) -> NativeState {
+        let index = NativeIndex::new(settings);
+        let mut counts = NativeCounts::default();
+        for v in values {
+            counts.observe(&index, *v);
+        }
+        let mut state = NativeState::new(settings);
+        state.merge(&counts, index.schema());
+        state
+    }
+
+    fn exact(sorted: &[f64], q: f64) -> f64 {
+        let rank = (q * sorted.len() as f64).ceil() as usize;
+        sorted[rank.clamp(1, sorted.len()) - 1]
+    }
+
+    #[test]
+    fn quantiles_at_schema_4_are_within_about_2_percent_of_the_exact_ones() {
+        // 20,000 gaps spread over 1 ms to 1 s, log-uniform, and a cadence of 40 ms with jitter.
+        let mut x: u64 = 3;
+        let mut values = Vec::new();
+        for i in 0..20_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            values.push(if i % 2 == 0 {
+                1e-3 * 1000f64.powf(u)
+            } else {
+                0.040 * (0.8 + 0.4 * u)
+            });
+        }
+        let state = state_of(&values, NativeSettings::default());
+        values.sort_by(f64::total_cmp);
+        for q in [0.5, 0.9, 0.99, 0.999] {
+            let (got, want) = (state.quantile(q).unwrap(), exact(&values, q));
+            assert!(
+                (got / want - 1.0).abs() < 0.022,
+                "q {q}: native {got} against exact {want}"
+            );
+        }
+        assert_eq!(state.count(), 20_000);
+        assert_eq!(
+            NativeState::new(NativeSettings::default()).quantile(0.5),
+            None
+        );
+    }
+
+    #[test]
+    fn series_of_different_schemas_add_at_the_lower_one() {
+        let values = [0.003, 0.004, 0.010, 0.250, 0.251];
+        let fine = state_of(&values, NativeSettings::default());
+        let coarse = state_of(
+            &values,
+            NativeSettings {
+                schema: 1,
+                ..NativeSettings::default()
+            },
+        );
+        let mut sum = fine.clone();
+        sum.add_state(&coarse);
+        assert_eq!(sum.schema, 1);
+        assert_eq!(sum.count(), 10);
+        let mut twice = coarse.clone();
+        twice.add_state(&coarse);
+        assert_eq!(sum.positive, twice.positive);
+    }
 
     /// An unsigned big integer, least significant limb first: enough to raise a mantissa to the
     /// 256th power exactly.

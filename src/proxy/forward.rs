@@ -162,6 +162,7 @@ async fn forward(
         buffer_frames: config.buffer_frames,
         idle_timeout: config.idle_timeout,
         client_http1,
+        live: config.flush_interval.map(|_| state.live_streams.clone()),
     };
     let body = meter(
         body,

@@ -96,6 +96,9 @@ pub struct MeterSettings {
     /// The client speaks HTTP/1.x, so the egress body may read the upstream itself; on HTTP/2
     /// the reader task always reads.
     pub client_http1: bool,
+    /// The streams the live flush sweeps (`metrics.flush_interval`); `None`: this stream is
+    /// recorded only at its end.
+    pub live: Option<Arc<crate::live::LiveStreams>>,
 }
 
 /// The upstream body, its error boxed with its type (read by [`UpstreamFailure::of_body`]).
@@ -214,6 +217,10 @@ where
         idle_timeout: settings.idle_timeout,
         inline,
     });
+    if let Some(live) = &settings.live {
+        let flush: Arc<dyn crate::live::Flush> = shared.clone();
+        live.register(Arc::downgrade(&flush));
+    }
     if inline {
         let standby: Arc<dyn Standby> = shared.clone();
         clock.register(Arc::downgrade(&standby));
@@ -363,6 +370,17 @@ impl Shared {
             .upstream_errors
             .with_label_values(&[self.ledger.route(), kind])
             .inc();
+    }
+}
+
+impl crate::live::Flush for Shared {
+    /// Lends the ingress ledger, under the lock each poll takes, to the stream ledger's flush.
+    /// Once the ingress side has ended its ledger is the stream ledger's, recorded at the end.
+    fn flush(&self) {
+        let Some(mut state) = self.lock() else { return };
+        if let Some(meter) = state.meter.as_mut() {
+            self.ledger.flush_live(meter.ledger_mut());
+        }
     }
 }
 

@@ -109,6 +109,8 @@ pub struct ProxyState {
     pub requests_in_flight: Arc<tokio::sync::Semaphore>,
     /// Open client connections (`limits.max_connections`), over all workers.
     pub connections: Arc<tokio::sync::Semaphore>,
+    /// The metered streams in flight, swept every `metrics.flush_interval` (the live flush).
+    pub live_streams: Arc<crate::live::LiveStreams>,
 }
 
 /// Warns at startup when an `https://` upstream will be verified against the system trust store
@@ -176,6 +178,7 @@ impl ProxyState {
             stream_ids: StreamIds::new(),
             draining: AtomicBool::new(false),
             registry,
+            live_streams: Arc::default(),
         })
     }
 
@@ -301,6 +304,8 @@ pub struct ProxyHandle {
     admin_shutdown: watch::Sender<bool>,
     proxy_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
+    /// The live flush's sweeps, when `metrics.flush_interval` is set; aborted after the drain.
+    flush_task: Option<JoinHandle<()>>,
 }
 
 /// Connections the kernel may hold completed but not yet accepted on the proxy listener (capped by
@@ -364,6 +369,10 @@ impl ProxyHandle {
                 workers::stopped(watch_rx),
             )),
         };
+        let flush_task = state
+            .config
+            .flush_interval
+            .map(|interval| tokio::spawn(state.live_streams.clone().run(interval)));
         let admin_task = tokio::spawn(crate::admin::serve(
             admin_listener,
             state.clone(),
@@ -377,6 +386,7 @@ impl ProxyHandle {
             admin_shutdown,
             proxy_task,
             admin_task,
+            flush_task,
         })
     }
 
@@ -387,6 +397,10 @@ impl ProxyHandle {
         self.state.draining.store(true, Ordering::SeqCst);
         let _ = self.shutdown.send(true);
         let _ = self.proxy_task.await;
+        // Every stream has ended and recorded what it had not flushed: the sweeps are over.
+        if let Some(task) = self.flush_task {
+            task.abort();
+        }
         let _ = self.admin_shutdown.send(true);
         let _ = self.admin_task.await;
     }
