@@ -73,12 +73,7 @@ impl StreamCadence {
         } else {
             self.sample_gap(config) + mul(config.contention_k, active)
         };
-        if config.stall_at.contains(&event) {
-            wait += config.stall;
-        }
-        if config.stall_prob > 0.0 && self.rng.gen_bool(config.stall_prob) {
-            wait += config.stall;
-        }
+        wait += self.sample_stall(config, event);
         let left = self.tokens_total - self.tokens_done;
         let tokens = self.sample_step_tokens(config).min(left);
         let step = Step {
@@ -91,6 +86,39 @@ impl StreamCadence {
         self.events = event;
         self.tokens_done += u64::from(step.tokens);
         Some(step)
+    }
+
+    /// Plans the next token of a stream in the shared decode loop (`--engine batch`), where the
+    /// loop sets the time: one token, and the stream-local stall before it (zero if none).
+    /// `None` once every token is planned.
+    pub(crate) fn next_batch_step(&mut self, config: &SimConfig) -> Option<(Step, Duration)> {
+        if self.tokens_done >= self.tokens_total {
+            return None;
+        }
+        let event = self.events + 1;
+        let stall = self.sample_stall(config, event);
+        let step = Step {
+            offset: Duration::ZERO,
+            first_token: self.tokens_done,
+            tokens: 1,
+            event,
+        };
+        self.events = event;
+        self.tokens_done += 1;
+        Some((step, stall))
+    }
+
+    /// The stall before token event `event`: placed (`--stall-at`), drawn (`--stall-prob`),
+    /// both, or none.
+    fn sample_stall(&mut self, config: &SimConfig, event: u64) -> Duration {
+        let mut stall = Duration::ZERO;
+        if config.stall_at.contains(&event) {
+            stall += config.stall;
+        }
+        if config.stall_prob > 0.0 && self.rng.gen_bool(config.stall_prob) {
+            stall += config.stall;
+        }
+        stall
     }
 
     /// A decode step's time: the gap, or a log-normal draw whose median is the gap.
