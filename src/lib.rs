@@ -24,6 +24,7 @@
 //!   what arrives, and both wired around the proxy in one command.
 
 pub mod admin;
+pub mod batch;
 pub mod beacon;
 pub mod clock;
 pub mod config;

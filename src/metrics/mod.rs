@@ -319,6 +319,9 @@ pub struct Metrics {
     pub events_per_frame: HistogramFamily,
     /// `metronome_output_tokens_total{route,model,source}`.
     pub output_tokens: IntCounterVec,
+    /// `metronome_prompt_tokens_total{route,model}`: input tokens of finished streams, as the
+    /// server's usage reported them (issue 29).
+    pub prompt_tokens: IntCounterVec,
     /// `metronome_streams_total{route,model,outcome}`.
     pub streams: IntCounterVec,
     /// `metronome_streams_active{route}`.
@@ -481,6 +484,11 @@ impl Metrics {
                 "metronome_output_tokens_total",
                 "Output tokens of finished streams; source=usage when the server reported them, counted otherwise.",
                 &["route", "model", "source"],
+            )?,
+            prompt_tokens: counter(
+                "metronome_prompt_tokens_total",
+                "Prompt (input) tokens of finished streams, as the server's usage reported them (streams that report none add nothing).",
+                &["route", "model"],
             )?,
             streams: counter(
                 "metronome_streams_total",

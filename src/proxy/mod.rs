@@ -109,6 +109,8 @@ pub struct ProxyState {
     pub requests_in_flight: Arc<tokio::sync::Semaphore>,
     /// Open client connections (`limits.max_connections`), over all workers.
     pub connections: Arc<tokio::sync::Semaphore>,
+    /// Batch-wide hitches and episodes per upstream (`[batch]`, issue 29).
+    pub batch: Arc<crate::batch::BatchDetector>,
 }
 
 /// Warns at startup when an `https://` upstream will be verified against the system trust store
@@ -162,7 +164,11 @@ impl ProxyState {
         let requests_in_flight = Arc::new(tokio::sync::Semaphore::new(config.limits.max_requests));
         let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
         let config = Arc::new(config);
+        let metrics = Arc::new(metrics);
+        let batch =
+            crate::batch::BatchDetector::new(config.batch, metrics.clone(), &config.upstream)?;
         Ok(ProxyState {
+            batch,
             tls: listener_tls,
             requests_in_flight,
             connections,
@@ -172,7 +178,7 @@ impl ProxyState {
             }),
             config,
             upstream_tls,
-            metrics: Arc::new(metrics),
+            metrics,
             stream_ids: StreamIds::new(),
             draining: AtomicBool::new(false),
             registry,

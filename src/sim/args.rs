@@ -76,7 +76,8 @@ pub struct CadenceArgs {
     #[arg(long, default_value = "300ms", value_parser = parse_duration)]
     pub stall: Duration,
 
-    /// Stall before token event N (1-based) of every stream; repeatable.
+    /// Stall before token event N (1-based) of every stream; repeatable. A request's own
+    /// `sim_stall_at: N` stalls that stream alone.
     #[arg(long = "stall-at", value_name = "N")]
     pub stall_at: Vec<u64>,
 

@@ -44,6 +44,8 @@ pub(crate) struct StreamCadence {
     tokens_done: u64,
     /// Tokens this stream outputs in all.
     tokens_total: u64,
+    /// A stall before this token event of this stream only (the request's `sim_stall_at`).
+    own_stall_at: Option<u64>,
 }
 
 // === impl StreamCadence ===
@@ -58,7 +60,14 @@ impl StreamCadence {
             events: 0,
             tokens_done: 0,
             tokens_total,
+            own_stall_at: None,
         }
+    }
+
+    /// Adds a stall before token event `event` (from 1) of this stream alone.
+    pub(crate) fn with_stall_at(mut self, event: Option<u64>) -> Self {
+        self.own_stall_at = event;
+        self
     }
 
     /// Plans the next step; `active` is the number of streams decoding right now (the
@@ -112,7 +121,7 @@ impl StreamCadence {
     /// both, or none.
     fn sample_stall(&mut self, config: &SimConfig, event: u64) -> Duration {
         let mut stall = Duration::ZERO;
-        if config.stall_at.contains(&event) {
+        if config.stall_at.contains(&event) || self.own_stall_at == Some(event) {
             stall += config.stall;
         }
         if config.stall_prob > 0.0 && self.rng.gen_bool(config.stall_prob) {

@@ -21,6 +21,9 @@ pub(crate) struct GenRequest {
     /// `sim_prompt_tokens`: the prompt's length in tokens, said outright (a sim extension, so a
     /// test can send a long prompt without its bytes).
     pub prompt_tokens: Option<u64>,
+    /// `sim_stall_at`: a stall (`--stall` long) before this token event (from 1) of this stream
+    /// only (a sim extension, so a test can place stream-local stalls where it wants them).
+    pub stall_at: Option<u64>,
 }
 
 /// Why a request body was refused; the message goes back to the client.
@@ -39,6 +42,7 @@ pub(crate) fn parse(api: Api, body: &[u8]) -> Result<GenRequest, BadRequest> {
     };
     let mut request = GenRequest {
         prompt_tokens: count(&value, &["sim_prompt_tokens"])?,
+        stall_at: count(&value, &["sim_stall_at"])?,
         ..GenRequest::default()
     };
     match api {
@@ -144,6 +148,8 @@ mod tests {
         let body = br#"{"inputs":"hi","sim_prompt_tokens":7}"#;
         assert_eq!(parse(Api::Tgi, body).unwrap().prompt_tokens(), 7);
         assert!(parse(Api::Chat, br#"{"sim_prompt_tokens":"x"}"#).is_err());
+        let body = br#"{"sim_stall_at":12}"#;
+        assert_eq!(parse(Api::Chat, body).unwrap().stall_at, Some(12));
     }
 
     #[test]
