@@ -568,6 +568,22 @@ mod tests {
         assert!(sim.tracker.idle());
     }
 
+    #[test]
+    fn rings_stay_bounded_whatever_the_history() {
+        let mut sim = Sim::new(4);
+        for i in 0..(MAX_ARRIVALS as u64 + 10) {
+            sim.tracker
+                .start(1_000 + i, Arc::from("burst"), 2 * MS, None, Arc::default());
+            sim.tracker.end(1_000 + i, Some(1));
+        }
+        // A whole-batch stall every 400 ms, 100 times: 100 episodes.
+        let (_, ended) = sim.run(20 * MS, 40_100 * MS, |_, t| t % (400 * MS) > 200 * MS);
+        assert_eq!(ended.len(), 100);
+        assert_eq!(sim.tracker.episodes().count(), MAX_EPISODES);
+        assert_eq!(sim.tracker.arrivals.len(), MAX_ARRIVALS);
+        assert!(sim.tracker.pending.len() <= 4 * 2, "settled as they go");
+    }
+
     /// Property: with one stream stalling at a time, among any number of streams, nothing is
     /// ever an episode or a batch hitch; with every stream stalling at once, every hitch is.
     #[test]
