@@ -334,3 +334,53 @@ async fn a_slow_reader_never_makes_an_episode() {
     let episodes = get_json(proxy.admin_addr, "/episodes").await;
     assert_eq!(episodes["episodes"].as_array().unwrap().len(), 0);
 }
+
+/// `probe --join` against the proxy in front of the batch engine: the client's stalls are the
+/// long prompt's hold, and the join gives them to generation (batch), not the streams' own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_join_gives_the_batchs_stalls_to_generation_batch() {
+    use metronome::probe::{attribute_run_judged, measure, AdminUrl, Load, ProbeConfig, Stop};
+    let sim = sim_with(SimConfig {
+        engine: sim::Engine::Batch,
+        gap: ms(GAP),
+        prefill_per_token: Duration::from_micros(100),
+        tokens: 60,
+        ..SimConfig::default()
+    })
+    .await;
+    let proxy = proxy_to(sim.addr()).await;
+    let addr = proxy.proxy_addr;
+    let mut config = ProbeConfig::new(&format!("http://{addr}"), "m").unwrap();
+    config.stop = Stop::Requests(6);
+    config.load = Load::Closed { concurrency: 6 };
+    config.timeout = Duration::from_secs(20);
+    let long = async {
+        tokio::time::sleep(ms(500)).await;
+        request(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &chat_body(2, HOLD * 10, None),
+            false,
+        )
+        .await
+    };
+    let (run, long) = tokio::join!(measure(&config), long);
+    let run = run.unwrap();
+    assert_eq!(long.status, 200);
+    // The hitches settle a few sweeps after they end.
+    scrape_until(&proxy, |m| {
+        m.value("metronome_hitches_total", &[("scope", "batch")]) >= 6.0
+    })
+    .await;
+    let admin = AdminUrl::parse(&format!("http://{}", proxy.admin_addr)).unwrap();
+    let (a, _) = attribute_run_judged(&admin, &run, ms(200), false).await;
+    eprintln!("{:?}", a.stalls);
+    assert_eq!(a.streams_joined, 6);
+    assert_eq!(a.stalls.stalls, 6, "one hold of 320 ms in each stream");
+    assert_eq!(a.stalls.generation_batch, 6);
+    assert_eq!(a.stalls.generation_stream, 0);
+    let p99 = a.gap_ms.p99.unwrap();
+    assert!(p99.generation_batch > 250.0, "{p99:?}");
+    sim.shutdown().await.unwrap();
+}
