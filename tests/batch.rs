@@ -282,7 +282,9 @@ fn big_chunk(n: usize) -> bytes::Bytes {
 async fn a_slow_reader_never_makes_an_episode() {
     let mut frames: Vec<bytes::Bytes> = (0..40).map(|_| big_chunk(8 * 1024)).collect();
     frames.push(bytes::Bytes::from_static(b"data: [DONE]\n\n"));
-    let upstream = Upstream::sse_frames(&frames, ms(20)).start().await;
+    // 50 ms apart: a hitch at ingress would need a gap of 200 ms, far beyond a loaded machine's
+    // timer lateness.
+    let upstream = Upstream::sse_frames(&frames, ms(50)).start().await;
     let proxy = proxy_to(upstream.addr).await;
     let addr = proxy.proxy_addr;
     let slow = futures_util::future::join_all((0..2).map(|_| async move {
@@ -305,8 +307,9 @@ async fn a_slow_reader_never_makes_an_episode() {
         while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
             let data = frame.unwrap().into_data().unwrap_or_default();
             if bytes == 0 {
-                // Naps for 600 ms after the first frame: a stall at egress, both streams at once.
-                tokio::time::sleep(ms(600)).await;
+                // Naps for 1 s after the first frame: the window (8 frames) fills in 400 ms, and
+                // the next frame waits at egress for the rest: a stall, both streams at once.
+                tokio::time::sleep(ms(1_000)).await;
             }
             bytes += data.len();
         }
