@@ -264,6 +264,30 @@ async fn long_prompts_make_batch_hitches_and_stalls_stay_stream_scope() {
         named.insert(cause_id.to_owned());
     }
     assert_eq!(named, long_ids, "every long prompt names its episode");
+
+    // The episode histograms carry the episode's last arrival as their exemplar (OpenMetrics).
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let req = http::Request::get(format!("http://{}/metrics", proxy.admin_addr))
+        .header("accept", "application/openmetrics-text; version=1.0.0")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let body = http_body_util::BodyExt::collect(client.request(req).await.unwrap().into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    let exemplars: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("metronome_batch_episode_duration_seconds_bucket"))
+        .filter_map(|l| l.split_once("# {stream_id=\"").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split_once('"').map(|(id, _)| id))
+        .collect();
+    assert!(!exemplars.is_empty(), "{text}");
+    assert!(
+        exemplars.iter().all(|id| long_ids.contains(*id)),
+        "{exemplars:?}"
+    );
 }
 
 /// An OpenAI chunk of `n` bytes of text, a frame of its own.

@@ -8,14 +8,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
+use prometheus::{IntCounterVec, Opts};
 
 use super::hitch::{HitchLimits, HitchRule};
 use super::tracker::{Beat, Episode, EpisodeTracker, Settled, SweepOutcome};
 use super::BatchSettings;
 use crate::clock::Tick;
 use crate::config::Upstream;
-use crate::metrics::Metrics;
+use crate::metrics::{Exemplar, Metrics};
 
 /// The `upstream` label of the top-level `server.upstream` (`--upstream`).
 pub const DEFAULT_UPSTREAM: &str = "default";
@@ -71,42 +71,26 @@ struct Inner {
     sweeping: bool,
 }
 
-/// The metrics of batch hitches and episodes (registered into the proxy's registry).
+/// The counters of batch hitches and episodes (registered into the proxy's registry; the
+/// episode histograms are the proxy's own families, for their native buckets and exemplars).
 #[derive(Debug, Clone)]
 pub struct BatchMetrics {
     /// `metronome_hitches_total{route,model,scope}`.
     pub hitches: IntCounterVec,
     /// `metronome_batch_episodes_total{upstream}`.
     pub episodes: IntCounterVec,
-    /// `metronome_batch_episode_duration_seconds{upstream}`.
-    pub duration: HistogramVec,
-    /// `metronome_batch_episode_streams{upstream}`.
-    pub streams: HistogramVec,
-    /// `metronome_batch_episode_arrivals{upstream}`.
-    pub arrivals: HistogramVec,
 }
 
 // === impl BatchMetrics ===
 
 impl BatchMetrics {
-    /// Creates the families and registers them with `metrics`.
+    /// Creates the counters and registers them with `metrics`.
     pub fn register(metrics: &Metrics) -> prometheus::Result<Self> {
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let vec = IntCounterVec::new(Opts::new(name, help), labels)?;
             metrics.register(Box::new(vec.clone()))?;
             Ok::<_, prometheus::Error>(vec)
         };
-        let hist = |name: &str, help: &str, buckets: Vec<f64>| {
-            let vec = HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(buckets),
-                &["upstream"],
-            )?;
-            metrics.register(Box::new(vec.clone()))?;
-            Ok::<_, prometheus::Error>(vec)
-        };
-        let counts = vec![
-            1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
-        ];
         Ok(BatchMetrics {
             hitches: counter(
                 "metronome_hitches_total",
@@ -117,21 +101,6 @@ impl BatchMetrics {
                 "metronome_batch_episodes_total",
                 "Episodes: stretches during which at least batch.min_streams and batch.min_share of an upstream's streams were inside a hitch at once.",
                 &["upstream"],
-            )?,
-            duration: hist(
-                "metronome_batch_episode_duration_seconds",
-                "How long each batch episode lasted.",
-                vec![0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0],
-            )?,
-            streams: hist(
-                "metronome_batch_episode_streams",
-                "Streams caught in each batch episode.",
-                counts.clone(),
-            )?,
-            arrivals: hist(
-                "metronome_batch_episode_arrivals",
-                "Requests the upstream received within batch.lookback before each episode began.",
-                counts,
             )?,
         })
     }
@@ -300,13 +269,21 @@ impl BatchDetector {
                 Some(end) => (end - episode.start).max(0) as f64 * 1e-9,
                 None => 0.0,
             };
-            m.duration.with_label_values(&[upstream]).observe(seconds);
-            m.streams
-                .with_label_values(&[upstream])
-                .observe(episode.streams as f64);
-            m.arrivals
-                .with_label_values(&[upstream])
-                .observe(episode.arrivals as f64);
+            let cause = episode.arrived.last().map(|a| a.id.clone());
+            let observe = |family: &crate::metrics::HistogramFamily, value: f64| {
+                let exemplar = cause.as_deref().map(|stream_id| Exemplar {
+                    stream_id,
+                    trace_id: None,
+                    value,
+                });
+                family.observe_with(&[upstream], value, exemplar.as_ref());
+            };
+            observe(&self.metrics.batch_episode_duration, seconds);
+            observe(&self.metrics.batch_episode_streams, episode.streams as f64);
+            observe(
+                &self.metrics.batch_episode_arrivals,
+                episode.arrivals as f64,
+            );
             tracing::debug!(
                 upstream,
                 episode = episode.id,
