@@ -1,7 +1,7 @@
 //! The admin listener, apart from the proxy's: `/metrics` for Prometheus, `/healthz` (the process
 //! is alive; never depends on the upstream), `/readyz` (ready to proxy: not draining, and the
-//! default upstream answered its last check), and `/streams`, `/streams/{id}` (recent stream
-//! timelines; docs/timelines.md).
+//! default upstream answered its last check), `/streams`, `/streams/{id}` (recent stream
+//! timelines; docs/timelines.md) and `/episodes` (recent batch episodes; docs/batch.md).
 //!
 //! The upstream check runs in the background every `readiness.interval`, so a probe never waits
 //! on the upstream and a burst of probes never becomes a burst of upstream connections; `/readyz`
@@ -92,6 +92,7 @@ async fn answer(
             response
         }
         "/streams" => json(StatusCode::OK, state.registry.list_json()),
+        "/episodes" => json(StatusCode::OK, state.batch.episodes_json()),
         "/metronome-beacon.js" => {
             let mut response = text(StatusCode::OK, BEACON_MODULE);
             response.headers_mut().insert(
@@ -103,7 +104,7 @@ async fn answer(
         path if path.starts_with("/streams/") => {
             let id = &path["/streams/".len()..];
             match state.registry.detail_json(id) {
-                Some(body) => json(StatusCode::OK, body),
+                Some(body) => json(StatusCode::OK, with_hitches(&state, id, body)),
                 None => json(
                     StatusCode::NOT_FOUND,
                     serde_json::json!({"error": {"type": "not_found", "message": format!("no recent stream has the ID `{id}`")}}).to_string(),
@@ -114,9 +115,37 @@ async fn answer(
         "/readyz" => readiness(&state, upstream).await,
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics, /healthz, /readyz or /streams\n",
+            "not found: try /metrics, /healthz, /readyz, /streams or /episodes\n",
         ),
     })
+}
+
+/// A stream's detail with its hitches marked (scope and episode; docs/batch.md), when it had any.
+fn with_hitches(state: &ProxyState, id: &str, body: String) -> String {
+    let marks = state.batch.hitches_of(id);
+    if marks.is_empty() {
+        return body;
+    }
+    let Ok(mut detail) = serde_json::from_str::<serde_json::Value>(&body) else {
+        return body;
+    };
+    let hitches: Vec<serde_json::Value> = marks
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "event": m.event,
+                "from_us": m.from_us,
+                "to_us": m.to_us,
+                "scope": m.scope.as_str(),
+                "upstream": m.upstream.as_ref(),
+                "episode": m.episode,
+            })
+        })
+        .collect();
+    if let Some(object) = detail.as_object_mut() {
+        object.insert("hitches".to_owned(), serde_json::Value::from(hitches));
+    }
+    detail.to_string()
 }
 
 /// `/readyz`: 503 while draining or while the upstream fails its check, with the reason.

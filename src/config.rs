@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::batch::BatchSettings;
 use crate::format::Format;
 use crate::metrics::{Buckets, MetricsConfig, MAX_BOUNDS};
 use crate::units::parse_duration;
@@ -104,6 +105,8 @@ struct RawConfig {
     limits: LimitsConfig,
     routes: Vec<RawRoute>,
     readiness: RawReadiness,
+    /// `[batch]` (issue 29: batch-wide hitches and their episodes).
+    batch: RawBatch,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -272,6 +275,79 @@ impl Default for RawMetering {
             stream_id_header: "x-metronome-stream-id".into(),
         }
     }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawBatch {
+    enabled: bool,
+    gap_ratio: f64,
+    min_gap: String,
+    min_streams: u64,
+    min_share: f64,
+    lookback: String,
+}
+
+impl Default for RawBatch {
+    fn default() -> Self {
+        RawBatch {
+            enabled: true,
+            gap_ratio: 4.0,
+            min_gap: "20ms".into(),
+            min_streams: 2,
+            min_share: 0.5,
+            lookback: "2s".into(),
+        }
+    }
+}
+
+/// `[batch]` checked into [`BatchSettings`]; each problem is reported under its key, and the
+/// defaults stand in for what is wrong (the problems fail the configuration anyway).
+fn validate_batch(raw: &RawBatch, problem: &mut dyn FnMut(&str, String)) -> BatchSettings {
+    let mut settings = BatchSettings {
+        enabled: raw.enabled,
+        ..BatchSettings::default()
+    };
+    if raw.gap_ratio.is_finite() && raw.gap_ratio >= 1.0 && raw.gap_ratio <= 1000.0 {
+        settings.gap_ratio = raw.gap_ratio;
+    } else {
+        problem(
+            "batch.gap_ratio",
+            format!("{} must be a number from 1 to 1000", raw.gap_ratio),
+        );
+    }
+    match parse_duration(&raw.min_gap) {
+        Ok(d) if d <= MAX_DURATION => settings.min_gap = d,
+        Ok(_) => problem(
+            "batch.min_gap",
+            format!("`{}` is longer than a year", raw.min_gap),
+        ),
+        Err(e) => problem("batch.min_gap", e),
+    }
+    match usize::try_from(raw.min_streams) {
+        Ok(n) if n >= 1 => settings.min_streams = n,
+        _ => problem(
+            "batch.min_streams",
+            format!("{} must be at least 1", raw.min_streams),
+        ),
+    }
+    if raw.min_share.is_finite() && raw.min_share > 0.0 && raw.min_share <= 1.0 {
+        settings.min_share = raw.min_share;
+    } else {
+        problem(
+            "batch.min_share",
+            format!("{} must be a share above 0 and at most 1", raw.min_share),
+        );
+    }
+    match parse_duration(&raw.lookback) {
+        Ok(d) if d <= MAX_DURATION => settings.lookback = d,
+        Ok(_) => problem(
+            "batch.lookback",
+            format!("`{}` is longer than a year", raw.lookback),
+        ),
+        Err(e) => problem("batch.lookback", e),
+    }
+    settings
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -497,6 +573,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// The upstream check behind `/readyz`.
     pub readiness: ReadinessConfig,
+    /// `[batch]`: batch-wide hitches and episodes (issue 29).
+    pub batch: BatchSettings,
 }
 
 /// How the proxy listener's connections are spread over threads (`server.threading`).
@@ -1138,6 +1216,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         }
     }
 
+    let batch = validate_batch(&raw.batch, &mut problem);
+
     let readiness = match (readiness_path, readiness_interval, readiness_timeout) {
         (Some(path), Some(interval), Some(timeout)) => Some(ReadinessConfig {
             check_upstream: raw.readiness.check_upstream,
@@ -1222,6 +1302,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             sniff_timeout,
             routes,
             readiness,
+            batch,
         }),
         _ => Err(ConfigError(problems)),
     }
@@ -1562,6 +1643,35 @@ path = "/d"
             "{}",
             problems[0].reason
         );
+    }
+
+    #[test]
+    fn batch_defaults_and_its_keys_are_validated() {
+        assert_eq!(Config::default().batch, BatchSettings::default());
+        let config = Config::from_toml(
+            "[batch]\nenabled = false\ngap_ratio = 3.0\nmin_gap = \"10ms\"\nmin_streams = 4\nmin_share = 0.25\nlookback = \"5s\"\n",
+        )
+        .unwrap();
+        let b = config.batch;
+        assert!(!b.enabled);
+        assert_eq!((b.gap_ratio, b.min_streams, b.min_share), (3.0, 4, 0.25));
+        assert_eq!(
+            (b.min_gap, b.lookback),
+            (Duration::from_millis(10), Duration::from_secs(5))
+        );
+        for (text, key) in [
+            ("[batch]\ngap_ratio = 0.5\n", "batch.gap_ratio"),
+            ("[batch]\nmin_gap = \"soon\"\n", "batch.min_gap"),
+            ("[batch]\nmin_streams = 0\n", "batch.min_streams"),
+            ("[batch]\nmin_share = 1.5\n", "batch.min_share"),
+            ("[batch]\nmin_share = 0.0\n", "batch.min_share"),
+            ("[batch]\nlookback = \"2 parsecs\"\n", "batch.lookback"),
+            ("[batch]\nwindow = 3\n", "batch.window"),
+        ] {
+            let ConfigError(problems) = Config::from_toml(text).unwrap_err();
+            assert_eq!(problems.len(), 1, "{text}: {problems:?}");
+            assert!(problems[0].key.starts_with(key), "{text}: {problems:?}");
+        }
     }
 
     #[test]

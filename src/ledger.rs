@@ -338,6 +338,9 @@ pub struct IngressLedger {
     pub counted_tokens: u64,
     /// The latest output-token total the server reported (`usage`).
     pub usage_tokens: Option<u64>,
+    /// The prompt (input) tokens the server reported (`usage.prompt_tokens` and each format's
+    /// equivalent), when it did.
+    pub prompt_tokens: Option<u64>,
     /// The stream carried an error event.
     pub error_event: bool,
     /// Events that could not be parsed.
@@ -758,6 +761,12 @@ impl Drop for StreamLedger {
                     .output_tokens
                     .with_label_values(&[route, model, source])
                     .inc_by(tokens);
+            }
+            if let Some(prompt) = ledger.prompt_tokens.filter(|n| *n > 0) {
+                metrics
+                    .prompt_tokens
+                    .with_label_values(&[route, model])
+                    .inc_by(prompt);
             }
             if let Some((first, last)) = ledger.point.token_span() {
                 if tokens >= 2 {

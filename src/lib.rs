@@ -29,6 +29,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod admin;
+pub mod batch;
 pub mod beacon;
 pub mod clock;
 pub mod config;

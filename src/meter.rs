@@ -151,6 +151,9 @@ impl EventSink for IngressSink<'_> {
         if classified.usage_total.is_some() {
             self.ledger.usage_tokens = classified.usage_total;
         }
+        if classified.usage_prompt.is_some() {
+            self.ledger.prompt_tokens = classified.usage_prompt;
+        }
         if self.ledger.model.is_none() {
             if let Some(model) = classified.model {
                 self.ledger.model = Some(self.metrics.models.resolve(Some(model)));

@@ -27,6 +27,22 @@ pub struct StreamTimeline {
     /// Frames past the server's per-stream cap, counted but not listed.
     #[serde(default)]
     pub frames_dropped: u64,
+    /// The stream's hitches at ingress with their scope (docs/batch.md); absent from servers
+    /// without the batch detector and from streams that had none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hitches: Vec<TimelineHitch>,
+}
+
+/// One hitch of a stream as `/streams/{id}` marks it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimelineHitch {
+    /// The index (from 0) of the token event that ended the gap.
+    pub event: u64,
+    /// `batch` (it overlaps an episode of the upstream) or `stream`.
+    pub scope: String,
+    /// The episode it overlaps, when batch.
+    #[serde(default)]
+    pub episode: Option<u64>,
 }
 
 /// One frame as metronome saw it. Times are microseconds since metronome received the request.
@@ -53,6 +69,13 @@ impl StreamTimeline {
         self.frames.iter().map(|f| u64::from(f.token_events)).sum()
     }
 
+    /// Whether the gap ending at token event `event` (from 0) was a batch-wide hitch.
+    pub fn batch_hitch(&self, event: u64) -> bool {
+        self.hitches
+            .iter()
+            .any(|h| h.event == event && h.scope == "batch")
+    }
+
     /// The `(ingress_us, egress_us)` of every token event, in order: events of one frame share
     /// its stamps.
     pub fn token_stamps(&self) -> impl Iterator<Item = (u64, Option<u64>)> + '_ {
@@ -76,11 +99,14 @@ mod tests {
               {"ingress_us": 101234, "egress_us": 101301, "bytes": 229, "events": 1, "token_events": 1},
               {"ingress_us": 131234, "egress_us": null, "bytes": 458, "events": 2, "token_events": 2}
             ],
-            "frames_dropped": 0}"#;
+            "frames_dropped": 0,
+            "hitches": [{"event": 2, "from_us": 101234, "to_us": 131234, "scope": "batch",
+                         "upstream": "default", "episode": 3}]}"#;
         let timeline: StreamTimeline = serde_json::from_str(json).unwrap();
         assert_eq!(timeline.id, "5f3a9c1e000000000042");
         assert_eq!(timeline.frames.len(), 3);
         assert_eq!(timeline.token_events(), 3);
+        assert!(timeline.batch_hitch(2) && !timeline.batch_hitch(1));
         let stamps: Vec<_> = timeline.token_stamps().collect();
         assert_eq!(
             stamps,

@@ -710,3 +710,116 @@ async fn same_seed_same_output() {
     }
     assert_eq!(texts[0], texts[1]);
 }
+
+/// `--engine batch`: three streams decode in one loop; a fourth request with a long prompt
+/// arrives mid-decode and its prefill holds the step every decoding stream waits for, while a
+/// placed stall (`--stall-at`) stays in its own stream. The timeline says which gap was which.
+#[tokio::test]
+async fn batch_engine_prefill_holds_every_stream_and_stalls_stay_local() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("timeline.jsonl");
+    let sim = start(SimConfig {
+        engine: sim::Engine::Batch,
+        gap: ms(10),
+        prefill_per_token: Duration::from_micros(100),
+        stall: ms(150),
+        stall_at: vec![30],
+        timeline: Some(path.clone()),
+        ..SimConfig::default()
+    })
+    .await;
+    let decoding = futures_util::future::join_all(
+        (0..3).map(|_| chat(&sim, r#","max_tokens":40,"sim_prompt_tokens":1"#)),
+    );
+    let late = async {
+        tokio::time::sleep(ms(120)).await;
+        // 3,000 prompt tokens × 100 µs: a 300 ms prefill inside the loop.
+        chat(&sim, r#","max_tokens":5,"sim_prompt_tokens":3000"#).await
+    };
+    let (decoding, late) = tokio::join!(decoding, late);
+    assert_eq!(late.status, 200);
+    let late_json: Vec<serde_json::Value> = late
+        .events()
+        .events
+        .iter()
+        .filter(|(_, d, _)| d.as_slice() != b"[DONE]")
+        .map(|(_, d, _)| json(d))
+        .collect();
+    let usage = late_json.last().unwrap();
+    assert_eq!(usage["usage"]["prompt_tokens"], 3000);
+    for got in &decoding {
+        let gaps = got.gaps();
+        assert_eq!(gaps.len(), 39);
+        let long: Vec<&Duration> = gaps.iter().filter(|g| **g > ms(120)).collect();
+        // The prefill (300 ms) and the stall (150 ms): two long gaps, no more.
+        assert_eq!(long.len(), 2, "{gaps:?}");
+        assert!(long.iter().any(|g| **g > ms(280)), "{gaps:?}");
+    }
+    sim.shutdown().await.unwrap();
+
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text.lines().map(json_str).collect();
+    let late_seq: u64 = late.headers[sim::STREAM_HEADER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let prefills: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l.get("prefill_step").is_some() && l["stream"] == late_seq)
+        .collect();
+    assert_eq!(prefills.len(), 1);
+    assert_eq!(prefills[0]["prefill_tokens"], 3000);
+    assert_eq!(prefills[0]["step_held_us"], 300_000);
+    for stream in (0..4u64).filter(|s| *s != late_seq) {
+        let frames: Vec<&serde_json::Value> = lines
+            .iter()
+            .filter(|l| l["stream"] == stream && l.get("event").is_some())
+            .collect();
+        // The other short prompts (1 token, 100 µs) hold a step a little too.
+        let held: Vec<u64> = frames
+            .iter()
+            .filter_map(|f| f["held_us"].as_u64())
+            .filter(|us| *us > 1_000)
+            .collect();
+        let stalled: Vec<u64> = frames
+            .iter()
+            .filter_map(|f| f["stalled_us"].as_u64())
+            .collect();
+        assert_eq!(
+            held,
+            vec![300_000],
+            "stream {stream}: one gap held by the batch"
+        );
+        assert_eq!(
+            stalled,
+            vec![150_000],
+            "stream {stream}: its own stall, once"
+        );
+    }
+}
+
+/// Chunked prefill spreads a long prompt over several steps: no gap holds it all.
+#[tokio::test]
+async fn batch_engine_chunked_prefill_spreads_the_hold() {
+    let sim = start(SimConfig {
+        engine: sim::Engine::Batch,
+        gap: ms(10),
+        prefill_per_token: Duration::from_micros(100),
+        prefill_chunk: 500,
+        ..SimConfig::default()
+    })
+    .await;
+    let decoding = chat(&sim, r#","max_tokens":60,"sim_prompt_tokens":1"#);
+    let late = async {
+        tokio::time::sleep(ms(100)).await;
+        chat(&sim, r#","max_tokens":2,"sim_prompt_tokens":3000"#).await
+    };
+    let (decoding, _late) = tokio::join!(decoding, late);
+    let gaps = decoding.gaps();
+    // Six steps of 10 + 50 ms each rather than one of 310 ms.
+    let held = gaps.iter().filter(|g| **g > ms(40)).count();
+    assert!((5..=7).contains(&held), "{gaps:?}");
+    assert!(gaps.iter().all(|g| *g < ms(200)), "{gaps:?}");
+    sim.shutdown().await.unwrap();
+}

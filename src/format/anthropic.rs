@@ -37,6 +37,10 @@ impl AnthropicAccounting {
                 classified.token_event = data.delta.is_some_and(|d| d.shows_output());
             }
             r#""message_start""# => {
+                classified.usage_prompt = data
+                    .message
+                    .as_ref()
+                    .and_then(|m| m.usage.as_ref()?.input_tokens);
                 classified.model = data.message.and_then(|m| plain_string(m.model?));
             }
             r#""message_delta""# => {
@@ -91,12 +95,16 @@ impl Delta<'_> {
 struct Usage {
     #[serde(default)]
     output_tokens: Option<u64>,
+    #[serde(default)]
+    input_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
 struct Message<'a> {
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
+    #[serde(default)]
+    usage: Option<Usage>,
 }
 
 #[cfg(test)]
@@ -119,6 +127,7 @@ mod tests {
         );
         assert!(!start.token_event, "message_start is not a token event");
         assert_eq!(start.model, Some("claude-sonnet-4-5-20250929"));
+        assert_eq!(start.usage_prompt, Some(25));
         assert_eq!(
             start.usage_total, None,
             "its output_tokens is a placeholder"

@@ -40,7 +40,10 @@ impl GeminiAccounting {
             return Classified::unparsed();
         };
         let token_event = chunk.candidates.shows_output;
-        let usage_total = chunk.usage_metadata.and_then(|u| u.candidates_token_count);
+        let usage_total = chunk
+            .usage_metadata
+            .as_ref()
+            .and_then(|u| u.candidates_token_count);
         let tokens = match usage_total {
             Some(now) if token_event => self.candidates_tokens.token_event(now),
             _ => None,
@@ -49,6 +52,7 @@ impl GeminiAccounting {
             token_event,
             tokens,
             usage_total,
+            usage_prompt: usage_prompt(chunk.usage_metadata.as_ref()),
             model: chunk.model_version.and_then(plain_string),
             end: chunk.candidates.finished,
             error: present(chunk.error),
@@ -75,6 +79,13 @@ struct Chunk<'a> {
 struct UsageMetadata {
     #[serde(default)]
     candidates_token_count: Option<u64>,
+    #[serde(default)]
+    prompt_token_count: Option<u64>,
+}
+
+/// `usageMetadata.promptTokenCount`, the prompt's tokens.
+fn usage_prompt(usage: Option<&UsageMetadata>) -> Option<u64> {
+    usage?.prompt_token_count
 }
 
 /// The `candidates` array folded to what matters, without collecting it.
@@ -186,6 +197,7 @@ mod tests {
         assert!(first.token_event && !first.end);
         assert_eq!((first.tokens, first.usage_total), (Some(1), Some(1)));
         assert_eq!(first.model, Some("gemini-2.0-flash"));
+        assert_eq!(first.usage_prompt, Some(9));
         let more = classify(
             &mut acc,
             r#"{"candidates": [{"content": {"parts": [{"text": " sky is blue because of Rayleigh"}],"role": "model"},"index": 0}],"usageMetadata": {"promptTokenCount": 9,"candidatesTokenCount": 8,"totalTokenCount": 17},"modelVersion": "gemini-2.0-flash"}"#,

@@ -52,6 +52,8 @@ impl LlamaCppAccounting {
             token_event,
             tokens,
             usage_total: self.reported.then(|| self.predicted.sum(|s| s.latest)),
+            // `tokens_evaluated` comes only with the final chunk of some builds: not read yet.
+            usage_prompt: None,
             model: chunk.model.and_then(plain_string),
             end: chunk.stop == Some(true),
             error: present(chunk.error),

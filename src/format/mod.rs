@@ -56,6 +56,9 @@ pub struct Classified<'a> {
     pub tokens: Option<u32>,
     /// The stream's output-token total so far as the server reports it (`usage`), when present.
     pub usage_total: Option<u64>,
+    /// The request's prompt (input) tokens as the server reports them (`usage.prompt_tokens`
+    /// and each format's equivalent), when present.
+    pub usage_prompt: Option<u64>,
     /// The model the event names, when it names one (borrowed, without JSON escapes).
     pub model: Option<&'a str>,
     /// The event is the format's end marker (`[DONE]` and its kin).

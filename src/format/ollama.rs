@@ -40,6 +40,7 @@ impl OllamaAccounting {
             token_event,
             tokens: None,
             usage_total: line.eval_count,
+            usage_prompt: line.prompt_eval_count,
             model: line.model.and_then(plain_string),
             end: line.done == Some(true),
             error: present(line.error),
@@ -62,6 +63,8 @@ struct Line<'a> {
     done: Option<bool>,
     #[serde(default)]
     eval_count: Option<u64>,
+    #[serde(default)]
+    prompt_eval_count: Option<u64>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
 }
@@ -100,6 +103,7 @@ mod tests {
         );
         assert!(!last.token_event && last.end);
         assert_eq!(last.usage_total, Some(282));
+        assert_eq!(last.usage_prompt, Some(26));
         let thinking = classify(
             r#"{"model":"qwen3","created_at":"2025-05-29T09:35:56.836222Z","message":{"role":"assistant","content":"","thinking":"Let"},"done":false}"#,
         );

@@ -80,10 +80,17 @@ impl OpenAiAccounting {
                 tokens = tokens.or(grew);
             }
         }
+        // The prompt's tokens come with the usage chunk at the end (once per stream): read by
+        // serde there only, so the per-token readers stay as they are.
+        let usage_prompt = match usage_total {
+            Some(_) if !token_event => prompt_tokens_by_serde(data),
+            _ => None,
+        };
         Classified {
             token_event,
             tokens,
             usage_total,
+            usage_prompt,
             model: chunk.model,
             end: false,
             error: chunk.error,
@@ -153,6 +160,24 @@ struct Chunk<'a> {
 struct Usage {
     #[serde(default)]
     completion_tokens: Option<u64>,
+}
+
+/// `usage.prompt_tokens` of a chunk, when it is a plain unsigned integer.
+fn prompt_tokens_by_serde(data: &[u8]) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct PromptChunk {
+        #[serde(default)]
+        usage: Option<PromptUsage>,
+    }
+    #[derive(Deserialize)]
+    struct PromptUsage {
+        #[serde(default)]
+        prompt_tokens: Option<u64>,
+    }
+    serde_json::from_slice::<PromptChunk>(data)
+        .ok()?
+        .usage?
+        .prompt_tokens
 }
 
 /// The `choices` array folded to what matters, without collecting it.
@@ -948,6 +973,8 @@ mod tests {
         );
         assert!(!usage.token_event);
         assert_eq!(usage.usage_total, Some(40));
+        assert_eq!(usage.usage_prompt, Some(5));
+        assert_eq!(finish.usage_prompt, None);
         assert!(classify(&mut acc, "[DONE]").end);
         assert!(classify(&mut acc, " [DONE]").end);
     }

@@ -47,6 +47,7 @@ impl ResponsesAccounting {
             token_event,
             tokens: None,
             usage_total: response.and_then(|r| r.usage.as_ref()?.output_tokens),
+            usage_prompt: response.and_then(|r| r.usage.as_ref()?.input_tokens),
             model: response.and_then(|r| plain_string(r.model?)),
             end,
             error,
@@ -77,6 +78,8 @@ struct Response<'a> {
 struct Usage {
     #[serde(default)]
     output_tokens: Option<u64>,
+    #[serde(default)]
+    input_tokens: Option<u64>,
 }
 
 #[cfg(test)]
@@ -119,6 +122,7 @@ mod tests {
         );
         assert!(completed.end && !completed.error);
         assert_eq!(completed.usage_total, Some(11));
+        assert_eq!(completed.usage_prompt, Some(37));
     }
 
     #[test]

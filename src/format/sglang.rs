@@ -69,6 +69,7 @@ impl SgLangAccounting {
             sequence.text_len = len;
         }
         let mut tokens = None;
+        let usage_prompt = chunk.meta_info.as_ref().and_then(|m| m.prompt_tokens);
         if let Some(now) = chunk.meta_info.and_then(|m| m.completion_tokens) {
             self.reported = true;
             sequence.tokens.latest = now;
@@ -83,6 +84,7 @@ impl SgLangAccounting {
             token_event,
             tokens,
             usage_total,
+            usage_prompt,
             model: None,
             end: false,
             error: present(chunk.error),
@@ -107,6 +109,8 @@ struct Chunk<'a> {
 struct MetaInfo {
     #[serde(default)]
     completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
 }
 
 #[cfg(test)]
@@ -141,6 +145,7 @@ mod tests {
         );
         assert!(grew.token_event);
         assert_eq!((grew.tokens, grew.usage_total), (Some(3), Some(4)));
+        assert_eq!(grew.usage_prompt, Some(7));
         assert!(classify(&mut acc, "[DONE]").end);
     }
 

@@ -39,6 +39,8 @@ impl TgiAccounting {
             token_event,
             tokens,
             usage_total: chunk.details.and_then(|d| d.generated_tokens),
+            // TGI's stream does not report the prompt's tokens.
+            usage_prompt: None,
             model: None,
             end: present(chunk.generated_text),
             error: present(chunk.error),

@@ -333,6 +333,16 @@ pub struct Metrics {
     pub events_per_frame: HistogramFamily,
     /// `metronome_output_tokens_total{route,model,source}`.
     pub output_tokens: IntCounterVec,
+    /// `metronome_prompt_tokens_total{route,model}`: input tokens of finished streams, as the
+    /// server's usage reported them (issue 29).
+    pub prompt_tokens: IntCounterVec,
+    /// `metronome_batch_episode_duration_seconds{upstream}` (issue 29); its exemplar names the
+    /// episode's last arrival, most often the request that caused it.
+    pub batch_episode_duration: HistogramFamily,
+    /// `metronome_batch_episode_streams{upstream}`: streams caught in each episode.
+    pub batch_episode_streams: HistogramFamily,
+    /// `metronome_batch_episode_arrivals{upstream}`: requests in each episode's lookback.
+    pub batch_episode_arrivals: HistogramFamily,
     /// `metronome_streams_total{route,model,outcome}`.
     pub streams: IntCounterVec,
     /// `metronome_slo_streams_total{route,model,objective,result}`: streams whose request set
@@ -374,6 +384,15 @@ pub struct Metrics {
 }
 
 const RMP: &[&str] = &["route", "model", "point"];
+
+/// Bounds of `metronome_batch_episode_duration_seconds`: from one hitch's floor (20 ms) to a
+/// prefill of half a minute.
+const EPISODE_SECONDS: [f64; 10] = [0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0];
+
+/// Bounds of the episode counts (streams caught, arrivals): powers of two to 1,024.
+const EPISODE_COUNTS: [f64; 11] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
 
 // === impl Metrics ===
 
@@ -498,6 +517,32 @@ impl Metrics {
                 "metronome_output_tokens_total",
                 "Output tokens of finished streams; source=usage when the server reported them, counted otherwise.",
                 &["route", "model", "source"],
+            )?,
+            prompt_tokens: counter(
+                "metronome_prompt_tokens_total",
+                "Prompt (input) tokens of finished streams, as the server's usage reported them (streams that report none add nothing).",
+                &["route", "model"],
+            )?,
+            batch_episode_duration: rich(
+                "metronome_batch_episode_duration_seconds",
+                "How long each batch episode lasted (docs/batch.md); the exemplar names its last arrival.",
+                &["upstream"],
+                &EPISODE_SECONDS,
+                with_latest,
+            )?,
+            batch_episode_streams: rich(
+                "metronome_batch_episode_streams",
+                "Streams caught in each batch episode.",
+                &["upstream"],
+                &EPISODE_COUNTS,
+                with_latest,
+            )?,
+            batch_episode_arrivals: rich(
+                "metronome_batch_episode_arrivals",
+                "Requests the upstream received within batch.lookback before each episode began.",
+                &["upstream"],
+                &EPISODE_COUNTS,
+                with_latest,
             )?,
             streams: counter(
                 "metronome_streams_total",

@@ -42,6 +42,9 @@ pub struct GapParts {
     pub metronome: i64,
     /// The rest: what happened after metronome.
     pub after_metronome: i64,
+    /// The gap was a batch-wide hitch at ingress (`/streams/{id}` marks it `scope: batch`): its
+    /// generation part is the batch's (another request's prefill), not the stream's own.
+    pub batch: bool,
 }
 
 /// The first token event's wait split into its parts, in microseconds.
@@ -105,6 +108,7 @@ pub fn join_stream(record: &StreamRecord, timeline: &StreamTimeline) -> Option<J
                 generation,
                 metronome,
                 after_metronome: client - generation - metronome,
+                batch: timeline.batch_hitch(k as u64),
             }
         })
         .collect();
@@ -159,6 +163,9 @@ pub struct Attribution {
     pub gaps: u64,
     /// The client's gap percentiles (nearest rank over the matched gaps), each split into its parts.
     pub gap_ms: Percentiles<GapSplit>,
+    /// The client's stalls (gaps over the probe's stall threshold), each given to the part that
+    /// made most of it, generation split into the batch's and the stream's own.
+    pub stalls: StallSplit,
     /// The matched gaps at ingress, at egress and at the client, each point ranked on its own:
     /// where a tail is born.
     pub gaps_at_points_ms: GapsAtPoints,
@@ -235,6 +242,23 @@ impl GapQuantiles {
     }
 }
 
+/// The client's stalls by the part that made most of each.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StallSplit {
+    /// The stall threshold, milliseconds.
+    pub threshold_ms: f64,
+    /// Client gaps over it.
+    pub stalls: u64,
+    /// Of those, mostly generation in a batch-wide hitch (another request's prefill).
+    pub generation_batch: u64,
+    /// Mostly generation otherwise (the stream's own).
+    pub generation_stream: u64,
+    /// Mostly metronome.
+    pub metronome: u64,
+    /// Mostly after metronome.
+    pub after_metronome: u64,
+}
+
 /// [`GapParts`] in milliseconds, for the report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct GapSplit {
@@ -242,6 +266,10 @@ pub struct GapSplit {
     pub client: f64,
     /// The ingress gap of the same token events.
     pub generation: f64,
+    /// `generation` when the gap was a batch-wide hitch, else 0.
+    pub generation_batch: f64,
+    /// `generation` otherwise (the stream's own), else 0.
+    pub generation_stream: f64,
     /// What metronome added (or took away).
     pub metronome: f64,
     /// What happened after metronome.
@@ -402,6 +430,8 @@ pub struct AttributionBuilder {
     base_delays: Vec<i64>,
     read_events: Vec<u32>,
     frame_events: Vec<u32>,
+    /// The client gap over which a gap is a stall, microseconds (0: the default, 200 ms).
+    stall_us: i64,
 }
 
 // === impl AttributionBuilder ===
@@ -416,6 +446,12 @@ impl AttributionBuilder {
             },
             ..AttributionBuilder::default()
         }
+    }
+
+    /// Counts the client's gaps longer than `threshold` as stalls (default 200 ms).
+    pub fn stall_threshold(mut self, threshold: std::time::Duration) -> Self {
+        self.stall_us = to_i64_u128(threshold.as_micros());
+        self
     }
 
     /// Also keeps every matched gap as a [`GapRow`], timed from `run_started`
@@ -499,6 +535,12 @@ impl AttributionBuilder {
     pub fn finish(mut self) -> Attribution {
         let a = &mut self.attribution;
         a.gaps = self.gaps.len() as u64;
+        let stall_us = if self.stall_us > 0 {
+            self.stall_us
+        } else {
+            200_000
+        };
+        a.stalls = stall_split(&self.gaps, stall_us);
         // Stable: ties keep stream and event order, so the chosen pair is reproducible.
         self.gaps.sort_by_key(|g| g.client);
         let gap = |p| nearest(&self.gaps, p).map(gap_split);
@@ -561,10 +603,41 @@ fn ms(us: i64) -> f64 {
     us as f64 / 1e3
 }
 
+/// Each client gap over `stall_us` given to its largest part.
+fn stall_split(gaps: &[GapParts], stall_us: i64) -> StallSplit {
+    let mut split = StallSplit {
+        threshold_ms: ms(stall_us),
+        ..StallSplit::default()
+    };
+    for g in gaps.iter().filter(|g| g.client > stall_us) {
+        split.stalls += 1;
+        let largest = g.generation.max(g.metronome).max(g.after_metronome);
+        if g.generation == largest {
+            if g.batch {
+                split.generation_batch += 1;
+            } else {
+                split.generation_stream += 1;
+            }
+        } else if g.metronome == largest {
+            split.metronome += 1;
+        } else {
+            split.after_metronome += 1;
+        }
+    }
+    split
+}
+
 fn gap_split(g: GapParts) -> GapSplit {
+    let (batch, stream) = if g.batch {
+        (g.generation, 0)
+    } else {
+        (0, g.generation)
+    };
     GapSplit {
         client: ms(g.client),
         generation: ms(g.generation),
+        generation_batch: ms(batch),
+        generation_stream: ms(stream),
         metronome: ms(g.metronome),
         after_metronome: ms(g.after_metronome),
     }
@@ -613,6 +686,7 @@ mod tests {
                 generation,
                 metronome,
                 after_metronome: client - generation - metronome,
+                batch: false,
             },
         };
         let rows = [
@@ -634,6 +708,7 @@ mod tests {
 
     fn timeline(frames: Vec<TimelineFrame>) -> StreamTimeline {
         StreamTimeline {
+            hitches: Vec::new(),
             id: "s".into(),
             route: None,
             model: None,
@@ -713,19 +788,22 @@ mod tests {
                     client: 0,
                     generation: 30_000,
                     metronome: 0,
-                    after_metronome: -30_000
+                    after_metronome: -30_000,
+                    batch: false,
                 },
                 GapParts {
                     client: 30_000,
                     generation: 30_000,
                     metronome: 0,
-                    after_metronome: 0
+                    after_metronome: 0,
+                    batch: false,
                 },
                 GapParts {
                     client: 30_000,
                     generation: 30_000,
                     metronome: 0,
-                    after_metronome: 0
+                    after_metronome: 0,
+                    batch: false,
                 },
             ]
         );
@@ -744,6 +822,56 @@ mod tests {
     }
 
     #[test]
+    fn a_gap_the_timeline_marks_batch_is_the_batchs_generation_and_stall() {
+        let t0 = Instant::now();
+        let mut tl = timeline(vec![
+            frame(10_000, 10_100, 1, 1),
+            frame(40_000, 40_100, 1, 1),
+            frame(440_000, 440_100, 1, 1),
+            frame(470_000, 470_100, 1, 1),
+            frame(770_000, 770_100, 1, 1),
+        ]);
+        // Token event 2's gap was the batch's (a prefill held the step); 4's was the stream's.
+        tl.hitches = vec![
+            crate::timeline_json::TimelineHitch {
+                event: 2,
+                scope: "batch".into(),
+                episode: Some(1),
+            },
+            crate::timeline_json::TimelineHitch {
+                event: 4,
+                scope: "stream".into(),
+                episode: None,
+            },
+        ];
+        let rec = client(t0, &[10_300, 40_300, 440_300, 470_300, 770_300]);
+        let j = join_stream(&rec, &tl).unwrap();
+        let batch: Vec<bool> = j.gaps.iter().map(|g| g.batch).collect();
+        assert_eq!(batch, [false, true, false, false]);
+        let mut b = AttributionBuilder::new("http://a").stall_threshold(Duration::from_millis(250));
+        b.joined(&rec, &tl);
+        let a = b.finish();
+        assert_eq!(
+            a.stalls,
+            StallSplit {
+                threshold_ms: 250.0,
+                stalls: 2,
+                generation_batch: 1,
+                generation_stream: 1,
+                metronome: 0,
+                after_metronome: 0,
+            }
+        );
+        let p99 = a.gap_ms.p99.unwrap();
+        assert_eq!(
+            (p99.client, p99.generation_batch, p99.generation_stream),
+            (400.0, 400.0, 0.0)
+        );
+        let p50 = a.gap_ms.p50.unwrap();
+        assert_eq!((p50.generation_batch, p50.generation_stream), (0.0, 30.0));
+    }
+
+    #[test]
     fn metronome_delay_is_its_own_part() {
         let t0 = Instant::now();
         let tl = timeline(vec![frame(1_000, 1_050, 1, 1), frame(2_000, 12_000, 2, 2)]);
@@ -756,7 +884,8 @@ mod tests {
                 client: 10_950,
                 generation: 1_000,
                 metronome: 9_950,
-                after_metronome: 0
+                after_metronome: 0,
+                batch: false,
             }
         );
         assert_eq!(j.gaps[1].client, 0);

@@ -123,6 +123,21 @@ pub async fn attribute_run_with_rows(
     attribute(admin, run, builder).await
 }
 
+/// [`attribute_run`] with the run's own stall threshold (`--stall-threshold`) for the stall
+/// split, and the rows too when `rows` (`probe --gaps-csv`).
+pub async fn attribute_run_judged(
+    admin: &AdminUrl,
+    run: &ProbeRun,
+    stall_threshold: std::time::Duration,
+    rows: bool,
+) -> (Attribution, Vec<GapRow>) {
+    let mut builder = AttributionBuilder::new(admin.as_str()).stall_threshold(stall_threshold);
+    if rows {
+        builder = builder.keeping_rows(run.started);
+    }
+    attribute(admin, run, builder).await
+}
+
 async fn attribute(
     admin: &AdminUrl,
     run: &ProbeRun,

@@ -63,7 +63,9 @@ pub use attribution::{
 };
 pub use client::{measure, measure_counting, measure_with, ProbeError, ProbeRun};
 pub use gates::{evaluate, parse_gates, Bound, Gate, GateError, GateOutcome, Metric, Op};
-pub use join::{attribute_run, attribute_run_with_rows, AdminUrl, AdminUrlError};
+pub use join::{
+    attribute_run, attribute_run_judged, attribute_run_with_rows, AdminUrl, AdminUrlError,
+};
 pub use report_html::render_html;
 pub use report_text::render_text;
 pub use stats::{detail_json, summarize, Report, Verdict};
@@ -273,12 +275,16 @@ async fn measure_one(
     report.meta = Some(meta::run_meta(config, started, wall));
     match (&plan.join, &args.output.gaps_csv) {
         (Some(admin), Some(path)) => {
-            let (attribution, rows) = attribute_run_with_rows(admin, &run).await;
+            let (attribution, rows) =
+                attribute_run_judged(admin, &run, config.stall_threshold, true).await;
             report.attribution = Some(attribution);
             write_file(path, &gaps_csv(&rows)).map_err(|e| usage(&e))?;
         }
         // Without --gaps-csv the rows are not kept (about 40 bytes a gap).
-        (Some(admin), None) => report.attribution = Some(attribute_run(admin, &run).await),
+        (Some(admin), None) => {
+            let judged = attribute_run_judged(admin, &run, config.stall_threshold, false).await;
+            report.attribution = Some(judged.0);
+        }
         // clap requires --join for --gaps-csv.
         (None, _) => {}
     }

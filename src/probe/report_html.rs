@@ -232,6 +232,29 @@ fn attribution_section(out: &mut String, a: &Attribution) {
         );
     }
     out.push_str("</table>\n");
+    if let Some(g) = a.gap_ms.p99.filter(|g| g.generation_batch != 0.0) {
+        let _ = writeln!(
+            out,
+            "<p class=\"note\">The ITL p99's generation ({}) was a batch-wide hitch: another \
+             request's prefill held the engine's step for every stream (docs/batch.md).</p>",
+            signed_ms(g.generation_batch)
+        );
+    }
+    let st = &a.stalls;
+    if st.stalls > 0 {
+        let _ = writeln!(
+            out,
+            "<p>Stalls at the client (gaps over {} ms): {}, of them mostly generation in a \
+             batch-wide hitch {}, generation of the stream's own {}, metronome {}, after \
+             metronome {}.</p>",
+            st.threshold_ms,
+            st.stalls,
+            st.generation_batch,
+            st.generation_stream,
+            st.metronome,
+            st.after_metronome
+        );
+    }
     let share = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{:.1}%", v * 100.0));
     let num = |v: Option<f64>, decimals: usize| {
         v.map_or_else(|| "–".to_owned(), |v| format!("{v:.decimals$}"))
@@ -676,6 +699,8 @@ mod tests {
             p99: Some(GapSplit {
                 client: 480.0,
                 generation: 30.0,
+                generation_batch: 0.0,
+                generation_stream: 0.0,
                 metronome: 0.0,
                 after_metronome: 450.0,
             }),

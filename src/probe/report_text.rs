@@ -180,6 +180,25 @@ pub fn render_attribution(a: &Attribution) -> String {
             signed(g.metronome),
             signed(g.after_metronome)
         );
+        if g.generation_batch != 0.0 {
+            let _ = writeln!(
+                out,
+                "                 its generation was a batch-wide hitch (another request's prefill)"
+            );
+        }
+    }
+    let st = &a.stalls;
+    if st.stalls > 0 {
+        let _ = writeln!(
+            out,
+            "  stalls       {} over {}: {} generation (batch), {} generation (stream), {} metronome, {} after metronome",
+            st.stalls,
+            ms(Some(st.threshold_ms)),
+            st.generation_batch,
+            st.generation_stream,
+            st.metronome,
+            st.after_metronome
+        );
     }
     let points = &a.gaps_at_points_ms;
     if points.client.p50.is_some() {
@@ -311,6 +330,8 @@ mod tests {
             p50: Some(GapSplit {
                 client: 0.0,
                 generation: 30.0,
+                generation_batch: 0.0,
+                generation_stream: 0.0,
                 metronome: 0.012,
                 after_metronome: -30.012,
             }),

@@ -84,7 +84,8 @@ async fn forward(
     let client_http1 = request.version() < http::Version::HTTP_2;
     let config = &state.config;
     let body_limit = config.limits.max_request_body_bytes;
-    if declared_length(request.headers()).is_some_and(|n| n > body_limit) {
+    let declared_body = declared_length(request.headers());
+    if declared_body.is_some_and(|n| n > body_limit) {
         return Err(Refusal::BodyTooLarge(body_limit));
     }
     let upstream_request = upstream_request(request, &route.upstream, connection, body_limit)?;
@@ -154,6 +155,13 @@ async fn forward(
         status: parts.status.as_u16(),
         slo,
     };
+    let probe = state.batch.open(
+        &route.upstream,
+        info.id.clone(),
+        route.name.clone(),
+        info.received,
+        declared_body,
+    );
     let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info, permit);
     let settings = MeterSettings {
         framing,
@@ -171,6 +179,9 @@ async fn forward(
         ledger,
         connection.clock.clone(),
     );
+    if let Some(probe) = probe {
+        body.attach_probe(probe);
+    }
     Ok(Response::from_parts(parts, ProxyBody::Metered { body }))
 }
 

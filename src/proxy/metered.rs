@@ -37,6 +37,7 @@ use tokio::time::Sleep;
 use super::egress_clock::{EgressClock, Standby};
 use super::upstream::UpstreamFailure;
 use super::BoxError;
+use crate::batch::StreamProbe;
 use crate::clock::{FrameStamp, Tick};
 use crate::format::Accounting;
 use crate::ledger::{IngressEnd, StreamLedger};
@@ -156,6 +157,8 @@ struct State {
     reader_spawned: bool,
     /// The egress body was dropped: the client is gone.
     closed: bool,
+    /// The batch detector's side of this stream (issue 29), fed per token-bearing frame.
+    probe: Option<StreamProbe>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -209,6 +212,7 @@ where
             reader_waker: None,
             reader_spawned: !inline,
             closed: false,
+            probe: None,
         }),
         ledger,
         clock: clock.clone(),
@@ -295,6 +299,9 @@ impl Shared {
                 continue; // cannot happen: the meter outlives the upstream
             };
             let counts = meter.frame(&bytes, at, self.ledger.metrics());
+            if let Some(probe) = state.probe.as_mut() {
+                probe.token_events(at, counts.token_events, meter.ledger().model.as_ref());
+            }
             state.metering_warm = true;
             return Poll::Ready(Read::Data(MeteredFrame {
                 bytes,
@@ -350,6 +357,9 @@ impl Shared {
         }
         if let Some(meter) = state.meter.take() {
             let ledger = meter.finish(Tick::now(), self.ledger.metrics());
+            if let Some(mut probe) = state.probe.take() {
+                probe.prompt_tokens(ledger.prompt_tokens);
+            }
             self.ledger.ingress_finished(ledger, end);
         }
         // A parked reader task has nothing left to read: let it end and let go of the stream.
@@ -563,6 +573,15 @@ impl Body for EgressBody {
 
     fn is_end_stream(&self) -> bool {
         self.ended
+    }
+}
+
+impl EgressBody {
+    /// Feeds this stream's ingress to the batch detector (issue 29); before the first poll.
+    pub fn attach_probe(&self, probe: StreamProbe) {
+        if let Some(mut state) = self.shared.lock() {
+            state.probe = Some(probe);
+        }
     }
 }
 

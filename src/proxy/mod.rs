@@ -111,6 +111,8 @@ pub struct ProxyState {
     pub connections: Arc<tokio::sync::Semaphore>,
     /// The metered streams in flight, swept every `metrics.flush_interval` (the live flush).
     pub live_streams: Arc<crate::live::LiveStreams>,
+    /// Batch-wide hitches and episodes per upstream (`[batch]`, issue 29).
+    pub batch: Arc<crate::batch::BatchDetector>,
 }
 
 /// Warns at startup when an `https://` upstream will be verified against the system trust store
@@ -164,7 +166,11 @@ impl ProxyState {
         let requests_in_flight = Arc::new(tokio::sync::Semaphore::new(config.limits.max_requests));
         let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
         let config = Arc::new(config);
+        let metrics = Arc::new(metrics);
+        let batch =
+            crate::batch::BatchDetector::new(config.batch, metrics.clone(), &config.upstream)?;
         Ok(ProxyState {
+            batch,
             tls: listener_tls,
             requests_in_flight,
             connections,
@@ -174,7 +180,7 @@ impl ProxyState {
             }),
             config,
             upstream_tls,
-            metrics: Arc::new(metrics),
+            metrics,
             stream_ids: StreamIds::new(),
             draining: AtomicBool::new(false),
             registry,

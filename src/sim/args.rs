@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::config::{ConfigError, SimConfig, UsageMode};
+use super::config::{ConfigError, Engine, SimConfig, UsageMode};
 use super::replay::Replay;
 use crate::units::parse_duration;
 
@@ -76,7 +76,8 @@ pub struct CadenceArgs {
     #[arg(long, default_value = "300ms", value_parser = parse_duration)]
     pub stall: Duration,
 
-    /// Stall before token event N (1-based) of every stream; repeatable.
+    /// Stall before token event N (1-based) of every stream; repeatable. A request's own
+    /// `sim_stall_at: N` stalls that stream alone.
     #[arg(long = "stall-at", value_name = "N")]
     pub stall_at: Vec<u64>,
 
@@ -111,6 +112,23 @@ pub struct CadenceArgs {
     /// Extra time to first token per prompt token (prompt tokens = prompt bytes / 4).
     #[arg(long, default_value = "0ms", value_parser = parse_duration)]
     pub ttft_per_prompt_token: Duration,
+
+    /// Who sets the time of tokens: each stream (`stream`), or one decode loop for the whole
+    /// server (`batch`: each step gives every decoding stream one token after --gap, and a new
+    /// request's prefill holds the step; --ttft, --jitter, --contention-k and --spec-k are then
+    /// unused for streams).
+    #[arg(long, value_enum, default_value_t = Engine::Stream)]
+    pub engine: Engine,
+
+    /// --engine batch: what each prompt token adds to the step that prefills it (e.g. 100us).
+    /// Prompt tokens are the request's `sim_prompt_tokens` if set, else prompt bytes / 4.
+    #[arg(long, default_value = "100us", value_parser = parse_duration, value_name = "T")]
+    pub prefill_per_token: Duration,
+
+    /// --engine batch: most prompt tokens prefilled in one step (0 = the whole prompt at once),
+    /// as vLLM's chunked prefill spreads a long prompt over several steps.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub prefill_chunk: u64,
 }
 
 // === impl SimConfig ===
@@ -145,6 +163,9 @@ impl TryFrom<&SimArgs> for SimConfig {
             edge_flush_interval: cadence.edge_flush_ms,
             ttft: cadence.ttft,
             ttft_per_prompt_token: cadence.ttft_per_prompt_token,
+            engine: cadence.engine,
+            prefill_per_token: cadence.prefill_per_token,
+            prefill_chunk: cadence.prefill_chunk,
             timeline: args.timeline.clone(),
             drain: args.drain,
             replay,

@@ -44,6 +44,8 @@ pub(crate) struct StreamCadence {
     tokens_done: u64,
     /// Tokens this stream outputs in all.
     tokens_total: u64,
+    /// A stall before this token event of this stream only (the request's `sim_stall_at`).
+    own_stall_at: Option<u64>,
 }
 
 // === impl StreamCadence ===
@@ -58,7 +60,14 @@ impl StreamCadence {
             events: 0,
             tokens_done: 0,
             tokens_total,
+            own_stall_at: None,
         }
+    }
+
+    /// Adds a stall before token event `event` (from 1) of this stream alone.
+    pub(crate) fn with_stall_at(mut self, event: Option<u64>) -> Self {
+        self.own_stall_at = event;
+        self
     }
 
     /// Plans the next step; `active` is the number of streams decoding right now (the
@@ -73,12 +82,7 @@ impl StreamCadence {
         } else {
             self.sample_gap(config) + mul(config.contention_k, active)
         };
-        if config.stall_at.contains(&event) {
-            wait += config.stall;
-        }
-        if config.stall_prob > 0.0 && self.rng.gen_bool(config.stall_prob) {
-            wait += config.stall;
-        }
+        wait += self.sample_stall(config, event);
         let left = self.tokens_total - self.tokens_done;
         let tokens = self.sample_step_tokens(config).min(left);
         let step = Step {
@@ -91,6 +95,39 @@ impl StreamCadence {
         self.events = event;
         self.tokens_done += u64::from(step.tokens);
         Some(step)
+    }
+
+    /// Plans the next token of a stream in the shared decode loop (`--engine batch`), where the
+    /// loop sets the time: one token, and the stream-local stall before it (zero if none).
+    /// `None` once every token is planned.
+    pub(crate) fn next_batch_step(&mut self, config: &SimConfig) -> Option<(Step, Duration)> {
+        if self.tokens_done >= self.tokens_total {
+            return None;
+        }
+        let event = self.events + 1;
+        let stall = self.sample_stall(config, event);
+        let step = Step {
+            offset: Duration::ZERO,
+            first_token: self.tokens_done,
+            tokens: 1,
+            event,
+        };
+        self.events = event;
+        self.tokens_done += 1;
+        Some((step, stall))
+    }
+
+    /// The stall before token event `event`: placed (`--stall-at`), drawn (`--stall-prob`),
+    /// both, or none.
+    fn sample_stall(&mut self, config: &SimConfig, event: u64) -> Duration {
+        let mut stall = Duration::ZERO;
+        if config.stall_at.contains(&event) || self.own_stall_at == Some(event) {
+            stall += config.stall;
+        }
+        if config.stall_prob > 0.0 && self.rng.gen_bool(config.stall_prob) {
+            stall += config.stall;
+        }
+        stall
     }
 
     /// A decode step's time: the gap, or a log-normal draw whose median is the gap.

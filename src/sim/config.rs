@@ -19,6 +19,17 @@ pub enum UsageMode {
     Never,
 }
 
+/// Who sets the time of a stream's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Engine {
+    /// Each stream has its own cadence (`--gap`, `--jitter`, `--contention-k`, ...).
+    #[default]
+    Stream,
+    /// One decode loop for the whole server, as continuous batching runs it: every step gives
+    /// each decoding stream one token, and a new request's prefill holds the step.
+    Batch,
+}
+
 /// Everything the sim needs to answer requests: output length, wire details and the cadence
 /// model. The fields are public so a caller can write
 /// `SimConfig { gap: Duration::from_millis(20), tokens: 40, ..SimConfig::default() }`.
@@ -60,6 +71,12 @@ pub struct SimConfig {
     pub ttft: Duration,
     /// Extra time to first token per prompt token (prompt tokens ≈ prompt bytes / 4).
     pub ttft_per_prompt_token: Duration,
+    /// Who sets the time of tokens: each stream, or one shared decode loop (`--engine batch`).
+    pub engine: Engine,
+    /// `--engine batch`: what each prompt token prefilled in a step adds to that step.
+    pub prefill_per_token: Duration,
+    /// `--engine batch`: most prompt tokens prefilled in one step (0: the whole prompt at once).
+    pub prefill_chunk: u64,
     /// Where to write the JSON-lines timeline of every frame's send time, if anywhere.
     pub timeline: Option<PathBuf>,
     /// How long a shutdown waits for streams in flight before it closes them.
@@ -92,6 +109,9 @@ impl Default for SimConfig {
             edge_flush_interval: None,
             ttft: Duration::from_millis(100),
             ttft_per_prompt_token: Duration::ZERO,
+            engine: Engine::Stream,
+            prefill_per_token: Duration::from_micros(100),
+            prefill_chunk: 0,
             timeline: None,
             drain: Duration::from_secs(10),
             replay: None,

@@ -7,6 +7,8 @@
 //! - `server`: the accept loop, one task per connection, graceful shutdown.
 //! - `routes` and `request`: which path does what; what is read from a request body.
 //! - `cadence`: when each decode step happens and how many tokens it yields (seeded).
+//! - `batch`: `--engine batch`, one decode loop for the whole server whose prefills hold
+//!   every stream's step.
 //! - `stream`: the response body that writes steps into frames on that schedule, coalescing and
 //!   buffering as configured.
 //! - `shapes`: the wire formats (vLLM's OpenAI chunks, TGI, Anthropic).
@@ -14,6 +16,7 @@
 //! - [`stats`] and `timeline`: what was served, live (counters) and exactly (frame send times).
 
 pub mod args;
+mod batch;
 mod cadence;
 pub mod config;
 pub mod replay;
@@ -35,7 +38,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use args::{CadenceArgs, SimArgs};
-pub use config::{ConfigError, SimConfig, UsageMode};
+pub use config::{ConfigError, Engine, SimConfig, UsageMode};
 pub use routes::STREAM_HEADER;
 pub use server::serve_with_stats;
 pub use stats::{SimStats, SimStatsSnapshot};

@@ -444,6 +444,8 @@ impl ReplayBody {
             tokens,
             t_us,
             unix_us: self.received_unix_us + t_us,
+            held_us: 0,
+            stalled_us: 0,
         });
     }
 }
@@ -467,6 +469,7 @@ mod tests {
 
     fn timeline(frames: Vec<TimelineFrame>) -> StreamTimeline {
         StreamTimeline {
+            hitches: Vec::new(),
             id: "abc".into(),
             route: Some("chat".into()),
             model: Some("llama".into()),

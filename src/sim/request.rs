@@ -18,6 +18,12 @@ pub(crate) struct GenRequest {
     pub continuous_usage: bool,
     /// Bytes of prompt text: the messages' (or prompt's, or inputs') strings.
     pub prompt_bytes: u64,
+    /// `sim_prompt_tokens`: the prompt's length in tokens, said outright (a sim extension, so a
+    /// test can send a long prompt without its bytes).
+    pub prompt_tokens: Option<u64>,
+    /// `sim_stall_at`: a stall (`--stall` long) before this token event (from 1) of this stream
+    /// only (a sim extension, so a test can place stream-local stalls where it wants them).
+    pub stall_at: Option<u64>,
 }
 
 /// Why a request body was refused; the message goes back to the client.
@@ -34,7 +40,11 @@ pub(crate) fn parse(api: Api, body: &[u8]) -> Result<GenRequest, BadRequest> {
             "The request body must be a JSON object.".to_owned(),
         ));
     };
-    let mut request = GenRequest::default();
+    let mut request = GenRequest {
+        prompt_tokens: count(&value, &["sim_prompt_tokens"])?,
+        stall_at: count(&value, &["sim_stall_at"])?,
+        ..GenRequest::default()
+    };
     match api {
         Api::Tgi => {
             request.stream = true;
@@ -71,9 +81,11 @@ pub(crate) fn parse(api: Api, body: &[u8]) -> Result<GenRequest, BadRequest> {
 // === impl GenRequest ===
 
 impl GenRequest {
-    /// Prompt tokens, approximated as a token per 4 bytes (at least 1).
+    /// Prompt tokens: `sim_prompt_tokens` when given, else a token per 4 bytes (at least 1).
     pub(crate) fn prompt_tokens(&self) -> u64 {
-        self.prompt_bytes.div_ceil(4).max(1)
+        self.prompt_tokens
+            .unwrap_or_else(|| self.prompt_bytes.div_ceil(4))
+            .max(1)
     }
 }
 
@@ -127,6 +139,17 @@ mod tests {
         assert_eq!(r.max_tokens, Some(40));
         assert_eq!(r.prompt_bytes, 12);
         assert_eq!(r.prompt_tokens(), 3);
+    }
+
+    #[test]
+    fn sim_prompt_tokens_says_the_length_outright() {
+        let body = br#"{"messages":[{"role":"user","content":"hi"}],"sim_prompt_tokens":4000}"#;
+        assert_eq!(parse(Api::Chat, body).unwrap().prompt_tokens(), 4000);
+        let body = br#"{"inputs":"hi","sim_prompt_tokens":7}"#;
+        assert_eq!(parse(Api::Tgi, body).unwrap().prompt_tokens(), 7);
+        assert!(parse(Api::Chat, br#"{"sim_prompt_tokens":"x"}"#).is_err());
+        let body = br#"{"sim_stall_at":12}"#;
+        assert_eq!(parse(Api::Chat, body).unwrap().stall_at, Some(12));
     }
 
     #[test]

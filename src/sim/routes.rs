@@ -150,7 +150,7 @@ async fn generate(
         .checked_mul(u32::try_from(prompt_tokens).unwrap_or(u32::MAX))
         .unwrap_or(Duration::MAX);
     let ttft = config.ttft.saturating_add(prompt_cost);
-    let cadence = StreamCadence::new(config, seq, ttft, tokens);
+    let cadence = StreamCadence::new(config, seq, ttft, tokens).with_stall_at(request.stall_at);
     if request.stream {
         let stream = SimStream::new(
             shared.clone(),

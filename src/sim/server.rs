@@ -13,7 +13,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::config::SimConfig;
+use super::batch::{BatchEngine, EngineSettings};
+use super::config::{Engine, SimConfig};
 use super::stats::SimStats;
 use super::timeline::Timeline;
 
@@ -33,6 +34,8 @@ pub(crate) struct Shared {
     pub model_json: Arc<str>,
     /// The next stream's sequence number.
     pub next_seq: AtomicU64,
+    /// The shared decode loop, under `--engine batch`.
+    pub batch: Option<Arc<BatchEngine>>,
 }
 
 /// Serves on `listener` until `shutdown` resolves, updating `stats` as requests come and go.
@@ -59,7 +62,17 @@ pub async fn serve_with_stats(
     };
     let model_json = serde_json::to_string(&config.model).map_err(std::io::Error::other)?;
     let drain = config.drain;
+    let batch = (config.engine == Engine::Batch).then(|| {
+        let settings = EngineSettings {
+            gap: config.gap,
+            prefill_per_token: config.prefill_per_token,
+            prefill_chunk: config.prefill_chunk,
+            keep_chunks: timeline.is_some(),
+        };
+        BatchEngine::new(settings, tokio::time::Instant::now())
+    });
     let shared = Arc::new(Shared {
+        batch,
         config,
         stats,
         timeline: timeline.clone(),

@@ -18,6 +18,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::batch::{BatchSeat, SeatWake};
 use super::cadence::{Step, StreamCadence};
 use super::replay::ReplayBody;
 use super::server::Shared;
@@ -49,6 +50,10 @@ struct FrameMeta {
     events: u32,
     /// Tokens in the frame.
     tokens: u32,
+    /// `--engine batch`: other requests' prefill in the gap before the frame's token event.
+    held: Duration,
+    /// The stream's own stall in that gap (`--engine batch`).
+    stalled: Duration,
 }
 
 /// Bytes written but not yet handed on, with what they hold.
@@ -100,6 +105,10 @@ pub(crate) struct SimStream {
     /// Spare buffer space that frames are split from.
     arena: BytesMut,
     phase: Phase,
+    /// `--engine batch`: the stream's place in the shared loop, which sets its tokens' time.
+    batch: Option<BatchSeat>,
+    /// The batch's hold and the stream's stall in the gap before the token being written.
+    gap_truth: (Duration, Duration),
 }
 
 // === impl SimBody ===
@@ -152,8 +161,18 @@ impl SimStream {
         start: Instant,
         received_unix_us: u64,
     ) -> Self {
-        let next = cadence.next_step(&shared.config, guard.active());
-        let deadline = next.map_or(start, |step| start + step.offset);
+        let (next, batch, deadline) = match &shared.batch {
+            Some(engine) => {
+                let first = cadence.next_batch_step(&shared.config);
+                let seat =
+                    BatchSeat::join(engine.clone(), wire.seq, wire.prompt_tokens, start, first);
+                (None, Some(seat), start)
+            }
+            None => {
+                let next = cadence.next_step(&shared.config, guard.active());
+                (next, None, next.map_or(start, |step| start + step.offset))
+            }
+        };
         SimStream {
             shared,
             wire,
@@ -170,6 +189,8 @@ impl SimStream {
             ready: VecDeque::with_capacity(4),
             arena: BytesMut::new(),
             phase: Phase::Generating,
+            batch,
+            gap_truth: (Duration::ZERO, Duration::ZERO),
         }
     }
 
@@ -200,6 +221,10 @@ impl SimStream {
 
     /// Does whatever is due at `now` and sets the timer for what comes next.
     fn wake(&mut self, now: Instant) {
+        if self.batch.is_some() {
+            self.wake_in_batch(now);
+            return;
+        }
         if let Some(step) = self.next.filter(|s| self.start + s.offset <= now) {
             self.decode_step(step, now);
         }
@@ -217,6 +242,53 @@ impl SimStream {
         }
         if let Some(deadline) = deadline {
             self.sleep.as_mut().reset(deadline);
+        }
+    }
+
+    /// `--engine batch`: writes the tokens the shared loop gave since the last wake, and sets
+    /// the timer for the end of the step in progress (or the end of the stream's stall).
+    fn wake_in_batch(&mut self, now: Instant) {
+        let deadline = loop {
+            let Some(seat) = self.batch.as_mut() else {
+                return;
+            };
+            match seat.wake(now) {
+                SeatWake::Token {
+                    step,
+                    held,
+                    stalled,
+                } => {
+                    self.gap_truth = (held, stalled);
+                    self.decode_step(step, now);
+                    let next = if self.phase == Phase::Generating {
+                        self.cadence.next_batch_step(&self.shared.config)
+                    } else {
+                        None
+                    };
+                    if let Some(seat) = self.batch.as_mut() {
+                        seat.plan(next, now);
+                    }
+                }
+                SeatWake::Wait(at) => break at.unwrap_or(now + self.shared.config.gap),
+                SeatWake::Done => return,
+            }
+        };
+        self.record_prefills();
+        self.sleep.as_mut().reset(deadline);
+    }
+
+    /// Logs what the loop's steps prefilled, if a timeline is kept.
+    fn record_prefills(&self) {
+        let (Some(timeline), Some(seat)) = (&self.shared.timeline, &self.batch) else {
+            return;
+        };
+        for chunk in seat.take_chunks() {
+            timeline.record(Record::Prefill {
+                stream: chunk.seq,
+                step: chunk.step,
+                tokens: chunk.tokens,
+                step_held_us: micros(chunk.step_hold),
+            });
         }
     }
 
@@ -243,6 +315,9 @@ impl SimStream {
         );
         self.server.meta.events += events;
         self.server.meta.tokens += step.tokens;
+        let (held, stalled) = std::mem::take(&mut self.gap_truth);
+        self.server.meta.held += held;
+        self.server.meta.stalled += stalled;
         self.server.steps += 1;
         self.events += u64::from(events);
         let last = step.first_token + u64::from(step.tokens) >= self.wire.completion_tokens;
@@ -262,7 +337,7 @@ impl SimStream {
             self.flush_edge(now);
             self.next = None;
             self.phase = Phase::Written;
-        } else {
+        } else if self.batch.is_none() {
             self.next = self
                 .cadence
                 .next_step(&self.shared.config, self.guard.active());
@@ -281,6 +356,8 @@ impl SimStream {
         } else {
             self.edge.meta.events += meta.events;
             self.edge.meta.tokens += meta.tokens;
+            self.edge.meta.held += meta.held;
+            self.edge.meta.stalled += meta.stalled;
         }
         self.edge.bytes.extend_from_slice(&bytes);
         let full = config
@@ -310,6 +387,8 @@ impl SimStream {
             first_event: self.events,
             events: 0,
             tokens: 0,
+            held: Duration::ZERO,
+            stalled: Duration::ZERO,
         }
     }
 
@@ -331,6 +410,8 @@ impl SimStream {
             tokens: meta.tokens,
             t_us,
             unix_us: self.received_unix_us + t_us,
+            held_us: micros(meta.held),
+            stalled_us: micros(meta.stalled),
         });
     }
 }

@@ -44,6 +44,23 @@ pub(crate) enum Record {
         t_us: u64,
         /// Wall-clock microseconds (arrival plus `t_us`, so both clocks agree).
         unix_us: u64,
+        /// `--engine batch`: of the gap before this frame's token event, the time the shared
+        /// loop was held by other requests' prefill (the batch's share; written when not 0).
+        held_us: u64,
+        /// Of the same gap, the stream's own stall (`--stall-prob`, `--stall-at`; written when
+        /// not 0).
+        stalled_us: u64,
+    },
+    /// `--engine batch`: a step of the shared loop prefilled part or all of a stream's prompt.
+    Prefill {
+        /// The stream's sequence number.
+        stream: u64,
+        /// The step (0-based).
+        step: u64,
+        /// Prompt tokens of this stream prefilled in the step.
+        tokens: u64,
+        /// What the step's prefill (of every stream) held it for.
+        step_held_us: u64,
     },
 }
 
@@ -161,9 +178,29 @@ fn format_record(line: &mut Vec<u8>, record: Record) -> std::io::Result<()> {
             tokens,
             t_us,
             unix_us,
+            held_us,
+            stalled_us,
+        } => {
+            write!(
+                line,
+                r#"{{"stream":{stream},"event":{event},"events":{events},"tokens":{tokens},"t_us":{t_us},"unix_us":{unix_us}"#
+            )?;
+            if held_us > 0 {
+                write!(line, r#","held_us":{held_us}"#)?;
+            }
+            if stalled_us > 0 {
+                write!(line, r#","stalled_us":{stalled_us}"#)?;
+            }
+            writeln!(line, "}}")
+        }
+        Record::Prefill {
+            stream,
+            step,
+            tokens,
+            step_held_us,
         } => writeln!(
             line,
-            r#"{{"stream":{stream},"event":{event},"events":{events},"tokens":{tokens},"t_us":{t_us},"unix_us":{unix_us}}}"#
+            r#"{{"stream":{stream},"prefill_step":{step},"prefill_tokens":{tokens},"step_held_us":{step_held_us}}}"#
         ),
     }
 }
@@ -190,6 +227,8 @@ mod tests {
                 tokens: 1,
                 t_us: 1000 * i,
                 unix_us: 10 + 1000 * i,
+                held_us: 0,
+                stalled_us: i,
             });
         }
         assert_eq!(writer.finish().await.unwrap(), 101);
@@ -202,5 +241,8 @@ mod tests {
         assert_eq!(lines.len(), 101);
         assert_eq!(lines[0]["request"], "/v1/chat/completions");
         assert_eq!(lines[100]["t_us"], 99_000);
+        assert_eq!(lines[100]["stalled_us"], 99);
+        assert!(lines[100].get("held_us").is_none(), "0 is not written");
+        assert!(lines[1].get("stalled_us").is_none());
     }
 }

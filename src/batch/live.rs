@@ -1,0 +1,452 @@
+//! The detector wired to the proxy: one [`EpisodeTracker`] per upstream, a [`StreamProbe`] per
+//! metered stream, a sweep task per upstream while it has work, and the metrics.
+//!
+//! Per frame a probe does only stream-local work: the hitch rule and a relaxed store of the last
+//! token time into its own [`Beat`]. The upstream's lock is taken when a stream starts, when it
+//! ends, when a hitch ends (rare) and at each sweep; never per frame.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use prometheus::{IntCounterVec, Opts};
+
+use super::hitch::{HitchLimits, HitchRule};
+use super::tracker::{Beat, Episode, EpisodeTracker, Settled, SweepOutcome};
+use super::BatchSettings;
+use crate::clock::Tick;
+use crate::config::Upstream;
+use crate::metrics::{Exemplar, Metrics};
+
+/// The `upstream` label of the top-level `server.upstream` (`--upstream`).
+pub const DEFAULT_UPSTREAM: &str = "default";
+
+/// What a hitch carries until its scope is known: its labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HitchLabels {
+    /// The stream's route label.
+    pub route: Arc<str>,
+    /// The stream's bounded model label, when known by then.
+    pub model: Option<Arc<str>>,
+    /// The stream's ID.
+    pub stream: Arc<str>,
+    /// When the stream was received (nanoseconds since the clock's origin).
+    pub received: i64,
+    /// The index (from 0) of the token event that ended the gap.
+    pub event: u64,
+}
+
+/// A hitch of one stream with its scope, as `/streams/{id}` marks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HitchMark {
+    /// The index (from 0) of the token event that ended the gap.
+    pub event: u64,
+    /// Where the gap began, in microseconds from the stream's receipt.
+    pub from_us: u64,
+    /// Where it ended.
+    pub to_us: u64,
+    /// Its scope.
+    pub scope: super::Scope,
+    /// The episode it overlaps (with `upstream`), when batch.
+    pub episode: Option<u64>,
+    /// The upstream's label.
+    pub upstream: Arc<str>,
+}
+
+/// Hitch marks kept for `/streams/{id}`, over all streams (oldest dropped first).
+pub const MAX_MARKS: usize = 8192;
+
+/// The tracker of one upstream and whether its sweep task runs.
+#[derive(Debug)]
+pub struct UpstreamEpisodes {
+    /// The `upstream` label.
+    pub name: Arc<str>,
+    /// Which configured upstream this is.
+    url: String,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    tracker: EpisodeTracker<HitchLabels>,
+    sweeping: bool,
+}
+
+/// The counters of batch hitches and episodes (registered into the proxy's registry; the
+/// episode histograms are the proxy's own families, for their native buckets and exemplars).
+#[derive(Debug, Clone)]
+pub struct BatchMetrics {
+    /// `metronome_hitches_total{route,model,scope}`.
+    pub hitches: IntCounterVec,
+    /// `metronome_batch_episodes_total{upstream}`.
+    pub episodes: IntCounterVec,
+}
+
+// === impl BatchMetrics ===
+
+impl BatchMetrics {
+    /// Creates the counters and registers them with `metrics`.
+    pub fn register(metrics: &Metrics) -> prometheus::Result<Self> {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let vec = IntCounterVec::new(Opts::new(name, help), labels)?;
+            metrics.register(Box::new(vec.clone()))?;
+            Ok::<_, prometheus::Error>(vec)
+        };
+        Ok(BatchMetrics {
+            hitches: counter(
+                "metronome_hitches_total",
+                "Token-event gaps at ingress that were hitches, by scope: batch (overlapping an episode of the upstream) or stream.",
+                &["route", "model", "scope"],
+            )?,
+            episodes: counter(
+                "metronome_batch_episodes_total",
+                "Episodes: stretches during which at least batch.min_streams and batch.min_share of an upstream's streams were inside a hitch at once.",
+                &["upstream"],
+            )?,
+        })
+    }
+}
+
+/// Every upstream's tracker, and what a stream needs to join one.
+#[derive(Debug)]
+pub struct BatchDetector {
+    settings: BatchSettings,
+    metrics: Arc<Metrics>,
+    batch_metrics: BatchMetrics,
+    /// The top-level upstream, labelled `default`.
+    default_upstream: String,
+    /// One per configured upstream that has had a stream (bounded by the configuration).
+    upstreams: Mutex<Vec<Arc<UpstreamEpisodes>>>,
+    next_key: AtomicU64,
+    /// The latest settled hitches, by stream ID, bounded by [`MAX_MARKS`].
+    marks: Mutex<std::collections::VecDeque<(Arc<str>, HitchMark)>>,
+}
+
+// === impl BatchDetector ===
+
+impl BatchDetector {
+    /// A detector with `settings` whose metrics go into `metrics`; `default_upstream` is the
+    /// top-level upstream (labelled `default`; the others by their `host:port`).
+    pub fn new(
+        settings: BatchSettings,
+        metrics: Arc<Metrics>,
+        default_upstream: &Upstream,
+    ) -> prometheus::Result<Arc<Self>> {
+        let batch_metrics = BatchMetrics::register(&metrics)?;
+        Ok(Arc::new(BatchDetector {
+            settings,
+            metrics,
+            batch_metrics,
+            default_upstream: default_upstream.to_string(),
+            upstreams: Mutex::new(Vec::new()),
+            next_key: AtomicU64::new(1),
+            marks: Mutex::new(std::collections::VecDeque::new()),
+        }))
+    }
+
+    /// The settings it runs with.
+    pub fn settings(&self) -> &BatchSettings {
+        &self.settings
+    }
+
+    /// The tracker of `upstream`, made on its first stream.
+    fn upstream(&self, upstream: &Upstream) -> Arc<UpstreamEpisodes> {
+        let url = upstream.to_string();
+        let mut all = self.upstreams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = all.iter().find(|u| u.url == url) {
+            return found.clone();
+        }
+        let name: Arc<str> = if url == self.default_upstream {
+            Arc::from(DEFAULT_UPSTREAM)
+        } else {
+            Arc::from(upstream.authority.as_str())
+        };
+        let sweep = nanos(self.settings.sweep_interval());
+        let made = Arc::new(UpstreamEpisodes {
+            name,
+            url,
+            inner: Mutex::new(Inner {
+                tracker: EpisodeTracker::new(self.settings, sweep),
+                sweeping: false,
+            }),
+        });
+        all.push(made.clone());
+        made
+    }
+
+    /// A stream to `upstream` began (received at `received`): its probe, or `None` when the
+    /// detector is off. Starts the upstream's sweep if it was not running.
+    pub fn open(
+        self: &Arc<Self>,
+        upstream: &Upstream,
+        id: Arc<str>,
+        route: Arc<str>,
+        received: Tick,
+        body_bytes: Option<u64>,
+    ) -> Option<StreamProbe> {
+        if !self.settings.enabled {
+            return None;
+        }
+        let episodes = self.upstream(upstream);
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        let beat = Arc::new(Beat::default());
+        let start_sweep = {
+            let mut inner = episodes.lock();
+            inner
+                .tracker
+                .start(key, id.clone(), raw(received), body_bytes, beat.clone());
+            !std::mem::replace(&mut inner.sweeping, true)
+        };
+        if start_sweep {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(sweep(self.clone(), episodes.clone()));
+                }
+                Err(_) => episodes.lock().sweeping = false,
+            }
+        }
+        let stall_nanos = i64::try_from(self.metrics.stall_threshold_nanos()).unwrap_or(i64::MAX);
+        Some(StreamProbe {
+            upstream: episodes,
+            key,
+            rule: HitchRule::new(HitchLimits {
+                stall_nanos,
+                gap_ratio: self.settings.gap_ratio,
+                min_gap_nanos: self.settings.min_gap_nanos(),
+            }),
+            beat,
+            last_token: None,
+            labels: HitchLabels {
+                route,
+                model: None,
+                stream: id,
+                received: raw(received),
+                event: 0,
+            },
+            events: 0,
+            prompt_tokens: None,
+            detector: self.clone(),
+        })
+    }
+
+    /// Every upstream's episodes (the open one and those remembered), newest first per upstream;
+    /// each with its upstream's name.
+    pub fn episodes(&self) -> Vec<(Arc<str>, Episode)> {
+        let all = self
+            .upstreams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut out = Vec::new();
+        for upstream in all {
+            let inner = upstream.lock();
+            out.extend(
+                inner
+                    .tracker
+                    .episodes()
+                    .map(|e| (upstream.name.clone(), e.clone())),
+            );
+        }
+        out.sort_by_key(|e| std::cmp::Reverse(e.1.start));
+        out
+    }
+
+    /// The JSON of `/episodes`: every upstream's episodes, newest first.
+    pub fn episodes_json(&self) -> String {
+        super::json::document(&self.episodes())
+    }
+
+    /// Counts what a sweep (or an overflowing report) settled and ended.
+    fn record(&self, upstream: &Arc<str>, outcome: SweepOutcome<HitchLabels>) {
+        for settled in &outcome.settled {
+            self.count_hitch(settled);
+        }
+        self.mark(upstream, &outcome.settled);
+        let upstream: &str = upstream;
+        let m = &self.batch_metrics;
+        for episode in &outcome.ended {
+            m.episodes.with_label_values(&[upstream]).inc();
+            let seconds = match episode.end {
+                Some(end) => (end - episode.start).max(0) as f64 * 1e-9,
+                None => 0.0,
+            };
+            let cause = episode.arrived.last().map(|a| a.id.clone());
+            let observe = |family: &crate::metrics::HistogramFamily, value: f64| {
+                let exemplar = cause.as_deref().map(|stream_id| Exemplar {
+                    stream_id,
+                    trace_id: None,
+                    value,
+                });
+                family.observe_with(&[upstream], value, exemplar.as_ref());
+            };
+            observe(&self.metrics.batch_episode_duration, seconds);
+            observe(&self.metrics.batch_episode_streams, episode.streams as f64);
+            observe(
+                &self.metrics.batch_episode_arrivals,
+                episode.arrivals as f64,
+            );
+            tracing::debug!(
+                upstream,
+                episode = episode.id,
+                streams = episode.streams,
+                arrivals = episode.arrivals,
+                seconds,
+                "batch episode"
+            );
+        }
+    }
+
+    /// Keeps the settled hitches for `/streams/{id}`.
+    fn mark(&self, upstream: &Arc<str>, settled: &[Settled<HitchLabels>]) {
+        if settled.is_empty() {
+            return;
+        }
+        let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        for s in settled {
+            let us = |t: i64| u64::try_from((t - s.labels.received).max(0) / 1_000).unwrap_or(0);
+            if marks.len() == MAX_MARKS {
+                marks.pop_front();
+            }
+            marks.push_back((
+                s.labels.stream.clone(),
+                HitchMark {
+                    event: s.labels.event,
+                    from_us: us(s.start),
+                    to_us: us(s.end),
+                    scope: s.scope,
+                    episode: s.episode,
+                    upstream: upstream.clone(),
+                },
+            ));
+        }
+    }
+
+    /// The settled hitches of stream `id` still kept, in order.
+    pub fn hitches_of(&self, id: &str) -> Vec<HitchMark> {
+        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        marks
+            .iter()
+            .filter(|(stream, _)| stream.as_ref() == id)
+            .map(|(_, mark)| mark.clone())
+            .collect()
+    }
+
+    fn count_hitch(&self, settled: &Settled<HitchLabels>) {
+        let labels = &settled.labels;
+        let model = labels
+            .model
+            .clone()
+            .unwrap_or_else(|| self.metrics.models.resolve(None));
+        self.batch_metrics
+            .hitches
+            .with_label_values(&[&labels.route, &model, settled.scope.as_str()])
+            .inc();
+    }
+}
+
+// === impl UpstreamEpisodes ===
+
+impl UpstreamEpisodes {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The sweep of one upstream: every interval while it has streams, hitches waiting or an episode
+/// open; then it ends (the next stream starts it again).
+async fn sweep(detector: Arc<BatchDetector>, upstream: Arc<UpstreamEpisodes>) {
+    let every = detector.settings.sweep_interval();
+    let mut timer = tokio::time::interval(every);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        timer.tick().await;
+        let outcome = {
+            let mut inner = upstream.lock();
+            if inner.tracker.idle() {
+                inner.sweeping = false;
+                return;
+            }
+            inner.tracker.sweep(raw(Tick::now()))
+        };
+        detector.record(&upstream.name, outcome);
+    }
+}
+
+/// One metered stream's side of the detector, owned by its ingress side.
+#[derive(Debug)]
+pub struct StreamProbe {
+    upstream: Arc<UpstreamEpisodes>,
+    key: u64,
+    rule: HitchRule,
+    beat: Arc<Beat>,
+    last_token: Option<Tick>,
+    labels: HitchLabels,
+    /// Token events seen so far.
+    events: u64,
+    prompt_tokens: Option<u64>,
+    detector: Arc<BatchDetector>,
+}
+
+// === impl StreamProbe ===
+
+impl StreamProbe {
+    /// A frame read at `at` carried `token_events` token events; `model` is the stream's model
+    /// label once known. Per frame: the rule and one relaxed store; a hitch takes the upstream's
+    /// lock.
+    #[inline]
+    pub fn token_events(&mut self, at: Tick, token_events: u32, model: Option<&Arc<str>>) {
+        if token_events == 0 {
+            return;
+        }
+        if let Some(last) = self.last_token {
+            let gap = i64::try_from(at.nanos_since(last)).unwrap_or(i64::MAX);
+            if self.rule.gap(gap) {
+                self.report(last, at, model);
+            }
+        }
+        self.events += u64::from(token_events);
+        self.last_token = Some(at);
+        self.beat.token(raw(at), self.rule.threshold_nanos());
+    }
+
+    #[cold]
+    fn report(&mut self, start: Tick, end: Tick, model: Option<&Arc<str>>) {
+        if self.labels.model.is_none() {
+            self.labels.model = model.cloned();
+        }
+        self.labels.event = self.events;
+        let overflow =
+            self.upstream
+                .lock()
+                .tracker
+                .hitch(self.key, raw(start), raw(end), self.labels.clone());
+        if let Some(settled) = overflow {
+            self.detector.count_hitch(&settled);
+            self.detector
+                .mark(&self.upstream.name, std::slice::from_ref(&settled));
+        }
+    }
+
+    /// The stream reported its prompt tokens (usage), for the arrivals that name it.
+    pub fn prompt_tokens(&mut self, tokens: Option<u64>) {
+        self.prompt_tokens = tokens.or(self.prompt_tokens);
+    }
+}
+
+impl Drop for StreamProbe {
+    fn drop(&mut self) {
+        self.upstream
+            .lock()
+            .tracker
+            .end(self.key, self.prompt_tokens);
+    }
+}
+
+/// A tick as nanoseconds since the clock's origin (never 0 in practice; see [`Beat`]).
+fn raw(tick: Tick) -> i64 {
+    i64::try_from(tick.nanos_since(Tick::default())).unwrap_or(i64::MAX)
+}
+
+/// A duration in nanoseconds, saturating.
+fn nanos(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,613 @@
+//! The episode tracker of one upstream (one engine): which of its streams are inside a hitch at
+//! the same time, when that makes an episode, which requests arrived just before it, and, once
+//! settled, each hitch's scope. Pure: every moment is passed in, nothing reads a clock or locks.
+//!
+//! Its state is a slot per active stream plus bounded rings (arrivals, episodes, hitches waiting
+//! for their scope). It learns of hitches in two ways: a stream reports each hitch gap when the
+//! token that ends it arrives ([`EpisodeTracker::hitch`]), and a sweep ([`EpisodeTracker::sweep`],
+//! run on a timer per upstream, not per frame) reads each stream's last token time and
+//! threshold from its [`Beat`] and counts a stream silent for longer than its threshold as
+//! inside a hitch while the silence lasts, so an episode is seen while it happens. At each sweep
+//! the streams inside a hitch are those silent now and those whose reported hitch ended since
+//! the previous sweep; an episode is open while they are at least `min_streams` and at least
+//! `min_share` of the streams past their first token. A reported hitch gets its scope a settling
+//! time after its end (two sweeps), when every episode it could overlap has been seen.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use super::BatchSettings;
+
+/// Arrivals remembered per upstream (the lookback reads them).
+pub const MAX_ARRIVALS: usize = 256;
+/// Finished episodes remembered per upstream (for `/episodes` and for late scopes).
+pub const MAX_EPISODES: usize = 64;
+/// Stream IDs an episode names (its stream count stays exact beyond).
+pub const MAX_CAUGHT_IDS: usize = 64;
+/// Arrivals an episode names (its arrival count stays exact beyond).
+pub const MAX_EPISODE_ARRIVALS: usize = 32;
+/// Hitches waiting for their scope; beyond, the oldest is settled at once.
+pub const MAX_PENDING: usize = 4096;
+
+/// What a stream's ingress side publishes for the sweep: written by the stream alone (a relaxed
+/// store to its own line per token event), read by the sweep. 0 means "no token yet".
+#[derive(Debug, Default)]
+pub struct Beat {
+    last_token: AtomicI64,
+    threshold: AtomicI64,
+}
+
+// === impl Beat ===
+
+impl Beat {
+    /// A token event came at `at` (nanoseconds, never 0), and the stream's silence threshold
+    /// is now `threshold`.
+    #[inline]
+    pub fn token(&self, at: i64, threshold: i64) {
+        self.last_token.store(at.max(1), Ordering::Relaxed);
+        self.threshold.store(threshold, Ordering::Relaxed);
+    }
+
+    fn read(&self) -> (i64, i64) {
+        (
+            self.last_token.load(Ordering::Relaxed),
+            self.threshold.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Whether a hitch hit the whole batch or one stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// It overlaps an episode of its upstream.
+    Batch,
+    /// It does not.
+    Stream,
+}
+
+// === impl Scope ===
+
+impl Scope {
+    /// The `scope` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Batch => "batch",
+            Scope::Stream => "stream",
+        }
+    }
+}
+
+/// A request the upstream received, as an episode names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arrival {
+    /// The tracker's key of the stream.
+    pub key: u64,
+    /// The stream's ID.
+    pub id: Arc<str>,
+    /// When it was received (nanoseconds).
+    pub at: i64,
+    /// Its request body's declared size, when it declared one.
+    pub body_bytes: Option<u64>,
+    /// Its prompt tokens, once the stream reported them (`usage`).
+    pub prompt_tokens: Option<u64>,
+}
+
+/// An episode: a stretch during which much of the batch was inside a hitch at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Episode {
+    /// Its number on this upstream, from 1.
+    pub id: u64,
+    /// When the first of its hitches began (nanoseconds).
+    pub start: i64,
+    /// When it ended; `None` while it lasts.
+    pub end: Option<i64>,
+    /// Streams caught in it (exact).
+    pub streams: usize,
+    /// The first [`MAX_CAUGHT_IDS`] of them.
+    pub stream_ids: Vec<Arc<str>>,
+    stream_keys: Vec<u64>,
+    /// Requests received within the lookback before `start` (exact).
+    pub arrivals: usize,
+    /// The last [`MAX_EPISODE_ARRIVALS`] of them, oldest first.
+    pub arrived: Vec<Arrival>,
+}
+
+/// A hitch that got its scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled<L> {
+    /// The stream's key.
+    pub key: u64,
+    /// Where the gap began and ended (nanoseconds).
+    pub start: i64,
+    /// Its end.
+    pub end: i64,
+    /// Its scope.
+    pub scope: Scope,
+    /// The episode it overlaps, when batch.
+    pub episode: Option<u64>,
+    /// What the reporter attached (labels).
+    pub labels: L,
+}
+
+/// What a sweep produced: hitches settled, episodes ended.
+#[derive(Debug)]
+pub struct SweepOutcome<L> {
+    /// Hitches whose scope is now known.
+    pub settled: Vec<Settled<L>>,
+    /// Episodes that ended at this sweep.
+    pub ended: Vec<Episode>,
+    /// An episode began at this sweep.
+    pub began: bool,
+}
+
+impl<L> Default for SweepOutcome<L> {
+    fn default() -> Self {
+        SweepOutcome {
+            settled: Vec::new(),
+            ended: Vec::new(),
+            began: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    key: u64,
+    id: Arc<str>,
+    beat: Arc<Beat>,
+    /// The latest reported hitch `(start, end)`, for the sweep after it.
+    reported: Option<(i64, i64)>,
+}
+
+#[derive(Debug)]
+struct Pending<L> {
+    key: u64,
+    start: i64,
+    end: i64,
+    labels: L,
+}
+
+/// The tracker of one upstream; `L` is what a hitch's reporter attaches (its labels).
+#[derive(Debug)]
+pub struct EpisodeTracker<L> {
+    settings: BatchSettings,
+    streams: Vec<Slot>,
+    arrivals: VecDeque<Arrival>,
+    episodes: VecDeque<Episode>,
+    open: Option<Episode>,
+    pending: VecDeque<Pending<L>>,
+    last_sweep: i64,
+    /// How long a reported hitch waits for its scope.
+    settle: i64,
+    next_episode: u64,
+    /// Hitches settled at once because `pending` was full.
+    pub overflowed: u64,
+}
+
+// === impl EpisodeTracker ===
+
+impl<L> EpisodeTracker<L> {
+    /// An empty tracker swept every `sweep_nanos`.
+    pub fn new(settings: BatchSettings, sweep_nanos: i64) -> Self {
+        EpisodeTracker {
+            settings,
+            streams: Vec::new(),
+            arrivals: VecDeque::new(),
+            episodes: VecDeque::new(),
+            open: None,
+            pending: VecDeque::new(),
+            last_sweep: 0,
+            settle: 2 * sweep_nanos.max(1),
+            next_episode: 1,
+            overflowed: 0,
+        }
+    }
+
+    /// Active streams.
+    pub fn active(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Nothing left to do: no stream, no hitch waiting, no episode open.
+    pub fn idle(&self) -> bool {
+        self.streams.is_empty() && self.pending.is_empty() && self.open.is_none()
+    }
+
+    /// A stream began at `at`: it is an arrival, and its beat is read from now on.
+    pub fn start(
+        &mut self,
+        key: u64,
+        id: Arc<str>,
+        at: i64,
+        body_bytes: Option<u64>,
+        beat: Arc<Beat>,
+    ) {
+        if self.arrivals.len() == MAX_ARRIVALS {
+            self.arrivals.pop_front();
+        }
+        self.arrivals.push_back(Arrival {
+            key,
+            id: id.clone(),
+            at,
+            body_bytes,
+            prompt_tokens: None,
+        });
+        self.streams.push(Slot {
+            key,
+            id,
+            beat,
+            reported: None,
+        });
+    }
+
+    /// A stream ended; `prompt_tokens` is what its usage said, if anything.
+    pub fn end(&mut self, key: u64, prompt_tokens: Option<u64>) {
+        if let Some(i) = self.streams.iter().position(|s| s.key == key) {
+            self.streams.swap_remove(i);
+        }
+        let Some(tokens) = prompt_tokens else {
+            return;
+        };
+        let named = self
+            .arrivals
+            .iter_mut()
+            .chain(self.open.iter_mut().flat_map(|e| e.arrived.iter_mut()))
+            .chain(self.episodes.iter_mut().flat_map(|e| e.arrived.iter_mut()));
+        for arrival in named.filter(|a| a.key == key) {
+            arrival.prompt_tokens = Some(tokens);
+        }
+    }
+
+    /// A stream's gap from `start` to `end` was a hitch; its scope comes with a later sweep.
+    pub fn hitch(&mut self, key: u64, start: i64, end: i64, labels: L) -> Option<Settled<L>> {
+        if let Some(slot) = self.streams.iter_mut().find(|s| s.key == key) {
+            slot.reported = Some((start, end));
+        }
+        self.pending.push_back(Pending {
+            key,
+            start,
+            end,
+            labels,
+        });
+        if self.pending.len() > MAX_PENDING {
+            self.overflowed += 1;
+            let oldest = self.pending.pop_front()?;
+            return Some(self.settle_one(oldest));
+        }
+        None
+    }
+
+    /// The sweep at `now`: counts the streams inside a hitch, opens, extends or ends the episode,
+    /// and settles the hitches whose scope is now known.
+    pub fn sweep(&mut self, now: i64) -> SweepOutcome<L> {
+        let mut outcome = SweepOutcome::default();
+        let since = self.last_sweep;
+        self.last_sweep = now;
+        let mut past_first = 0usize;
+        let mut inside = 0usize;
+        let mut earliest = i64::MAX;
+        let mut latest_end = i64::MIN;
+        for slot in &self.streams {
+            let (last, threshold) = slot.beat.read();
+            if last == 0 {
+                continue;
+            }
+            past_first += 1;
+            let silent = now - last > threshold;
+            let reported = slot.reported.filter(|(_, end)| *end > since);
+            if silent || reported.is_some() {
+                inside += 1;
+                let start = match reported {
+                    Some((start, end)) => {
+                        latest_end = latest_end.max(end);
+                        start
+                    }
+                    None => last,
+                };
+                earliest = earliest.min(if silent { start.min(last) } else { start });
+            }
+        }
+        let needed = self.settings.min_streams.max(1);
+        let share = inside as f64 >= self.settings.min_share * past_first as f64;
+        let active = inside >= needed && share && past_first > 0;
+        if active {
+            if self.open.is_none() {
+                self.begin(earliest);
+                outcome.began = true;
+            }
+            self.catch(now, since);
+        } else if let Some(mut episode) = self.open.take() {
+            let end = if latest_end > episode.start {
+                latest_end
+            } else {
+                since
+            };
+            episode.end = Some(end.max(episode.start));
+            if self.episodes.len() == MAX_EPISODES {
+                self.episodes.pop_front();
+            }
+            self.episodes.push_back(episode.clone());
+            outcome.ended.push(episode);
+        }
+        while self
+            .pending
+            .front()
+            .is_some_and(|p| now - p.end >= self.settle)
+        {
+            let Some(p) = self.pending.pop_front() else {
+                break;
+            };
+            let settled = self.settle_one(p);
+            outcome.settled.push(settled);
+        }
+        outcome
+    }
+
+    /// Opens an episode that began at `start`, naming the arrivals of its lookback.
+    fn begin(&mut self, start: i64) {
+        let from = start.saturating_sub(self.settings.lookback_nanos());
+        let window: Vec<&Arrival> = self
+            .arrivals
+            .iter()
+            .filter(|a| a.at >= from && a.at <= start)
+            .collect();
+        let skip = window.len().saturating_sub(MAX_EPISODE_ARRIVALS);
+        let episode = Episode {
+            id: self.next_episode,
+            start,
+            end: None,
+            streams: 0,
+            stream_ids: Vec::new(),
+            stream_keys: Vec::new(),
+            arrivals: window.len(),
+            arrived: window.into_iter().skip(skip).cloned().collect(),
+        };
+        self.next_episode += 1;
+        self.open = Some(episode);
+    }
+
+    /// Adds the streams inside a hitch now to the open episode.
+    fn catch(&mut self, now: i64, since: i64) {
+        let Some(episode) = self.open.as_mut() else {
+            return;
+        };
+        for slot in &self.streams {
+            let (last, threshold) = slot.beat.read();
+            let silent = last != 0 && now - last > threshold;
+            let reported = slot.reported.is_some_and(|(_, end)| end > since);
+            if !(silent || reported) || episode.stream_keys.contains(&slot.key) {
+                continue;
+            }
+            episode.streams += 1;
+            if episode.stream_keys.len() < MAX_CAUGHT_IDS {
+                episode.stream_keys.push(slot.key);
+                episode.stream_ids.push(slot.id.clone());
+            }
+        }
+    }
+
+    /// The scope of one hitch: batch if it overlaps an episode (open or remembered).
+    fn settle_one(&self, p: Pending<L>) -> Settled<L> {
+        let overlaps = |e: &Episode| p.start < e.end.unwrap_or(i64::MAX) && p.end > e.start;
+        let episode = self
+            .open
+            .iter()
+            .chain(self.episodes.iter().rev())
+            .find(|e| overlaps(e))
+            .map(|e| e.id);
+        Settled {
+            key: p.key,
+            start: p.start,
+            end: p.end,
+            scope: if episode.is_some() {
+                Scope::Batch
+            } else {
+                Scope::Stream
+            },
+            episode,
+            labels: p.labels,
+        }
+    }
+
+    /// The episodes remembered and the open one, newest first.
+    pub fn episodes(&self) -> impl Iterator<Item = &Episode> {
+        self.open.iter().chain(self.episodes.iter().rev())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: i64 = 1_000_000;
+
+    fn settings() -> BatchSettings {
+        BatchSettings::default()
+    }
+
+    /// A synthetic upstream: `n` streams whose tokens come every `gap`, as one engine's.
+    struct Sim {
+        tracker: EpisodeTracker<()>,
+        beats: Vec<Arc<Beat>>,
+        last: Vec<i64>,
+        threshold: i64,
+    }
+
+    impl Sim {
+        fn new(n: usize) -> Self {
+            let mut tracker = EpisodeTracker::new(settings(), 5 * MS);
+            let mut beats = Vec::new();
+            for i in 0..n {
+                let beat = Arc::new(Beat::default());
+                tracker.start(
+                    i as u64,
+                    Arc::from(format!("s{i}")),
+                    MS,
+                    Some(100),
+                    beat.clone(),
+                );
+                beats.push(beat);
+            }
+            Sim {
+                tracker,
+                beats,
+                last: vec![0; n],
+                threshold: 80 * MS,
+            }
+        }
+
+        /// Stream `i`'s token at `at`; a gap over the threshold is reported as a hitch.
+        fn token(&mut self, i: usize, at: i64) {
+            let last = self.last[i];
+            if last != 0 && at - last >= self.threshold {
+                self.tracker.hitch(i as u64, last, at, ());
+            }
+            self.last[i] = at;
+            self.beats[i].token(at, self.threshold);
+        }
+
+        /// Runs from `from` to `to`: every stream gets a token every 20 ms unless `silent(i, t)`,
+        /// with a sweep every 5 ms; returns everything settled and every episode ended.
+        fn run(
+            &mut self,
+            from: i64,
+            to: i64,
+            silent: impl Fn(usize, i64) -> bool,
+        ) -> (Vec<Settled<()>>, Vec<Episode>) {
+            let (mut settled, mut ended) = (Vec::new(), Vec::new());
+            let mut t = from;
+            while t <= to {
+                if t % (20 * MS) == 0 {
+                    for i in 0..self.beats.len() {
+                        if !silent(i, t) {
+                            self.token(i, t);
+                        }
+                    }
+                }
+                let out = self.tracker.sweep(t);
+                settled.extend(out.settled);
+                ended.extend(out.ended);
+                t += 5 * MS;
+            }
+            (settled, ended)
+        }
+    }
+
+    #[test]
+    fn a_hitch_of_the_whole_batch_is_one_episode_and_every_hitch_is_batch() {
+        let mut sim = Sim::new(10);
+        // A long prompt arrives at 395 ms; from 400 to 700 ms no stream gets a token.
+        sim.tracker.start(
+            99,
+            Arc::from("long"),
+            395 * MS,
+            Some(40_000),
+            Arc::default(),
+        );
+        let (settled, ended) = sim.run(20 * MS, 1_500 * MS, |_, t| t > 400 * MS && t < 700 * MS);
+        assert_eq!(ended.len(), 1);
+        let e = &ended[0];
+        assert_eq!(e.streams, 10);
+        assert_eq!(e.start, 400 * MS);
+        assert_eq!(e.end, Some(700 * MS));
+        assert!(e.arrived.iter().any(|a| a.id.as_ref() == "long"));
+        assert_eq!(settled.len(), 10);
+        assert!(settled
+            .iter()
+            .all(|s| s.scope == Scope::Batch && s.episode == Some(1)));
+    }
+
+    #[test]
+    fn one_streams_stall_is_stream_scope_and_no_episode() {
+        let mut sim = Sim::new(10);
+        let (settled, ended) = sim.run(20 * MS, 1_500 * MS, |i, t| {
+            (i == 3 && t > 400 * MS && t < 700 * MS) || (i == 7 && t > 900 * MS && t < 1_100 * MS)
+        });
+        assert!(ended.is_empty());
+        assert_eq!(settled.len(), 2);
+        assert!(settled.iter().all(|s| s.scope == Scope::Stream));
+    }
+
+    #[test]
+    fn two_of_twenty_at_once_are_too_few_a_share() {
+        let mut sim = Sim::new(20);
+        let (settled, ended) = sim.run(20 * MS, 1_000 * MS, |i, t| {
+            i < 2 && t > 400 * MS && t < 700 * MS
+        });
+        assert!(ended.is_empty());
+        assert_eq!(settled.len(), 2);
+        assert!(settled.iter().all(|s| s.scope == Scope::Stream));
+    }
+
+    #[test]
+    fn the_episode_is_seen_while_it_lasts() {
+        let mut sim = Sim::new(4);
+        sim.run(20 * MS, 400 * MS, |_, _| false);
+        let out = sim.run(405 * MS, 600 * MS, |_, _| true);
+        assert!(out.1.is_empty());
+        let open = sim.tracker.episodes().next().unwrap();
+        assert_eq!((open.end, open.streams), (None, 4));
+    }
+
+    #[test]
+    fn prompt_tokens_reach_the_episode_after_the_stream_ends() {
+        let mut sim = Sim::new(3);
+        sim.tracker
+            .start(50, Arc::from("long"), 390 * MS, None, Arc::default());
+        sim.run(20 * MS, 1_000 * MS, |_, t| t > 400 * MS && t < 600 * MS);
+        sim.tracker.end(50, Some(12_000));
+        let e = sim.tracker.episodes().next().unwrap();
+        let long = e.arrived.iter().find(|a| a.key == 50).unwrap();
+        assert_eq!(long.prompt_tokens, Some(12_000));
+        // Streams that end leave no slot behind.
+        for i in 0..3 {
+            sim.tracker.end(i, None);
+        }
+        assert_eq!(sim.tracker.active(), 0);
+        assert!(sim.tracker.idle());
+    }
+
+    #[test]
+    fn rings_stay_bounded_whatever_the_history() {
+        let mut sim = Sim::new(4);
+        for i in 0..(MAX_ARRIVALS as u64 + 10) {
+            sim.tracker
+                .start(1_000 + i, Arc::from("burst"), 2 * MS, None, Arc::default());
+            sim.tracker.end(1_000 + i, Some(1));
+        }
+        // A whole-batch stall every 400 ms, 100 times: 100 episodes.
+        let (_, ended) = sim.run(20 * MS, 40_100 * MS, |_, t| t % (400 * MS) > 200 * MS);
+        assert_eq!(ended.len(), 100);
+        assert_eq!(sim.tracker.episodes().count(), MAX_EPISODES);
+        assert_eq!(sim.tracker.arrivals.len(), MAX_ARRIVALS);
+        assert!(sim.tracker.pending.len() <= 4 * 2, "settled as they go");
+    }
+
+    /// Property: with one stream stalling at a time, among any number of streams, nothing is
+    /// ever an episode or a batch hitch; with every stream stalling at once, every hitch is.
+    #[test]
+    fn property_lone_stalls_never_batch_common_ones_always() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for round in 0..30 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let n = 3 + (x % 30) as usize;
+            let who = (x >> 20) as usize % n;
+            let from = (10 + (x >> 30) % 20) as i64 * 20 * MS;
+            let len = (5 + (x >> 40) % 20) as i64 * 20 * MS;
+            let mut sim = Sim::new(n);
+            let (settled, ended) = sim.run(20 * MS, 2_000 * MS, |i, t| {
+                i == who && t > from && t < from + len
+            });
+            assert!(ended.is_empty(), "round {round}");
+            assert!(settled.iter().all(|s| s.scope == Scope::Stream));
+            let mut sim = Sim::new(n);
+            let (settled, ended) = sim.run(20 * MS, 2_000 * MS, |_, t| t > from && t < from + len);
+            assert_eq!(ended.len(), 1, "round {round}");
+            assert_eq!(settled.len(), n);
+            assert!(settled.iter().all(|s| s.scope == Scope::Batch));
+        }
+    }
+}
