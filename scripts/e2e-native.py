@@ -13,7 +13,8 @@ the same gaps.
     e2e-native.py settle --prom URL --admin ADMIN... --select SEL
                                                    waits until Prometheus counts every gap
     e2e-native.py quantiles --prom URL --admin ADMIN... --select SEL [--exclude FILE]
-                            [--rate-since UNIX] [--metrics ITL TTFT] --label NAME
+                            [--rate-since UNIX] [--metrics ITL TTFT] [--quantiles Q...]
+                            --label NAME
     e2e-native.py exemplar --prom URL --admin ADMIN --select SEL --since UNIX
 
 Exit status 1 when a check fails (the reason on stdout), 0 otherwise. Standard library only.
@@ -154,7 +155,7 @@ def cmd_quantiles(args):
     for metric, values, short in ((ITL, gaps, "ITL"), (TTFT, ttfts, "TTFT")):
         if short not in args.metrics:
             continue
-        for q in QUANTILES:
+        for q in args.quantiles:
             expr = f"histogram_quantile({q}, {shape(metric)})"
             native = one_value(args.prom, expr)
             exact = nearest_rank(values, q)
@@ -235,6 +236,7 @@ def main():
     q.add_argument("--rate-since", type=float, help="unix time: query sum(rate()) since then")
     q.add_argument("--label", required=True)
     q.add_argument("--metrics", nargs="+", choices=("ITL", "TTFT"), default=("ITL", "TTFT"))
+    q.add_argument("--quantiles", nargs="+", type=float, default=QUANTILES)
     x = sub.add_parser("exemplar")
     x.add_argument("--prom", required=True)
     x.add_argument("--admin", required=True)
