@@ -67,6 +67,8 @@ if ! command -v prometheus >/dev/null; then
     systemctl stop prometheus >/dev/null 2>&1 || true
 fi
 command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq curl >/dev/null; }
+# scripts/deploy-check-promql.py (the dashboard's queries) reads YAML.
+python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml
 PROM_VERSION=$(prometheus --version 2>&1 | head -1 | sed -E 's/^prometheus, version ([0-9]+\.[0-9]+).*/\1/')
 say "$(prometheus --version 2>&1 | head -1)"
 
@@ -189,7 +191,8 @@ STARTED=$(date +%s)
 probe() { # metronome, log name, prompts (300 or 1000), probe arguments...
     local m=$1 log=$2 prompts=$3
     shift 3
-    "$BIN" probe --url "http://127.0.0.1:${PROXY[$m]}" --model sim-model --dataset "$TMP/prompts-$prompts.txt" \
+    ((SECONDS < DEADLINE)) || die "out of time before the $log run"
+    timeout $((DEADLINE - SECONDS)) "$BIN" probe --url "http://127.0.0.1:${PROXY[$m]}" --model sim-model --dataset "$TMP/prompts-$prompts.txt" \
         --progress-interval 600s "$@" >"$TMP/$log.log" 2>&1
 }
 selector() { printf 'instance="127.0.0.1:%s",route="chat",point="ingress"' "${ADMIN[$1]}"; }
