@@ -46,6 +46,11 @@ pub async fn handle(
     let received = Instant::now();
     let beacon_path = &state.config.timeline.beacon_path;
     if !beacon_path.is_empty() && request.uri().path() == beacon_path {
+        // A beacon is a request like any other: it takes a place under `limits.max_requests`
+        // (a flood of them otherwise took a core outside every limit).
+        let Ok(_permit) = state.requests_in_flight.clone().try_acquire_owned() else {
+            return Ok(crate::beacon::overloaded(&state));
+        };
         return Ok(crate::beacon::answer(request, &state).await);
     }
     let route = state
