@@ -431,6 +431,10 @@ async fn a_beacon_takes_a_place_under_max_requests_and_is_counted_when_refused()
     assert_eq!(got.status, 200);
     let id = got.stream_id();
     scrape_after_stream(&proxy).await;
+    wait_until(std::time::Duration::from_secs(5), "the place freed", || {
+        state.requests_in_flight.available_permits() == 1
+    })
+    .await;
     // With the place free again, the stream's own beacon is taken.
     assert_eq!(post(addr, BEACON, beacon(&id, 1.0, &[1.0])).await, 204);
     let m = scrape(&proxy).await;
