@@ -181,6 +181,31 @@ mod tests {
     }
 
     #[test]
+    fn the_client_is_told_the_kind_of_failure_and_the_log_the_rest() {
+        let upstream: Arc<Upstream> =
+            Arc::new(Upstream::parse("http://10.1.2.3:8000").expect("upstream"));
+        let cause = "tcp connect error: Connection refused (os error 111)";
+        let refusal = Refusal::Upstream {
+            upstream: upstream.clone(),
+            error: UpstreamError::new(UpstreamFailure::Connect, cause.into()),
+        };
+        assert_eq!(
+            refusal.public_message(),
+            "the upstream could not be reached"
+        );
+        let logged = crate::error::Chain(&refusal).to_string();
+        assert!(
+            logged.contains("10.1.2.3:8000") && logged.contains(cause),
+            "{logged}"
+        );
+        let silent = Refusal::NoHead {
+            upstream,
+            timeout: Duration::from_secs(3),
+        };
+        assert!(!silent.public_message().contains("10.1.2.3"));
+    }
+
+    #[test]
     fn a_request_body_over_its_limit_is_the_clients_fault() {
         let upstream: Arc<Upstream> =
             Arc::new(Upstream::parse("http://127.0.0.1:1").expect("upstream"));
