@@ -75,7 +75,7 @@ proxied2=$(curl -sN --http2-prior-knowledge -X POST "http://127.0.0.1:$PROXY_POR
 [ "$proxied2" = "$direct" ] || fail "HTTP/2 through metronome differs: $proxied2 != $direct"
 pass "HTTP/2 stream through metronome is byte-identical"
 headers=$(curl -sN -D - -o /dev/null -X POST "http://127.0.0.1:$PROXY_PORT/fixture" -d '{}')
-echo "$headers" | grep -qi '^x-metronome-stream-id: [0-9a-f]\{20\}' || fail "no stream ID header: $headers"
+echo "$headers" | grep -qi '^x-metronome-stream-id: [0-9a-f]\{32\}' || fail "no stream ID header: $headers"
 pass "metered responses carry x-metronome-stream-id"
 
 # 2. The sim through metronome, to curl and to the probe with a gate.

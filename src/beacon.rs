@@ -4,7 +4,8 @@
 //! page and posts one compact summary per stream to the proxy listener. metronome answers it
 //! itself and never forwards it. It accepts a beacon only for a stream it served recently, once
 //! per stream, within a size cap; everything else is refused with 400 or 413 and counted, so a
-//! flood of beacons grows neither memory nor series.
+//! flood of beacons grows neither memory nor series. A beacon takes a place under
+//! `limits.max_requests` while it is answered; beyond it, it gets 503 and is counted too.
 
 use std::time::Duration;
 
@@ -54,6 +55,7 @@ enum Refusal {
     Duplicate,
     Malformed,
     TooLarge,
+    Overloaded,
 }
 
 // === impl Refusal ===
@@ -65,12 +67,14 @@ impl Refusal {
             Refusal::Duplicate => "duplicate",
             Refusal::Malformed => "malformed",
             Refusal::TooLarge => "too_large",
+            Refusal::Overloaded => "overloaded",
         }
     }
 
     fn status(self) -> StatusCode {
         match self {
             Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -79,7 +83,19 @@ impl Refusal {
 /// Answers a request to the beacon path.
 pub async fn answer(request: Request<ClientBody>, state: &ProxyState) -> Response<ProxyBody> {
     let outcome = accept(request, state).await;
-    let result = match outcome {
+    respond(outcome, state)
+}
+
+/// Answers a beacon that found `limits.max_requests` requests in flight: 503, counted as
+/// `result="overloaded"`, its body never read.
+pub fn overloaded(state: &ProxyState) -> Response<ProxyBody> {
+    let message = "metronome has too many requests in flight".to_string();
+    respond(Err((Refusal::Overloaded, message)), state)
+}
+
+/// Counts a beacon's outcome and answers it: 204, or the refusal as a JSON error.
+fn respond(outcome: Result<(), (Refusal, String)>, state: &ProxyState) -> Response<ProxyBody> {
+    let result = match &outcome {
         Ok(()) => "accepted",
         Err((refusal, _)) => refusal.result(),
     };

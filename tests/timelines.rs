@@ -353,3 +353,106 @@ async fn frame_sizes_are_shown_when_opted_in() {
     assert_eq!(bytes as usize, got.bytes().len());
     proxy.shutdown().await;
 }
+
+/// The ID the old scheme (a process prefix and a sequence number) gave the stream after `id`:
+/// the whole ID read as one hex number, plus one.
+fn next_in_sequence(id: &str) -> String {
+    let n = u128::from_str_radix(id, 16).expect("a stream ID is hex");
+    format!("{:0width$x}", n + 1, width = id.len())
+}
+
+#[tokio::test]
+async fn a_client_cannot_guess_the_next_streams_id_and_claim_its_beacon() {
+    let upstream = Upstream::openai_chat().tokens(3).every(ms(1)).start().await;
+    let proxy = proxy_to(upstream.addr).await;
+    let (_, mine) = recorded_stream(&proxy).await;
+    let (_, theirs) = recorded_stream(&proxy).await;
+
+    // The attacker posts for the ID that follows its own: no stream has it.
+    let guess = next_in_sequence(&mine);
+    assert_ne!(guess, theirs, "the next ID follows from the last");
+    assert_eq!((mine.len(), theirs.len()), (32, 32), "{mine} {theirs}");
+    assert_eq!(
+        post(proxy.proxy_addr, BEACON, beacon(&guess, 1.0, &[1.0])).await,
+        400
+    );
+    // The real page's beacon is still its own.
+    assert_eq!(
+        post(proxy.proxy_addr, BEACON, beacon(&theirs, 1.0, &[1.0])).await,
+        204
+    );
+    let m = scrape(&proxy).await;
+    assert_eq!(
+        m.value("metronome_beacons_total", &[("result", "unknown_stream")]),
+        1.0
+    );
+    assert_eq!(
+        m.value("metronome_beacons_total", &[("result", "accepted")]),
+        1.0
+    );
+    // `/streams/{id}` still finds a stream by its (longer) ID.
+    assert_eq!(
+        json(proxy.admin_addr, &format!("/streams/{theirs}"))
+            .await
+            .0,
+        200
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_beacon_takes_a_place_under_max_requests_and_is_counted_when_refused() {
+    // One stream holds the one place for about a second.
+    let upstream = Upstream::openai_chat()
+        .tokens(10)
+        .every(ms(100))
+        .start()
+        .await;
+    let proxy = proxy_with(upstream.addr, |c| c.limits.max_requests = 1).await;
+    let addr = proxy.proxy_addr;
+    let stream = tokio::spawn(stream_chat(addr));
+    let state = proxy.state.clone();
+    wait_until(
+        std::time::Duration::from_secs(5),
+        "the stream in flight",
+        || state.requests_in_flight.available_permits() == 0,
+    )
+    .await;
+    assert_eq!(
+        post(
+            addr,
+            BEACON,
+            beacon("00000000000000000000000000000001", 1.0, &[1.0])
+        )
+        .await,
+        503
+    );
+    let got = stream.await.unwrap();
+    assert_eq!(got.status, 200);
+    let id = got.stream_id();
+    scrape_after_stream(&proxy).await;
+    wait_until(std::time::Duration::from_secs(5), "the place freed", || {
+        state.requests_in_flight.available_permits() == 1
+    })
+    .await;
+    // With the place free again, the stream's own beacon is taken.
+    assert_eq!(post(addr, BEACON, beacon(&id, 1.0, &[1.0])).await, 204);
+    let m = scrape(&proxy).await;
+    assert_eq!(
+        m.value("metronome_beacons_total", &[("result", "overloaded")]),
+        1.0
+    );
+    assert_eq!(
+        m.value("metronome_beacons_total", &[("result", "accepted")]),
+        1.0
+    );
+    assert_eq!(
+        upstream
+            .stats
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "beacons are never forwarded"
+    );
+    proxy.shutdown().await;
+}

@@ -599,7 +599,7 @@ impl Metrics {
             },
             beacons: counter(
                 "metronome_beacons_total",
-                "Browser beacons by result: accepted, unknown_stream, duplicate, malformed, too_large.",
+                "Browser beacons by result: accepted, unknown_stream, duplicate, malformed, too_large, overloaded.",
                 &["result"],
             )?,
             stream_format: counter(

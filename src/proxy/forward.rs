@@ -12,10 +12,13 @@ use http::{header, HeaderValue, Request, Response, Uri};
 
 use super::body::{ClientBody, ProxyBody, RequestBody, TimedBody};
 use super::egress_clock::EgressClock;
-use super::headers::{append_forwarded, content_type_essence, remove_hop_by_hop};
+use super::headers::{
+    append_forwarded, content_type_essence, remove_hop_by_hop, remove_hop_by_hop_from_response,
+};
 use super::metered::{meter, MeterSettings};
 use super::refusal::Refusal;
 use super::router::Route;
+use super::upstream::UpstreamError;
 use super::{ProxyState, UpstreamClient};
 use crate::clock::Tick;
 use crate::format::{Accounting, Format};
@@ -46,6 +49,11 @@ pub async fn handle(
     let received = Instant::now();
     let beacon_path = &state.config.timeline.beacon_path;
     if !beacon_path.is_empty() && request.uri().path() == beacon_path {
+        // A beacon is a request like any other: it takes a place under `limits.max_requests`
+        // (a flood of them otherwise took a core outside every limit).
+        let Ok(_permit) = state.requests_in_flight.clone().try_acquire_owned() else {
+            return Ok(crate::beacon::overloaded(&state));
+        };
         return Ok(crate::beacon::answer(request, &state).await);
     }
     let route = state
@@ -106,7 +114,13 @@ async fn forward(
     };
 
     let (mut parts, body) = response.into_parts();
-    remove_hop_by_hop(&mut parts.headers);
+    if parts.status.is_informational() {
+        // hyper's client hands an unsolicited `101` on as the response; forwarded, it would turn
+        // the client's connection into whatever the upstream switched to.
+        let error = UpstreamError::unexpected_interim(parts.status);
+        return Err(Refusal::from_upstream(error, &route.upstream, body_limit));
+    }
+    remove_hop_by_hop_from_response(&mut parts.headers);
     state
         .metrics
         .requests

@@ -64,6 +64,17 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// An upstream response's headers as the client gets them: a `Content-Length` beside a
+/// `Transfer-Encoding` is removed (RFC 9112 §6.3: the coding frames the body, and a client that
+/// read the length would cut the decoded body to it), then the hop-by-hop headers. hyper's client
+/// keeps both fields; the native one already drops the length, and this holds for either.
+pub fn remove_hop_by_hop_from_response(headers: &mut HeaderMap) {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    remove_hop_by_hop(headers);
+}
+
 /// Appends `value` to a comma-separated forwarding header (`X-Forwarded-For: a, b`).
 pub fn append_forwarded(headers: &mut HeaderMap, name: &'static str, value: &str) {
     let combined = match headers.get(name).and_then(|v| v.to_str().ok()) {

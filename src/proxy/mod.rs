@@ -25,7 +25,7 @@ pub mod upstream;
 pub mod workers;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use http::{header, HeaderValue, Response, StatusCode};
@@ -59,28 +59,28 @@ pub enum StartError {
 /// The error type of response bodies: anything that aborts a response.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Hands out stream IDs: unique within the process and unlikely to repeat across restarts.
-#[derive(Debug)]
-pub struct StreamIds {
-    /// Random per process, so IDs from two runs do not collide in joined data.
-    prefix: u32,
-    next: AtomicU64,
-}
+/// Hands out stream IDs: unique, and not to be guessed from another one.
+///
+/// Whoever holds a stream's ID may post its one beacon and read its timeline, so an ID must not
+/// say anything about the next: each is 128 bits from the thread's CSPRNG (ChaCha, seeded by
+/// the OS), written as [`StreamIds::LEN`] lowercase hex digits. (A per-process prefix and a
+/// sequence number let a client that saw its own ID claim the next users' beacons; issue 26.)
+#[derive(Debug, Default)]
+pub struct StreamIds;
 
 // === impl StreamIds ===
 
 impl StreamIds {
+    /// The length of every ID, in ASCII characters (32 hex digits: 128 bits).
+    pub const LEN: usize = 32;
+
     fn new() -> Self {
-        StreamIds {
-            prefix: rand::random(),
-            next: AtomicU64::new(1),
-        }
+        StreamIds
     }
 
-    /// The next ID: 8 hex digits of process prefix, 12 of sequence.
+    /// The next ID: [`Self::LEN`] lowercase hex digits of fresh random bits.
     pub fn next(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{:08x}{:012x}", self.prefix, n & 0xFFFF_FFFF_FFFF)
+        format!("{:032x}", rand::random::<u128>())
     }
 }
 
@@ -409,5 +409,32 @@ impl ProxyHandle {
         }
         let _ = self.admin_shutdown.send(true);
         let _ = self.admin_task.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StreamIds;
+
+    #[test]
+    fn stream_ids_are_32_hex_digits_that_share_nothing_with_the_last() {
+        let ids = StreamIds::new();
+        let mut previous = ids.next();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..10_000 {
+            let id = ids.next();
+            assert_eq!(id.len(), StreamIds::LEN, "{id}");
+            assert!(
+                id.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                "{id}"
+            );
+            // Neither a shared prefix (a process tag) nor a shared suffix (a counter's high
+            // digits): 8 equal leading or trailing digits by chance is one in 2^32.
+            assert_ne!(id[..8], previous[..8], "{previous} then {id}");
+            assert_ne!(id[24..], previous[24..], "{previous} then {id}");
+            assert!(seen.insert(id.clone()), "{id} twice");
+            previous = id;
+        }
     }
 }

@@ -1,6 +1,10 @@
 //! Why metronome answered a request itself instead of forwarding the upstream's response: each
 //! reason knows its status, its JSON error `type` and its message, so the forwarding code says
 //! only which refusal it is (as `h1::head::HeadError::status` does for malformed heads).
+//!
+//! The client is told what kind of failure it was, never where the upstream is or what the
+//! operating system said ([`Refusal::public_message`]); the whole error chain, upstream and OS
+//! error included, goes to the log.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,11 +30,12 @@ pub enum Refusal {
     #[error("cannot build the upstream URI: {0}")]
     UpstreamUri(#[source] http::uri::InvalidUri),
     /// The upstream could not be reached, or failed before its response head.
-    #[error("upstream {upstream} failed: {}", .error.cause)]
+    #[error("upstream {upstream} failed")]
     Upstream {
         /// Where the request went.
         upstream: Arc<Upstream>,
         /// How it failed.
+        #[source]
         error: UpstreamError,
     },
     /// The upstream sent no response head within `first_byte_timeout`.
@@ -96,15 +101,38 @@ impl Refusal {
         }
     }
 
-    /// Counts the refusal and answers it as a JSON error.
+    /// The JSON error's message: what kind of failure, without the upstream's address or the
+    /// OS error (those are for the log, not for any client).
+    pub fn public_message(&self) -> String {
+        match self {
+            Refusal::Overloaded | Refusal::BodyTooLarge(_) => self.to_string(),
+            Refusal::UpstreamUri(_) => "the request's path does not make an upstream URI".into(),
+            Refusal::NoHead { timeout, .. } => {
+                format!("the upstream sent no response head within {timeout:?}")
+            }
+            Refusal::Upstream { error, .. } => match error.failure {
+                UpstreamFailure::Connect => "the upstream could not be reached",
+                UpstreamFailure::Timeout => "the upstream did not answer in time",
+                UpstreamFailure::Reset => "the upstream connection closed before a response",
+                UpstreamFailure::Protocol => "the upstream's response was not valid HTTP/1.1",
+            }
+            .into(),
+        }
+    }
+
+    /// Counts the refusal and answers it as a JSON error; an upstream failure is logged with
+    /// its whole chain.
     pub fn answer(self, state: &ProxyState, route: &Route) -> Response<ProxyBody> {
         if let Some(failure) = self.upstream_failure() {
             state.count_upstream_error(&route.name, failure.kind());
+            tracing::warn!(route = %route.name, kind = failure.kind(), error = %crate::error::Chain(&self), "upstream request failed");
         }
-        if let Refusal::Upstream { upstream, error } = &self {
-            tracing::warn!(route = %route.name, upstream = %upstream, error = %error.cause, "upstream request failed");
-        }
-        state.answer_error(&route.name, self.status(), self.kind(), &self.to_string())
+        state.answer_error(
+            &route.name,
+            self.status(),
+            self.kind(),
+            &self.public_message(),
+        )
     }
 }
 
@@ -150,6 +178,31 @@ mod tests {
             assert_eq!(refusal.kind(), kind, "{refusal}");
             assert_eq!(refusal.upstream_failure(), failure, "{refusal}");
         }
+    }
+
+    #[test]
+    fn the_client_is_told_the_kind_of_failure_and_the_log_the_rest() {
+        let upstream: Arc<Upstream> =
+            Arc::new(Upstream::parse("http://10.1.2.3:8000").expect("upstream"));
+        let cause = "tcp connect error: Connection refused (os error 111)";
+        let refusal = Refusal::Upstream {
+            upstream: upstream.clone(),
+            error: UpstreamError::new(UpstreamFailure::Connect, cause.into()),
+        };
+        assert_eq!(
+            refusal.public_message(),
+            "the upstream could not be reached"
+        );
+        let logged = crate::error::Chain(&refusal).to_string();
+        assert!(
+            logged.contains("10.1.2.3:8000") && logged.contains(cause),
+            "{logged}"
+        );
+        let silent = Refusal::NoHead {
+            upstream,
+            timeout: Duration::from_secs(3),
+        };
+        assert!(!silent.public_message().contains("10.1.2.3"));
     }
 
     #[test]

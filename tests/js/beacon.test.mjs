@@ -99,7 +99,7 @@ async function server({ script, withId = true }) {
       return;
     }
     const headers = { "content-type": "text/event-stream", "cache-control": "no-cache" };
-    if (withId) headers["x-metronome-stream-id"] = "5f3a9c1e000000000042";
+    if (withId) headers["x-metronome-stream-id"] = "5f3a9c1e0d2b47a6b1c8e39f00a1d742";
     res.writeHead(200, headers);
     res.flushHeaders();
     let gone = false;
@@ -145,7 +145,7 @@ test("metronomeFetch passes the body through and sends one beacon", async () => 
       onSummary: (x) => summaries.push(x),
     });
     assert.equal(response.status, 200);
-    assert.equal(response.headers.get("x-metronome-stream-id"), "5f3a9c1e000000000042");
+    assert.equal(response.headers.get("x-metronome-stream-id"), "5f3a9c1e0d2b47a6b1c8e39f00a1d742");
     assert.equal(response.url, `${s.url}/stream`);
     const text = await response.text();
     assert.equal(text, SCRIPT.map(([, t]) => t).join(""));
@@ -154,7 +154,7 @@ test("metronomeFetch passes the body through and sends one beacon", async () => 
     const beacon = JSON.parse(s.beacons[0].body);
     assert.deepEqual(beacon, summaries[0]);
     assert.equal(beacon.v, 1);
-    assert.equal(beacon.id, "5f3a9c1e000000000042");
+    assert.equal(beacon.id, "5f3a9c1e0d2b47a6b1c8e39f00a1d742");
     assert.equal(beacon.gaps_ms.length, 4);
     assert.equal(beacon.gaps_ms[2], 0, `c and d arrived in one chunk: ${beacon.gaps_ms}`);
     for (const i of [0, 1, 3]) {

@@ -12,6 +12,8 @@ pub mod native;
 pub mod pool;
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -95,15 +97,35 @@ impl UpstreamClient {
                 Ok(response.map(|body| UpstreamBody::Native { body }))
             }
             _ => {
+                let mut request = request;
+                // hyper skips interim answers itself; this sees the ones it must not skip.
+                let refused = Arc::new(AtomicU16::new(0));
+                let seen = refused.clone();
+                hyper::ext::on_informational(&mut request, move |interim| {
+                    if !interim_allowed(interim.status()) {
+                        seen.store(interim.status().as_u16(), Ordering::Relaxed);
+                    }
+                });
                 let response = self
                     .hyper
                     .request(request)
                     .await
                     .map_err(UpstreamError::from_hyper)?;
+                let interim = refused.load(Ordering::Relaxed);
+                if let Ok(status) = http::StatusCode::from_u16(interim) {
+                    return Err(UpstreamError::unexpected_interim(status));
+                }
                 Ok(response.map(|body| UpstreamBody::Hyper { body }))
             }
         }
     }
+}
+
+/// Whether an interim (1xx) answer may come before the response: `100 Continue` and `103 Early
+/// Hints` are skipped; any other (an unsolicited `101 Switching Protocols` above all) makes the
+/// request fail as a protocol error (issue 26), on both clients.
+pub fn interim_allowed(status: http::StatusCode) -> bool {
+    status == http::StatusCode::CONTINUE || status.as_u16() == 103
 }
 
 /// Why a request got no upstream response, as `metronome_upstream_errors_total{kind}` and the
@@ -168,6 +190,14 @@ impl UpstreamError {
         }
     }
 
+    /// An interim answer that [`interim_allowed`] refuses, or a 1xx given as the response.
+    pub fn unexpected_interim(status: http::StatusCode) -> Self {
+        UpstreamError::new(
+            UpstreamFailure::Protocol,
+            format!("the upstream answered {status}, which was not asked for"),
+        )
+    }
+
     /// Reads a hyper-util client error: its kind from its causes, its cause from the innermost.
     pub fn from_hyper(error: hyper_util::client::legacy::Error) -> Self {
         let timed_out = error::find_cause::<std::io::Error>(&error)
@@ -192,6 +222,14 @@ impl UpstreamError {
         }
     }
 }
+
+impl std::fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.cause)
+    }
+}
+
+impl std::error::Error for UpstreamError {}
 
 pin_project_lite::pin_project! {
     /// A response body from the upstream, from whichever client read its head.

@@ -228,7 +228,8 @@ async fn write_request(
     Ok(())
 }
 
-/// Reads the response head (skipping `100 Continue` and other interim answers): the response
+/// Reads the response head (skipping `100 Continue` and `103 Early Hints`; any other interim
+/// answer is a protocol error): the response
 /// without its body, the body's length, and whether the connection may be used again after it.
 async fn read_head(
     conn: &mut Conn,
@@ -238,11 +239,8 @@ async fn read_head(
         let parsed = parse_head(&mut conn.buf, head_only)?;
         if let Some((response, length, keep_alive)) = parsed {
             if response.status().is_informational() {
-                if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                    return Err(UpstreamError::new(
-                        UpstreamFailure::Protocol,
-                        "the upstream switched protocols, which was not asked for".into(),
-                    ));
+                if !super::interim_allowed(response.status()) {
+                    return Err(UpstreamError::unexpected_interim(response.status()));
                 }
                 continue;
             }
