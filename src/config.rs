@@ -83,6 +83,8 @@ struct RawConfig {
     buckets: Buckets,
     /// `[metrics]` (issue 27: native histograms, the classic preset).
     metrics: MetricsConfig,
+    /// `[otlp]` (issue 32: OpenTelemetry export).
+    otlp: crate::otlp::config::RawOtlp,
     timeline: TimelineConfig,
     tls: RawTls,
     upstream_tls: RawUpstreamTls,
@@ -454,6 +456,8 @@ pub struct Config {
     pub buckets: Buckets,
     /// How histograms are published: native buckets, the classic preset.
     pub metrics: MetricsConfig,
+    /// `[otlp]`: where OTLP metrics go; `None` when OTLP is off (the default).
+    pub otlp: Option<crate::otlp::config::OtlpConfig>,
     /// Stream timelines and the browser beacon.
     pub timeline: TimelineConfig,
     /// TLS on the proxy listener, when configured.
@@ -795,6 +799,16 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         &mut problem,
     );
     let sniff_timeout = duration("timeouts.sniff", &raw.timeouts.sniff, &mut problem);
+    let otlp = raw
+        .otlp
+        .validate()
+        .map_err(|found| {
+            for (key, reason) in found {
+                problem(&key, reason);
+            }
+        })
+        .ok()
+        .flatten();
     let stall_threshold = duration(
         "metering.stall_threshold",
         &raw.metering.stall_threshold,
@@ -1162,6 +1176,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             models: raw.models,
             buckets: raw.buckets.with_preset(raw.metrics.classic),
             metrics: raw.metrics,
+            otlp,
             timeline: raw.timeline,
             tls,
             upstream_tls,

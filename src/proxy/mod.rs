@@ -301,6 +301,9 @@ pub struct ProxyHandle {
     admin_shutdown: watch::Sender<bool>,
     proxy_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
+    /// The OTLP exporter, when `[otlp]` is configured; it exports once more at shutdown.
+    #[cfg(feature = "otlp")]
+    otlp_task: Option<JoinHandle<()>>,
 }
 
 /// Connections the kernel may hold completed but not yet accepted on the proxy listener (capped by
@@ -364,6 +367,8 @@ impl ProxyHandle {
                 workers::stopped(watch_rx),
             )),
         };
+        #[cfg(feature = "otlp")]
+        let otlp_task = crate::otlp::spawn(&state, admin_rx.clone());
         let admin_task = tokio::spawn(crate::admin::serve(
             admin_listener,
             state.clone(),
@@ -377,6 +382,8 @@ impl ProxyHandle {
             admin_shutdown,
             proxy_task,
             admin_task,
+            #[cfg(feature = "otlp")]
+            otlp_task,
         })
     }
 
@@ -389,5 +396,9 @@ impl ProxyHandle {
         let _ = self.proxy_task.await;
         let _ = self.admin_shutdown.send(true);
         let _ = self.admin_task.await;
+        #[cfg(feature = "otlp")]
+        if let Some(task) = self.otlp_task {
+            let _ = task.await;
+        }
     }
 }

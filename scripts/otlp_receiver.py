@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""A small OTLP/HTTP receiver for scripts/e2e-otlp.sh, decoding with the official protobufs
+(PyPI's opentelemetry-proto), plus the checks the script runs against what it received.
+
+  otlp_receiver.py serve PORT            # POST /v1/metrics, /v1/traces; GET /dump/metrics|traces
+  otlp_receiver.py check-metrics PROM URL   # exponential histograms vs a /metrics text scrape
+"""
+import json
+import re
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+LOCK = threading.Lock()
+STATE = {"metrics": None, "metrics_at": 0.0, "metrics_posts": 0, "spans": [], "trace_posts": 0}
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.headers.get("content-type") != "application/x-protobuf":
+            self.send_response(415)
+            self.end_headers()
+            return
+        with LOCK:
+            if self.path == "/v1/metrics":
+                req = metrics_service_pb2.ExportMetricsServiceRequest()
+                req.ParseFromString(body)
+                STATE["metrics"] = MessageToDict(req)
+                STATE["metrics_at"] = time.time()
+                STATE["metrics_posts"] += 1
+                reply = metrics_service_pb2.ExportMetricsServiceResponse()
+            elif self.path == "/v1/traces":
+                req = trace_service_pb2.ExportTraceServiceRequest()
+                req.ParseFromString(body)
+                for rs in MessageToDict(req).get("resourceSpans", []):
+                    for ss in rs.get("scopeSpans", []):
+                        STATE["spans"].extend(ss.get("spans", []))
+                STATE["trace_posts"] += 1
+                reply = trace_service_pb2.ExportTraceServiceResponse()
+            else:
+                self.send_response(404)
+                self.end_headers()
+                return
+        out = reply.SerializeToString()
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def do_GET(self):
+        with LOCK:
+            if self.path == "/dump/metrics":
+                out = {k: STATE[k] for k in ("metrics", "metrics_at", "metrics_posts")}
+            elif self.path == "/dump/traces":
+                out = {"spans": STATE["spans"], "trace_posts": STATE["trace_posts"]}
+            else:
+                self.send_response(404)
+                self.end_headers()
+                return
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def attrs(kvs):
+    return {kv["key"]: kv["value"].get("stringValue") for kv in kvs or []}
+
+
+def prom_counts(text):
+    """{(family, frozenset(labels)): (count, sum)} from the `_count` / `_sum` lines."""
+    out = {}
+    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)_(count|sum)(?:\{(.*)\})? (\S+)$')
+    for line in text.splitlines():
+        m = line_re.match(line)
+        if not m:
+            continue
+        labels = frozenset(re.findall(r'([a-zA-Z_]+)="([^"]*)"', m.group(3) or ""))
+        key = (m.group(1), labels)
+        count, total = out.get(key, (None, None))
+        if m.group(2) == "count":
+            count = float(m.group(4))
+        else:
+            total = float(m.group(4))
+        out[key] = (count, total)
+    return out
+
+
+def metrics_of(dump):
+    for rm in dump["resourceMetrics"]:
+        for sm in rm["scopeMetrics"]:
+            yield from sm["metrics"]
+
+
+def check_metrics(prom_file, url):
+    prom = prom_counts(open(prom_file).read())
+    dump = json.load(urllib.request.urlopen(url))["metrics"]
+    resource = attrs(dump["resourceMetrics"][0]["resource"]["attributes"])
+    for key in ("service.name", "service.instance.id"):
+        assert resource.get(key), f"resource lacks {key}: {resource}"
+    compared = 0
+    for metric in metrics_of(dump):
+        eh = metric.get("exponentialHistogram")
+        if not eh:
+            continue
+        assert eh["aggregationTemporality"] == "AGGREGATION_TEMPORALITY_CUMULATIVE", metric["name"]
+        for point in eh.get("dataPoints", []):
+            labels = frozenset(attrs(point.get("attributes")).items())
+            count = int(point.get("count", 0))
+            buckets = sum(int(c) for c in point.get("positive", {}).get("bucketCounts", []))
+            zero = int(point.get("zeroCount", 0))
+            assert buckets + zero == count, f"{metric['name']} {labels}: buckets {buckets}+{zero} != {count}"
+            assert int(point.get("scale", 0)) == 4, f"{metric['name']}: scale {point.get('scale')}"
+            want = prom.get((metric["name"], labels))
+            assert want is not None, f"{metric['name']} {sorted(labels)} not on /metrics"
+            assert want[0] == count, f"{metric['name']} {sorted(labels)}: OTLP count {count}, Prometheus {want[0]}"
+            assert abs(want[1] - point.get("sum", 0.0)) <= 1e-6 * max(1.0, abs(want[1])), metric["name"]
+            compared += 1
+    assert compared > 0, "no exponential histogram data point to compare"
+    print(f"{compared} exponential histogram series: counts equal the Prometheus ones")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), Handler).serve_forever()
+    elif sys.argv[1] == "check-metrics":
+        check_metrics(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(f"unknown command {sys.argv[1]}")
