@@ -4,8 +4,11 @@
 # opentelemetry-proto, the official protobufs). Checks that:
 #   1. the exported exponential histograms (scale 4) have the same count and sum as the
 #      Prometheus histograms of /metrics for the same series, and their buckets add up;
-#   2. the resource carries service.name, service.instance.id and the downward API's pod name;
-#   3. with the receiver down, metronome keeps proxying and counts the failed exports
+#   2. with metrics.names = "both" and OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental,
+#      the GenAI histograms come under their latest semconv names with exactly the semconv
+#      attributes (and on /metrics in Prometheus's translation, compared by check 1);
+#   3. the resource carries service.name, service.instance.id and the downward API's pod name;
+#   4. with the receiver down, metronome keeps proxying and counts the failed exports
 #      (metronome_otlp_exports_total{signal="metrics",result="failed"}).
 #
 #   scripts/e2e-otlp.sh            # METRONOME_BIN=path to skip the release build
@@ -70,6 +73,8 @@ listen = "127.0.0.1:$PROXY_PORT"
 admin = "$ADMIN"
 upstream = "http://127.0.0.1:$SIM_PORT"
 drain_grace = "1s"
+[metrics]
+names = "both"
 [otlp]
 endpoint = "$RECEIVER"
 interval = "500ms"
@@ -80,7 +85,8 @@ name = "chat"
 path = "/v1/chat/completions"
 match = "exact"
 TOML
-POD_NAME=metronome-e2e-0 POD_NAMESPACE=e2e "$BIN" serve --config "$WORK/metronome.toml" >"$WORK/serve.log" 2>&1 &
+OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental POD_NAME=metronome-e2e-0 POD_NAMESPACE=e2e \
+  "$BIN" serve --config "$WORK/metronome.toml" >"$WORK/serve.log" 2>&1 &
 PIDS+=($!)
 wait_http "http://127.0.0.1:$SIM_PORT/health"
 wait_http "http://$ADMIN/healthz"
@@ -91,7 +97,7 @@ probe() { # NAME REQUESTS
     --concurrency 4 >"$WORK/$1.txt" 2>&1 || { cat "$WORK/$1.txt"; fail "probe $1 failed"; }
 }
 
-# 1 and 2: streams, then a scrape once they are all recorded, then an export made after it.
+# 1 to 3: streams, then a scrape once they are all recorded, then an export made after it.
 probe first 12
 metrics_when_idle "$ADMIN" "$WORK/scrape1.txt" || fail "streams still in flight"
 scraped=$(date +%s.%N)
@@ -104,6 +110,11 @@ python3 -c "import sys; sys.exit(0 if $at > $scraped else 1)" || fail "no OTLP e
 out=$(python3 scripts/otlp_receiver.py check-metrics "$WORK/scrape1.txt" "$RECEIVER/dump/metrics") \
   || fail "exponential histograms differ from /metrics: $out"
 pass "$out"
+grep -q '^gen_ai_server_time_to_first_token_seconds_count{' "$WORK/scrape1.txt" \
+  || fail "/metrics lacks gen_ai_server_time_to_first_token_seconds"
+out=$(python3 scripts/otlp_receiver.py check-semconv "$RECEIVER/dump/metrics" "$SIM_PORT" sim-model) \
+  || fail "semconv names: $out"
+pass "$out"
 curl -fs "$RECEIVER/dump/metrics" | python3 -c '
 import json, sys
 rm = json.load(sys.stdin)["metrics"]["resourceMetrics"][0]
@@ -114,7 +125,7 @@ assert a["k8s.pod.name"] == "metronome-e2e-0" and a["k8s.namespace.name"] == "e2
 ' || fail "resource attributes"
 pass "resource: service.name, service.instance.id and k8s attributes from the downward API"
 
-# 3: the receiver goes away; the proxy goes on and counts the failed exports.
+# 4: the receiver goes away; the proxy goes on and counts the failed exports.
 kill "$RECEIVER_PID"; wait "$RECEIVER_PID" 2>/dev/null || true; RECEIVER_PID=
 failed_before=$(curl -fs "http://$ADMIN/metrics" >"$WORK/before.txt" && sample "$WORK/before.txt" 'metronome_otlp_exports_total{result="failed",signal="metrics"}')
 probe down 6

@@ -77,7 +77,20 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def attrs(kvs):
-    return {kv["key"]: kv["value"].get("stringValue") for kv in kvs or []}
+    """Attribute values as strings (an int as its decimal digits), as Prometheus shows them."""
+    out = {}
+    for kv in kvs or []:
+        v = kv["value"]
+        out[kv["key"]] = v["stringValue"] if "stringValue" in v else str(v.get("intValue"))
+    return out
+
+
+def prom_name(name, unit):
+    """OpenTelemetry's Prometheus translation: dots to underscores, `_seconds` for unit s."""
+    if name.startswith("metronome_"):
+        return name
+    base = name.replace(".", "_")
+    return base + "_seconds" if unit == "s" and not base.endswith("_seconds") else base
 
 
 def prom_counts(text):
@@ -118,13 +131,13 @@ def check_metrics(prom_file, url):
             continue
         assert eh["aggregationTemporality"] == "AGGREGATION_TEMPORALITY_CUMULATIVE", metric["name"]
         for point in eh.get("dataPoints", []):
-            labels = frozenset(attrs(point.get("attributes")).items())
+            labels = frozenset((k.replace(".", "_"), v) for k, v in attrs(point.get("attributes")).items())
             count = int(point.get("count", 0))
             buckets = sum(int(c) for c in point.get("positive", {}).get("bucketCounts", []))
             zero = int(point.get("zeroCount", 0))
             assert buckets + zero == count, f"{metric['name']} {labels}: buckets {buckets}+{zero} != {count}"
             assert int(point.get("scale", 0)) == 4, f"{metric['name']}: scale {point.get('scale')}"
-            want = prom.get((metric["name"], labels))
+            want = prom.get((prom_name(metric["name"], metric.get("unit")), labels))
             assert want is not None, f"{metric['name']} {sorted(labels)} not on /metrics"
             assert want[0] == count, f"{metric['name']} {sorted(labels)}: OTLP count {count}, Prometheus {want[0]}"
             assert abs(want[1] - point.get("sum", 0.0)) <= 1e-6 * max(1.0, abs(want[1])), metric["name"]
@@ -133,9 +146,51 @@ def check_metrics(prom_file, url):
     print(f"{compared} exponential histogram series: counts equal the Prometheus ones")
 
 
+SEMCONV_LATEST = [
+    "gen_ai.server.time_to_first_token",
+    "gen_ai.server.time_per_output_token",
+    "gen_ai.server.request.duration",
+    "gen_ai.client.inference.time_to_first_chunk",
+    "gen_ai.client.inference.time_per_output_chunk",
+]
+
+
+def check_semconv(url, sim_port, model):
+    """The GenAI histograms under their latest names, with exactly the semconv attributes."""
+    dump = json.load(urllib.request.urlopen(url))["metrics"]
+    by_name = {m["name"]: m for m in metrics_of(dump)}
+    for old in ("gen_ai.client.operation.time_to_first_chunk", "gen_ai.client.operation.time_per_output_chunk"):
+        assert old not in by_name, f"{old} emitted although gen_ai_latest_experimental was asked for"
+    for name in SEMCONV_LATEST:
+        metric = by_name.get(name)
+        assert metric, f"no {name}; names: {sorted(by_name)}"
+        assert metric.get("unit") == "s", f"{name}: unit {metric.get('unit')}"
+        points = metric["exponentialHistogram"]["dataPoints"]
+        want = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",
+            "server.address": "127.0.0.1",
+            "server.port": str(sim_port),
+            "metronome.route": "chat",
+        }
+        if name != "gen_ai.server.request.duration":
+            want["gen_ai.request.model"] = model
+            want["gen_ai.response.model"] = model
+        chat = [p for p in points if attrs(p.get("attributes")).get("metronome.route") == "chat"]
+        assert len(chat) == 1, f"{name}: {len(chat)} chat series"
+        got = attrs(chat[0]["attributes"])
+        assert got == want, f"{name}: attributes {got}, want {want}"
+        port = [kv for kv in chat[0]["attributes"] if kv["key"] == "server.port"][0]
+        assert "intValue" in port["value"], f"server.port is not an int: {port}"
+    assert "metronome.stall_duration" not in by_name or by_name["metronome.stall_duration"].get("unit") == "s"
+    print(f"{len(SEMCONV_LATEST)} GenAI semconv histograms with exact names, units and attributes")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), Handler).serve_forever()
+    elif sys.argv[1] == "check-semconv":
+        check_semconv(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     elif sys.argv[1] == "check-metrics":
         check_metrics(sys.argv[2], sys.argv[3])
     else:

@@ -141,6 +141,8 @@ pub struct MetricsConfig {
     /// `fine` (up to 32 bounds per latency histogram, for backends that cannot read native
     /// histograms). A `[buckets]` list that differs from the default is kept either way.
     pub classic: ClassicPreset,
+    /// `metrics.names` (issue 32): `metronome`, `otel` or `both`; see `otlp::names`.
+    pub names: crate::otlp::config::Names,
 }
 
 /// The classic buckets' preset (`metrics.classic`).

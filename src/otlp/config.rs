@@ -38,6 +38,20 @@ impl Default for RawOtlp {
     }
 }
 
+/// `metrics.names`: which names the histograms with a GenAI semconv meaning are published under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Names {
+    /// metronome's own names only (the default): DESIGN.md's contract.
+    #[default]
+    Metronome,
+    /// On OTLP the semconv names (`gen_ai.server.time_to_first_token`, ...) and `metronome.` for
+    /// the rest; on /metrics the semconv histograms' Prometheus translation beside the contract.
+    Otel,
+    /// Both names on OTLP; on /metrics the same as `otel`.
+    Both,
+}
+
 /// The wire protocol of the exports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {

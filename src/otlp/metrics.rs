@@ -17,10 +17,11 @@ use opentelemetry_proto::tonic::metrics::v1::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prometheus::proto::MetricType;
 
-use super::names::{Naming, Renamed};
+use super::names::{Naming, Renamed, Value};
 use super::resource::string_kv;
 use crate::metrics::native::NativeState;
 use crate::metrics::{HistogramFamily, Metrics, SeriesSnapshot};
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue};
 
 const CUMULATIVE: i32 = AggregationTemporality::Cumulative as i32;
 
@@ -78,7 +79,16 @@ fn attributes(labels: &[(String, String)], renamed: &Renamed) -> Vec<KeyValue> {
     renamed
         .attributes(labels)
         .into_iter()
-        .map(|(k, v)| string_kv(k, v))
+        .map(|(k, v)| match v {
+            Value::Str(s) => string_kv(&k, s),
+            Value::Int(i) => KeyValue {
+                key: k,
+                value: Some(AnyValue {
+                    value: Some(any_value::Value::IntValue(i)),
+                }),
+                ..KeyValue::default()
+            },
+        })
         .collect()
 }
 

@@ -7,8 +7,8 @@
 pub mod config;
 #[cfg(feature = "otlp")]
 pub mod metrics;
-#[cfg(feature = "otlp")]
 pub mod names;
+pub mod prometheus;
 #[cfg(feature = "otlp")]
 pub mod resource;
 #[cfg(feature = "otlp")]
@@ -72,7 +72,12 @@ mod exporter {
         let exports = exports_counter(state)?;
         let transport = Transport::new(&config, tls);
         let resource = super::resource::resource(&config.service_name);
-        let naming = Naming::metronome();
+        let naming = Naming::new(
+            &state.config,
+            std::env::var("OTEL_SEMCONV_STABILITY_OPT_IN")
+                .ok()
+                .as_deref(),
+        );
         let state = state.clone();
         Some(tokio::spawn(async move {
             let start = unix_nanos();

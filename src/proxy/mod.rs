@@ -142,6 +142,18 @@ impl ProxyState {
             config.stall_threshold,
             &config.metrics.native,
         )?;
+        // `metrics.names = "otel" | "both"`: the GenAI semconv histograms on /metrics too.
+        let naming = crate::otlp::names::Naming::new(
+            &config,
+            std::env::var("OTEL_SEMCONV_STABILITY_OPT_IN")
+                .ok()
+                .as_deref(),
+        );
+        if let Some(semconv) =
+            crate::otlp::prometheus::SemconvCollector::new(&naming, &metrics.histograms)?
+        {
+            metrics.register(Box::new(semconv))?;
+        }
         let upstream_tls = tls::client_config(
             config.upstream_tls.ca.as_deref(),
             config
