@@ -8,8 +8,12 @@
 #      the GenAI histograms come under their latest semconv names with exactly the semconv
 #      attributes (and on /metrics in Prometheus's translation, compared by check 1);
 #   3. the resource carries service.name, service.instance.id and the downward API's pod name;
-#   4. with the receiver down, metronome keeps proxying and counts the failed exports
-#      (metronome_otlp_exports_total{signal="metrics",result="failed"}).
+#   4. with [otlp] traces = true, a stream whose upstream stalls once has one server span that
+#      continues the client's traceparent, with one stall event per point whose length is the
+#      stall's, and metronome's span reached the upstream as its parent; the tail decision keeps
+#      an unsampled trace that stalled and drops one that did not;
+#   5. with the receiver down, metronome keeps proxying and counts the failed exports
+#      (metronome_otlp_exports_total{signal="metrics",result="failed"}) and the spans dropped.
 #
 #   scripts/e2e-otlp.sh            # METRONOME_BIN=path to skip the release build
 #
@@ -59,12 +63,14 @@ sample() { # FILE LINE-PREFIX
 }
 . scripts/lib/metrics.sh
 
-SIM_PORT=$(free_port); PROXY_PORT=$(free_port); ADMIN_PORT=$(free_port); OTLP_PORT=$(free_port)
+FIXTURE_PORT=$(free_port); SIM_PORT=$(free_port); PROXY_PORT=$(free_port); ADMIN_PORT=$(free_port); OTLP_PORT=$(free_port)
 ADMIN=127.0.0.1:$ADMIN_PORT
 RECEIVER=http://127.0.0.1:$OTLP_PORT
 
 python3 scripts/otlp_receiver.py serve "$OTLP_PORT" >"$WORK/receiver.log" 2>&1 &
 RECEIVER_PID=$!
+python3 scripts/otlp_receiver.py upstream "$FIXTURE_PORT" >"$WORK/fixture.log" 2>&1 &
+PIDS+=($!)
 "$BIN" sim --listen "127.0.0.1:$SIM_PORT" --gap 5ms --tokens 40 --ttft 20ms >"$WORK/sim.log" 2>&1 &
 PIDS+=($!)
 cat >"$WORK/metronome.toml" <<TOML
@@ -80,10 +86,16 @@ endpoint = "$RECEIVER"
 interval = "500ms"
 timeout = "1s"
 headers = { "x-e2e" = "otlp" }
+traces = true
 [[routes]]
 name = "chat"
 path = "/v1/chat/completions"
 match = "exact"
+[[routes]]
+name = "traced"
+path = "/v1/traced"
+match = "exact"
+upstream = "http://127.0.0.1:$FIXTURE_PORT"
 TOML
 OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental POD_NAME=metronome-e2e-0 POD_NAMESPACE=e2e \
   "$BIN" serve --config "$WORK/metronome.toml" >"$WORK/serve.log" 2>&1 &
@@ -125,18 +137,48 @@ assert a["k8s.pod.name"] == "metronome-e2e-0" and a["k8s.namespace.name"] == "e2
 ' || fail "resource attributes"
 pass "resource: service.name, service.instance.id and k8s attributes from the downward API"
 
-# 4: the receiver goes away; the proxy goes on and counts the failed exports.
+# 4: spans. A sampled trace through the stalling upstream, then two unsampled ones.
+stream() { # PATH TRACEPARENT
+  curl -fsN -X POST -H 'content-type: application/json' -H "traceparent: $2" \
+    -d '{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}' \
+    "http://127.0.0.1:$PROXY_PORT$1" >/dev/null || fail "stream $1 failed"
+}
+PARENT=00f067aa0ba902b7
+SAMPLED=4bf92f3577b34da6a3ce929d0e0e4736
+UNSAMPLED_PLAIN=5bf92f3577b34da6a3ce929d0e0e4736
+UNSAMPLED_STALLED=6bf92f3577b34da6a3ce929d0e0e4736
+stream /v1/traced "00-$SAMPLED-$PARENT-01"
+stream /v1/chat/completions "00-$UNSAMPLED_PLAIN-$PARENT-00"
+stream /v1/traced "00-$UNSAMPLED_STALLED-$PARENT-00"
+for _ in $(seq 1 50); do
+  [[ $(python3 scripts/otlp_receiver.py count-spans "$RECEIVER" "$UNSAMPLED_STALLED") == 1 ]] && break
+  sleep 0.1
+done
+out=$(python3 scripts/otlp_receiver.py check-trace "$RECEIVER" "http://127.0.0.1:$FIXTURE_PORT" "$SAMPLED" "$PARENT") \
+  || fail "span: $out"
+pass "$out"
+kept=$(python3 scripts/otlp_receiver.py count-spans "$RECEIVER" "$UNSAMPLED_STALLED")
+plain=$(python3 scripts/otlp_receiver.py count-spans "$RECEIVER" "$UNSAMPLED_PLAIN")
+[[ $kept == 1 && $plain == 0 ]] || fail "tail decision: unsampled+stalled $kept span(s) (want 1), unsampled $plain (want 0)"
+pass "tail decision: an unsampled trace is kept when it stalled, dropped when it did not"
+
+# 5: the receiver goes away; the proxy goes on and counts the failed exports.
 kill "$RECEIVER_PID"; wait "$RECEIVER_PID" 2>/dev/null || true; RECEIVER_PID=
-failed_before=$(curl -fs "http://$ADMIN/metrics" >"$WORK/before.txt" && sample "$WORK/before.txt" 'metronome_otlp_exports_total{result="failed",signal="metrics"}')
+curl -fs "http://$ADMIN/metrics" >"$WORK/before.txt"
+failed_before=$(sample "$WORK/before.txt" 'metronome_otlp_exports_total{result="failed",signal="metrics"}')
+spans_before=$(sample "$WORK/before.txt" 'metronome_otlp_spans_dropped_total{reason="export_failed"}')
 probe down 6
 metrics_when_idle "$ADMIN" "$WORK/scrape2.txt" || fail "streams still in flight with the receiver down"
 sleep 1.5
 curl -fs "http://$ADMIN/metrics" >"$WORK/scrape3.txt"
 complete=$(sample "$WORK/scrape3.txt" 'metronome_streams_total{model="sim-model",outcome="complete",route="chat"}')
-[[ $complete == 18 ]] || fail "expected 18 complete streams with the receiver down, saw $complete"
+[[ $complete == 19 ]] || fail "expected 19 complete streams with the receiver down, saw $complete"
 failed=$(sample "$WORK/scrape3.txt" 'metronome_otlp_exports_total{result="failed",signal="metrics"}')
 python3 -c "import sys; sys.exit(0 if $failed >= $failed_before + 2 else 1)" \
   || fail "failed exports went from $failed_before to $failed, expected at least 2 more"
-pass "receiver down: all 18 streams complete, failed exports counted ($failed_before -> $failed)"
+spans_lost=$(sample "$WORK/scrape3.txt" 'metronome_otlp_spans_dropped_total{reason="export_failed"}')
+python3 -c "import sys; sys.exit(0 if $spans_lost >= $spans_before + 6 else 1)" \
+  || fail "spans dropped for failed exports went from $spans_before to $spans_lost, expected 6 more"
+pass "receiver down: all 19 chat streams complete, failed exports counted ($failed_before -> $failed), spans dropped counted ($spans_before -> $spans_lost)"
 
 echo "e2e-otlp: $checks passed, 0 failed"

@@ -3,6 +3,8 @@
 (PyPI's opentelemetry-proto), plus the checks the script runs against what it received.
 
   otlp_receiver.py serve PORT            # POST /v1/metrics, /v1/traces; GET /dump/metrics|traces
+  otlp_receiver.py upstream PORT         # an OpenAI-shaped SSE upstream with one 600 ms stall,
+                                         # recording each request's traceparent (GET /dump/upstream)
   otlp_receiver.py check-metrics PROM URL   # exponential histograms vs a /metrics text scrape
 """
 import json
@@ -17,7 +19,53 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
+import base64
+
 LOCK = threading.Lock()
+UPSTREAM_TRACEPARENTS = []
+STALL_AFTER, STALL_S, TOKENS = 4, 0.6, 10
+
+
+class Upstream(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        data = json.dumps({"traceparents": UPSTREAM_TRACEPARENTS}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        with LOCK:
+            UPSTREAM_TRACEPARENTS.append(self.headers.get("traceparent"))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+
+        def chunk(data):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        for i in range(TOKENS):
+            event = {"id": "c1", "object": "chat.completion.chunk", "model": "fixture-model",
+                     "choices": [{"index": 0, "delta": {"content": f"t{i} "}}]}
+            chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+            time.sleep(STALL_S if i == STALL_AFTER else 0.01)
+        chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def b64hex(text):
+    return base64.b64decode(text).hex() if text else ""
+
 STATE = {"metrics": None, "metrics_at": 0.0, "metrics_posts": 0, "spans": [], "trace_posts": 0}
 
 
@@ -186,9 +234,60 @@ def check_semconv(url, sim_port, model):
     print(f"{len(SEMCONV_LATEST)} GenAI semconv histograms with exact names, units and attributes")
 
 
+def span_attrs(span):
+    out = {}
+    for kv in span.get("attributes", []):
+        v = kv["value"]
+        out[kv["key"]] = next(iter(v.values())) if v else None
+    return out
+
+
+def check_trace(receiver, upstream, trace_id, parent_id, stall_s):
+    """The stream with `trace_id` has one span continuing `parent_id`, one stall event per point
+    whose length is the upstream's stall, and the upstream saw metronome's span as its parent."""
+    spans = [s for s in json.load(urllib.request.urlopen(receiver + "/dump/traces"))["spans"]
+             if b64hex(s["traceId"]) == trace_id]
+    assert len(spans) == 1, f"{len(spans)} spans with trace {trace_id}"
+    span = spans[0]
+    assert b64hex(span.get("parentSpanId")) == parent_id, f"parent {b64hex(span.get('parentSpanId'))}"
+    assert span["kind"] == "SPAN_KIND_SERVER", span["kind"]
+    assert span["name"] == "chat fixture-model", span["name"]
+    attrs = span_attrs(span)
+    assert attrs["gen_ai.request.stream"] is True, attrs
+    assert attrs["gen_ai.operation.name"] == "chat" and attrs["gen_ai.response.model"] == "fixture-model", attrs
+    assert attrs["metronome.outcome"] == "complete", attrs
+    assert int(attrs["gen_ai.usage.output_tokens"]) == TOKENS, attrs
+    assert attrs["metronome.stream_id"], attrs
+    stalls = [e for e in span.get("events", []) if e["name"] == "metronome.stall"]
+    points = sorted(span_attrs(e)["metronome.stall.point"] for e in stalls)
+    assert points == ["egress", "ingress"], f"stall events at {points}"
+    for e in stalls:
+        length = span_attrs(e)["metronome.stall.length"]
+        # The upstream sleeps stall_s between two token events; allow a loaded machine's delay.
+        assert stall_s <= length < stall_s + 0.4, f"stall length {length}, slept {stall_s}"
+    seen = [t for t in json.load(urllib.request.urlopen(upstream + "/dump"))["traceparents"]
+            if t and t.split("-")[1] == trace_id]
+    assert len(seen) == 1, f"upstream saw {seen}"
+    assert seen[0].split("-")[2] == b64hex(span["spanId"]), f"upstream parent {seen[0]}, span {b64hex(span['spanId'])}"
+    print(f"span of trace {trace_id[:8]}: continues the client's span, one stall event per point "
+          f"({', '.join('%.3f s' % span_attrs(e)['metronome.stall.length'] for e in stalls)}), "
+          "its traceparent reached the upstream")
+
+
+def count_spans(receiver, trace_id):
+    spans = json.load(urllib.request.urlopen(receiver + "/dump/traces"))["spans"]
+    print(sum(1 for s in spans if b64hex(s["traceId"]) == trace_id))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), Handler).serve_forever()
+    elif sys.argv[1] == "upstream":
+        ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), Upstream).serve_forever()
+    elif sys.argv[1] == "check-trace":
+        check_trace(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], STALL_S)
+    elif sys.argv[1] == "count-spans":
+        count_spans(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "check-semconv":
         check_semconv(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     elif sys.argv[1] == "check-metrics":

@@ -414,6 +414,8 @@ pub struct StreamInfo {
     pub request_id: Option<String>,
     /// The response status sent to the client (for the access log).
     pub status: u16,
+    /// metronome's span for the stream, when traces are on.
+    pub span: Option<crate::otlp::traces::SpanContext>,
 }
 
 /// Everything known about one metered stream; recorded exactly once, when the last holder drops it.
@@ -581,6 +583,7 @@ impl StreamLedger {
             traceparent: self.info.traceparent.take(),
             request_id: self.info.request_id.take(),
             frames,
+            span: self.info.span,
         }
     }
 }

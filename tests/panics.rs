@@ -100,6 +100,7 @@ async fn a_panicking_stream_task_does_not_take_down_other_streams() {
                 traceparent: None,
                 request_id: None,
                 status: 200,
+                span: None,
             },
             None,
         );

@@ -23,6 +23,10 @@ pub struct RawOtlp {
     pub timeout: String,
     /// `service.name` of the resource (`OTEL_SERVICE_NAME` wins when set).
     pub service_name: String,
+    /// One span per stream (off by default).
+    pub traces: bool,
+    /// Ended streams waiting for the span exporter at most; more are dropped and counted.
+    pub traces_queue: usize,
 }
 
 impl Default for RawOtlp {
@@ -34,6 +38,8 @@ impl Default for RawOtlp {
             interval: "30s".into(),
             timeout: "10s".into(),
             service_name: "metronome".into(),
+            traces: false,
+            traces_queue: 4096,
         }
     }
 }
@@ -74,6 +80,10 @@ pub struct OtlpConfig {
     pub timeout: Duration,
     /// `service.name`.
     pub service_name: String,
+    /// One span per stream.
+    pub traces: bool,
+    /// Capacity of the span queue.
+    pub traces_queue: usize,
 }
 
 // === impl RawOtlp ===
@@ -131,6 +141,12 @@ impl RawOtlp {
                 )),
             }
         }
+        if !(1..=1_000_000).contains(&self.traces_queue) {
+            problems.push((
+                "otlp.traces_queue".into(),
+                format!("{} is out of range (1 to 1000000)", self.traces_queue),
+            ));
+        }
         let mut duration = |key: &str, text: &str| match crate::units::parse_duration(text) {
             Ok(d) if !d.is_zero() && d <= Duration::from_secs(24 * 3600) => Some(d),
             Ok(_) => {
@@ -153,6 +169,8 @@ impl RawOtlp {
                     interval,
                     timeout,
                     service_name: self.service_name.clone(),
+                    traces: self.traces,
+                    traces_queue: self.traces_queue,
                 }))
             }
             _ => Err(problems),

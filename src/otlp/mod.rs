@@ -1,7 +1,8 @@
 //! OpenTelemetry export (issue 32): metronome's metrics pushed as OTLP to a receiver.
 //!
 //! The export reads the families `/metrics` encodes, every `otlp.interval`, on the admin event
-//! loop: the proxy's workers do nothing for it. The messages are the official OTLP protobufs
+//! loop: the proxy's workers do nothing for it. With `traces = true` each stream's span is
+//! decided at its end ([`traces`]) and sent by [`span_export`] from a bounded queue. The messages are the official OTLP protobufs
 //! (`opentelemetry-proto`), sent as `http/protobuf` by [`transport`].
 
 pub mod config;
@@ -11,6 +12,9 @@ pub mod names;
 pub mod prometheus;
 #[cfg(feature = "otlp")]
 pub mod resource;
+#[cfg(feature = "otlp")]
+pub mod span_export;
+pub mod traces;
 #[cfg(feature = "otlp")]
 pub mod transport;
 
@@ -49,7 +53,7 @@ mod exporter {
             &["signal", "result"],
         )
         .ok()?;
-        for signal in ["metrics"] {
+        for signal in ["metrics", "traces"] {
             for result in ["ok", "failed"] {
                 counter.with_label_values(&[signal, result]);
             }
@@ -78,8 +82,19 @@ mod exporter {
                 .ok()
                 .as_deref(),
         );
+        let traces = state.registry.spans().and_then(|sink| {
+            Some(super::span_export::SpanExporter {
+                receiver: sink.take_receiver()?,
+                sink: sink.clone(),
+                transport: transport.clone(),
+                resource: resource.clone(),
+                naming: naming.clone(),
+                exports: exports.clone(),
+            })
+        });
+        let traces = traces.map(|exporter| tokio::spawn(exporter.run(stop.clone())));
         let state = state.clone();
-        Some(tokio::spawn(async move {
+        let metrics = tokio::spawn(async move {
             let start = unix_nanos();
             let mut stop = stop;
             let mut ticks = tokio::time::interval(config.interval);
@@ -115,6 +130,12 @@ mod exporter {
                 if last {
                     return;
                 }
+            }
+        });
+        Some(tokio::spawn(async move {
+            let _ = metrics.await;
+            if let Some(traces) = traces {
+                let _ = traces.await;
             }
         }))
     }

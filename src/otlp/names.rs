@@ -204,6 +204,19 @@ impl Naming {
             .collect()
     }
 
+    /// The GenAI attributes of a series with `labels` (`route`, `model`), whatever the names:
+    /// what a stream's span carries.
+    pub fn genai_attributes(&self, labels: &[(String, String)]) -> Vec<(String, Value)> {
+        Renamed {
+            name: String::new(),
+            unit: "",
+            advice: None,
+            point: None,
+            semconv: Some(self.routes.clone()),
+        }
+        .attributes(labels)
+    }
+
     /// The names a histogram family is exported under on OTLP.
     pub fn histogram(&self, family: &str) -> Vec<Renamed> {
         let semconv = self.semconv(family);

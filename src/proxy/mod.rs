@@ -167,9 +167,18 @@ impl ProxyState {
             Some(t) => Some(Arc::new(tls::ReloadableCert::load(&t.cert, &t.key)?)),
             None => None,
         };
+        let metrics = Arc::new(metrics);
+        let spans = match &config.otlp {
+            Some(otlp) if otlp.traces => Some(crate::otlp::traces::SpanSink::new(
+                metrics.clone(),
+                otlp.traces_queue,
+            )?),
+            _ => None,
+        };
         let registry = Arc::new(
             StreamRegistry::new(config.timeline.max_streams, config.timeline.max_frames)
-                .with_frame_sizes(config.timeline.frame_sizes),
+                .with_frame_sizes(config.timeline.frame_sizes)
+                .with_spans(spans),
         );
         let requests_in_flight = Arc::new(tokio::sync::Semaphore::new(config.limits.max_requests));
         let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
@@ -184,7 +193,7 @@ impl ProxyState {
             }),
             config,
             upstream_tls,
-            metrics: Arc::new(metrics),
+            metrics,
             stream_ids: StreamIds::new(),
             draining: AtomicBool::new(false),
             registry,
