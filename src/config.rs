@@ -99,6 +99,8 @@ struct RawConfig {
     buckets: Buckets,
     /// `[metrics]` (issue 27: native histograms, the classic preset).
     metrics: MetricsConfig,
+    /// `[otlp]` (issue 32: OpenTelemetry export).
+    otlp: crate::otlp::config::RawOtlp,
     timeline: TimelineConfig,
     tls: RawTls,
     upstream_tls: RawUpstreamTls,
@@ -548,6 +550,8 @@ pub struct Config {
     /// How often running streams' counts are flushed into the metrics (`metrics.flush_interval`);
     /// `None` (`0s`): only when each stream ends.
     pub flush_interval: Option<Duration>,
+    /// `[otlp]`: where OTLP metrics go; `None` when OTLP is off (the default).
+    pub otlp: Option<crate::otlp::config::OtlpConfig>,
     /// Stream timelines and the browser beacon.
     pub timeline: TimelineConfig,
     /// TLS on the proxy listener, when configured.
@@ -902,6 +906,16 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         &mut problem,
     );
     let sniff_timeout = duration("timeouts.sniff", &raw.timeouts.sniff, &mut problem);
+    let otlp = raw
+        .otlp
+        .validate()
+        .map_err(|found| {
+            for (key, reason) in found {
+                problem(&key, reason);
+            }
+        })
+        .ok()
+        .flatten();
     let stall_threshold = duration(
         "metering.stall_threshold",
         &raw.metering.stall_threshold,
@@ -1292,6 +1306,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             buckets: raw.buckets.with_preset(raw.metrics.classic),
             metrics: raw.metrics,
             flush_interval,
+            otlp,
             timeline: raw.timeline,
             tls,
             upstream_tls,

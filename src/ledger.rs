@@ -491,6 +491,8 @@ pub struct StreamInfo {
     pub status: u16,
     /// The latency objectives the request carried (`x-llm-d-slo-*`), judged at the stream's end.
     pub slo: Option<crate::slo::StreamSlo>,
+    /// metronome's span for the stream, when traces are on.
+    pub span: Option<crate::otlp::traces::SpanContext>,
 }
 
 /// Everything known about one metered stream; recorded exactly once, when the last holder drops it.
@@ -704,6 +706,7 @@ impl StreamLedger {
             traceparent: self.info.traceparent.take(),
             request_id: self.info.request_id.take(),
             frames,
+            span: self.info.span,
         }
     }
 }

@@ -15,6 +15,7 @@
 //! - [`ledger`]: fixed-size per-stream state, recorded exactly once at the end of a stream.
 //! - [`prefetch`]: cache hints that fetch a stream's metering state while its frame is read.
 //! - [`metrics`]: the Prometheus metric contract of DESIGN.md section 4.
+//! - [`otlp`]: OpenTelemetry export of the same metrics (`[otlp]`), as OTLP protobufs.
 //! - [`timeline`]: the bounded ring of recent streams and their frames (`/streams`).
 //! - [`beacon`]: the browser beacon endpoint, recorded under `point="client"`.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/streams`).
@@ -42,6 +43,7 @@ pub mod live;
 pub mod logging;
 pub mod meter;
 pub mod metrics;
+pub mod otlp;
 pub mod prefetch;
 pub mod probe;
 pub mod proxy;

@@ -304,6 +304,15 @@ pub struct AtPoints<T> {
     pub egress: T,
 }
 
+// === impl FinishedStream ===
+
+impl FinishedStream {
+    /// The wall-clock start in ns since the Unix epoch (at the ms the request was stamped).
+    pub fn started_unix_nanos(&self) -> u64 {
+        self.started_unix_ms.saturating_mul(1_000_000)
+    }
+}
+
 /// What the ring keeps of a finished stream.
 #[derive(Debug, Clone)]
 pub struct FinishedStream {
@@ -343,6 +352,8 @@ pub struct FinishedStream {
     pub request_id: Option<String>,
     /// The kept frames.
     pub frames: StreamFrames,
+    /// metronome's span for the stream, when traces are on (`[otlp] traces`).
+    pub span: Option<crate::otlp::traces::SpanContext>,
 }
 
 /// The summary line of `/streams`.
@@ -418,6 +429,8 @@ pub struct StreamRegistry {
     beacon_window: usize,
     /// Whether `/streams/{id}` shows each frame's size (`timeline.frame_sizes`).
     frame_sizes: bool,
+    /// Where a finished stream's span goes, when traces are on.
+    spans: Option<Arc<crate::otlp::traces::SpanSink>>,
     inner: Mutex<Inner>,
 }
 
@@ -431,6 +444,7 @@ impl StreamRegistry {
             max_frames,
             beacon_window: max_streams.max(4096),
             frame_sizes: false,
+            spans: None,
             inner: Mutex::new(Inner::default()),
         }
     }
@@ -439,6 +453,17 @@ impl StreamRegistry {
     pub fn with_frame_sizes(mut self, on: bool) -> Self {
         self.frame_sizes = on;
         self
+    }
+
+    /// Sends each finished stream's span to `sink` (`[otlp] traces = true`).
+    pub fn with_spans(mut self, sink: Option<Arc<crate::otlp::traces::SpanSink>>) -> Self {
+        self.spans = sink;
+        self
+    }
+
+    /// The span queue, when traces are on: the forwarder makes each stream's span context.
+    pub fn spans(&self) -> Option<&Arc<crate::otlp::traces::SpanSink>> {
+        self.spans.as_ref()
     }
 
     /// Frames a stream may keep.
@@ -467,6 +492,9 @@ impl StreamRegistry {
 
     /// A stream finished: keep it for `/streams`, and give its beacon slot the model label.
     pub fn finished(&self, stream: FinishedStream) {
+        if let Some(spans) = &self.spans {
+            spans.offer(&stream);
+        }
         let mut inner = self.lock();
         if let Some(slot) = inner.slots.get_mut(&stream.id) {
             slot.model = Some(stream.model.clone());
@@ -584,6 +612,7 @@ mod tests {
             content_type: "text/event-stream".into(),
             traceparent: None,
             request_id: None,
+            span: None,
             frames: {
                 let mut ingress = IngressTimeline::default();
                 ingress.push(IngressFrame {
@@ -797,5 +826,65 @@ mod tests {
         assert_eq!(records[3].bytes, Some(13));
         assert_eq!(records[1].token_events, 0);
         assert_eq!(records[2].ingress_us, 200);
+    }
+
+    #[test]
+    fn finished_streams_feed_a_bounded_span_queue_that_drops_and_counts() {
+        use crate::otlp::traces::{SpanContext, SpanSink};
+        let metrics = Arc::new(
+            crate::metrics::Metrics::new(
+                &crate::metrics::Buckets::default(),
+                crate::metrics::ModelLabels::new(&[], 8),
+                Duration::from_millis(200),
+            )
+            .unwrap(),
+        );
+        let sink = SpanSink::new(metrics, 1).unwrap();
+        let registry = StreamRegistry::new(4, 16).with_spans(Some(sink.clone()));
+        let sampled = SpanContext::continue_from(None);
+        let unsampled = SpanContext {
+            sampled: false,
+            ..sampled
+        };
+        let with = |id: &str, span: SpanContext, outcome: &'static str| FinishedStream {
+            span: Some(span),
+            outcome,
+            ..finished(id)
+        };
+        registry.finished(with("unsampled", unsampled, "complete"));
+        registry.finished(with("first", sampled, "complete"));
+        registry.finished(with("queue-full", sampled, "complete"));
+        registry.finished(with("failed", unsampled, "upstream_error"));
+        let mut queue = sink.take_receiver().unwrap();
+        assert_eq!(&*queue.try_recv().unwrap().stream_id, "first");
+        assert!(queue.try_recv().is_err());
+        // The unsampled stream was not kept; the two kept ones behind a full queue were dropped.
+        assert_eq!(sink.dropped.with_label_values(&["queue_full"]).get(), 2);
+    }
+
+    #[test]
+    fn stall_events_are_the_long_gaps_between_token_frames() {
+        let mut ingress = IngressTimeline::default();
+        for (at, tokens) in [(0, 1), (10_000, 1), (20_000, 0), (710_000, 1)] {
+            ingress.push(IngressFrame {
+                ingress_us: at,
+                bytes: 10,
+                events: 1,
+                token_events: tokens,
+            });
+        }
+        let stream = FinishedStream {
+            frames: StreamFrames::new(ingress, EgressStamps::default()),
+            ..finished("s")
+        };
+        let stalls = crate::otlp::traces::stalls(&stream, 200_000);
+        assert_eq!(
+            stalls,
+            [crate::otlp::traces::StallEvent {
+                point: "ingress",
+                start_us: 10_000,
+                length_us: 700_000
+            }]
+        );
     }
 }

@@ -102,6 +102,7 @@ async fn a_panicking_stream_task_does_not_take_down_other_streams() {
                 request_id: None,
                 status: 200,
                 slo: None,
+                span: None,
             },
             None,
         );

@@ -145,6 +145,8 @@ pub struct MetricsConfig {
     /// `fine` (up to 32 bounds per latency histogram, for backends that cannot read native
     /// histograms). A `[buckets]` list that differs from the default is kept either way.
     pub classic: ClassicPreset,
+    /// `metrics.names` (issue 32): `metronome`, `otel` or `both`; see `otlp::names`.
+    pub names: crate::otlp::config::Names,
 }
 
 impl Default for MetricsConfig {
@@ -153,6 +155,7 @@ impl Default for MetricsConfig {
             flush_interval: "1s".into(),
             native: NativeConfig::default(),
             classic: ClassicPreset::default(),
+            names: crate::otlp::config::Names::default(),
         }
     }
 }

@@ -96,7 +96,13 @@ async fn forward(
     if declared_body.is_some_and(|n| n > body_limit) {
         return Err(Refusal::BodyTooLarge(body_limit));
     }
-    let upstream_request = upstream_request(request, &route.upstream, connection, body_limit)?;
+    let mut upstream_request = upstream_request(request, &route.upstream, connection, body_limit)?;
+    // `[otlp] traces`: the stream's span continues the client's trace; the upstream's nests in it.
+    let span = state.registry.spans().map(|_| {
+        let span = crate::otlp::traces::SpanContext::continue_from(traceparent.as_deref());
+        span.inject(upstream_request.headers_mut());
+        span
+    });
     let sent = tokio::time::timeout(
         config.first_byte_timeout,
         connection.client.request(upstream_request),
@@ -168,6 +174,7 @@ async fn forward(
         request_id,
         status: parts.status.as_u16(),
         slo,
+        span,
     };
     let probe = state.batch.open(
         &route.upstream,

@@ -146,6 +146,18 @@ impl ProxyState {
             config.stall_threshold,
             &config.metrics.native,
         )?;
+        // `metrics.names = "otel" | "both"`: the GenAI semconv histograms on /metrics too.
+        let naming = crate::otlp::names::Naming::new(
+            &config,
+            std::env::var("OTEL_SEMCONV_STABILITY_OPT_IN")
+                .ok()
+                .as_deref(),
+        );
+        if let Some(semconv) =
+            crate::otlp::prometheus::SemconvCollector::new(&naming, &metrics.histograms)?
+        {
+            metrics.register(Box::new(semconv))?;
+        }
         let upstream_tls = tls::client_config(
             config.upstream_tls.ca.as_deref(),
             config
@@ -159,14 +171,22 @@ impl ProxyState {
             Some(t) => Some(Arc::new(tls::ReloadableCert::load(&t.cert, &t.key)?)),
             None => None,
         };
+        let metrics = Arc::new(metrics);
+        let spans = match &config.otlp {
+            Some(otlp) if otlp.traces => Some(crate::otlp::traces::SpanSink::new(
+                metrics.clone(),
+                otlp.traces_queue,
+            )?),
+            _ => None,
+        };
         let registry = Arc::new(
             StreamRegistry::new(config.timeline.max_streams, config.timeline.max_frames)
-                .with_frame_sizes(config.timeline.frame_sizes),
+                .with_frame_sizes(config.timeline.frame_sizes)
+                .with_spans(spans),
         );
         let requests_in_flight = Arc::new(tokio::sync::Semaphore::new(config.limits.max_requests));
         let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
         let config = Arc::new(config);
-        let metrics = Arc::new(metrics);
         let batch =
             crate::batch::BatchDetector::new(config.batch, metrics.clone(), &config.upstream)?;
         Ok(ProxyState {
@@ -312,6 +332,9 @@ pub struct ProxyHandle {
     admin_task: JoinHandle<()>,
     /// The live flush's sweeps, when `metrics.flush_interval` is set; aborted after the drain.
     flush_task: Option<JoinHandle<()>>,
+    /// The OTLP exporter, when `[otlp]` is configured; it exports once more at shutdown.
+    #[cfg(feature = "otlp")]
+    otlp_task: Option<JoinHandle<()>>,
 }
 
 /// Connections the kernel may hold completed but not yet accepted on the proxy listener (capped by
@@ -379,6 +402,8 @@ impl ProxyHandle {
             .config
             .flush_interval
             .map(|interval| tokio::spawn(state.live_streams.clone().run(interval)));
+        #[cfg(feature = "otlp")]
+        let otlp_task = crate::otlp::spawn(&state, admin_rx.clone());
         let admin_task = tokio::spawn(crate::admin::serve(
             admin_listener,
             state.clone(),
@@ -393,6 +418,8 @@ impl ProxyHandle {
             proxy_task,
             admin_task,
             flush_task,
+            #[cfg(feature = "otlp")]
+            otlp_task,
         })
     }
 
@@ -409,6 +436,10 @@ impl ProxyHandle {
         }
         let _ = self.admin_shutdown.send(true);
         let _ = self.admin_task.await;
+        #[cfg(feature = "otlp")]
+        if let Some(task) = self.otlp_task {
+            let _ = task.await;
+        }
     }
 }
 
