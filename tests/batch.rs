@@ -146,10 +146,12 @@ async fn long_prompts_make_batch_hitches_and_stalls_stay_stream_scope() {
     .await;
     tokio::time::sleep(ms(300)).await;
     let m2 = scrape(&proxy).await;
-    assert_eq!(
-        m2.value("metronome_batch_episodes_total", &[("upstream", "default")]),
-        LONG_PROMPTS as f64,
-        "one episode per long prompt, no more"
+    // One episode per long prompt; a loaded machine pausing the sim's one decode loop is a
+    // batch-wide hitch too, so any further episode must be one no long prompt caused (below).
+    let episodes_counted = m2.value("metronome_batch_episodes_total", &[("upstream", "default")]);
+    assert!(
+        episodes_counted >= LONG_PROMPTS as f64,
+        "{episodes_counted}"
     );
     assert_eq!(
         m.value("metronome_prompt_tokens_total", &[("route", "chat")]),
@@ -229,14 +231,14 @@ async fn long_prompts_make_batch_hitches_and_stalls_stay_stream_scope() {
     let long_ids: HashSet<String> = long.iter().map(|r| r.stream_id()).collect();
     let episodes = get_json(proxy.admin_addr, "/episodes").await;
     let episodes = episodes["episodes"].as_array().unwrap();
-    assert_eq!(episodes.len(), LONG_PROMPTS);
+    assert_eq!(episodes.len() as f64, episodes_counted);
     let starts: Vec<u64> = episodes
         .iter()
         .map(|e| e["start_unix_ms"].as_u64().unwrap())
         .collect();
     assert!(starts.windows(2).all(|w| w[0] >= w[1]), "newest first");
-    let mut named = HashSet::new();
-    for (p, e) in episodes.iter().enumerate() {
+    let mut named = Vec::new();
+    for e in episodes.iter() {
         assert_eq!(e["upstream"], "default");
         assert!(
             e["streams"].as_u64().unwrap() >= (STREAMS / 2) as u64,
@@ -253,17 +255,17 @@ async fn long_prompts_make_batch_hitches_and_stalls_stay_stream_scope() {
             })
             .unwrap();
         let cause_id = cause["stream_id"].as_str().unwrap();
-        assert_eq!(
-            cause_id,
-            long[LONG_PROMPTS - 1 - p].stream_id(),
-            "episode {p} (newest first) names its long prompt: {e}"
-        );
-        assert!(cause["before_start_ms"].as_f64().unwrap() < 100.0, "{e}");
+        if !long_ids.contains(cause_id) || cause["before_start_ms"].as_f64().unwrap() >= 100.0 {
+            eprintln!("an episode no long prompt caused (the machine paused the sim): {e}");
+            continue;
+        }
         assert_eq!(cause["prompt_tokens"], HOLD * 10);
         assert!(cause["body_bytes"].as_u64().unwrap() > 0);
-        named.insert(cause_id.to_owned());
+        named.push(cause_id.to_owned());
     }
-    assert_eq!(named, long_ids, "every long prompt names its episode");
+    // Newest first: the long prompts in reverse order, each naming exactly one episode.
+    let expected: Vec<String> = long.iter().rev().map(|r| r.stream_id()).collect();
+    assert_eq!(named, expected, "every long prompt names its episode, once");
 
     // The episode histograms carry the episode's last arrival as their exemplar (OpenMetrics).
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
