@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use super::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
 use super::pool::{Conn, Pool};
 use super::{UpstreamError, UpstreamFailure};
-use crate::proxy::body::{BodyTooLarge, RequestBody};
+use crate::proxy::body::{BodyTooLarge, ClientBodyFailed, RequestBody};
 use crate::proxy::headers::{content_length, list_elements};
 
 /// The most header fields a response head may have (as hyper).
@@ -195,6 +195,7 @@ async fn write_request(
                     format!("the client's request body failed: {e}"),
                 );
                 error.body_too_large = too_large;
+                error.client_body_failed = e.is::<ClientBodyFailed>();
                 return Err(error);
             }
             Some(Ok(frame)) => {
