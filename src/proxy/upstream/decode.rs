@@ -156,25 +156,11 @@ impl Decoder {
                 }
                 Kind::Chunked(state) => match *state {
                     Chunked::Size => {
-                        if let Some((size, used)) = plain_size_line(buf) {
-                            buf.advance(used);
-                            *state = if size == 0 {
-                                Chunked::Trailers
-                            } else {
-                                Chunked::Data(size)
-                            };
-                            continue;
-                        }
-                        let Some(end) = line_end(buf, MAX_CHUNK_LINE)? else {
+                        let Some((size, used)) = size_line(buf, self.strict)? else {
                             return Ok(Decoded::NeedMore);
                         };
-                        let size = if self.strict {
-                            strict_chunk_size(&buf[..end])?
-                        } else {
-                            chunk_size(without_cr(&buf[..end]))?
-                        };
                         // Read in place and skipped: no split of the buffer per chunk line.
-                        buf.advance(end + 1);
+                        buf.advance(used);
                         *state = if size == 0 {
                             Chunked::Trailers
                         } else {
@@ -239,6 +225,25 @@ pub struct Incomplete;
 /// `available` bytes, at most `remaining`.
 fn take_up_to(available: usize, remaining: u64) -> usize {
     usize::try_from(remaining).map_or(available, |r| r.min(available))
+}
+
+/// The chunk-size line at the start of `buf`: its size and its length with the line end;
+/// `None` while it is not whole. `strict` reads it as a request body's ([`Decoder::strict`]).
+/// Public so that the fuzz targets can hold it against httparse's `parse_chunk_size`.
+#[inline]
+pub fn size_line(buf: &[u8], strict: bool) -> Result<Option<(u64, usize)>, DecodeError> {
+    if let Some(plain) = plain_size_line(buf) {
+        return Ok(Some(plain));
+    }
+    let Some(end) = line_end(buf, MAX_CHUNK_LINE)? else {
+        return Ok(None);
+    };
+    let size = if strict {
+        strict_chunk_size(&buf[..end])?
+    } else {
+        chunk_size(without_cr(&buf[..end]))?
+    };
+    Ok(Some((size, end + 1)))
 }
 
 /// A chunk-size line as servers write it, hexadecimal digits and CRLF: its size and length, read

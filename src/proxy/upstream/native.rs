@@ -283,8 +283,9 @@ async fn read_head(
     }
 }
 
-/// Reads a response head off `buf` when all of it is there.
-fn parse_head(
+/// Reads a response head off `buf` when all of it is there: the response, its body's length,
+/// whether the connection may be reused. Public for the `response_head` fuzz target.
+pub fn parse_head(
     buf: &mut BytesMut,
     head_only: bool,
 ) -> Result<Option<(Response<()>, BodyLength, bool)>, UpstreamError> {
