@@ -825,10 +825,9 @@ async fn expect_100_continue_is_answered_before_the_body(kind: ServerKind) {
     proxy.shutdown().await;
 }
 
-/// A chunked request body with a malformed chunk size ends the exchange: the connection closes
-/// and the upstream never gets a whole request. (What comes before the close differs: hyper's
-/// connection answers 502 `upstream_unavailable`, the request body having failed while it was
-/// forwarded; the native server closes without a response.)
+/// A chunked request body with a malformed chunk size ends the exchange: the client gets 400
+/// (its body is at fault, not the upstream: issue 26 item 7), the connection closes and the
+/// upstream never gets a whole request.
 async fn a_malformed_chunked_request_body_closes_the_connection(kind: ServerKind) {
     let recorder = Recorder::start().await;
     let proxy = proxy(kind, recorder.addr, |_| {}).await;
@@ -848,12 +847,9 @@ async fn a_malformed_chunked_request_body_closes_the_connection(kind: ServerKind
         }
     }
     let seen = String::from_utf8_lossy(&seen);
-    // The handler sees the body fail and answers it (hyper's and the native server alike: the
-    // upstream request fails, 502), then the connection closes.
-    assert!(
-        seen.starts_with("HTTP/1.1 4") || seen.starts_with("HTTP/1.1 5"),
-        "{seen}"
-    );
+    // The handler sees the body fail and answers it (hyper's and the native server alike), then
+    // the connection closes.
+    assert!(seen.starts_with("HTTP/1.1 400 "), "{seen}");
     let complete = recorder
         .seen
         .lock()
@@ -862,6 +858,186 @@ async fn a_malformed_chunked_request_body_closes_the_connection(kind: ServerKind
         .filter(|s| s.body.is_ok())
         .count();
     assert_eq!(complete, 0, "no whole body reached the upstream");
+    proxy.shutdown().await;
+}
+
+/// Reads what the proxy sends until it closes (a reset counts as the close).
+async fn until_close(wire: &mut Wire) -> String {
+    let mut seen = std::mem::take(&mut wire.buf);
+    loop {
+        let mut chunk = [0u8; 4096];
+        match within("the close", wire.stream.read(&mut chunk)).await {
+            Ok(0) => break,
+            Ok(n) => seen.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+/// Chunked framing leniencies in a request body (issue 26 item 6) are refused: a bare LF after a
+/// chunk-size line or a chunk's data, whitespace before a chunk size, a CR in a chunk extension.
+/// Each is a 400 from the client's side (item 7), never a 502, and not counted as an upstream
+/// error; the connection closes and no whole body reaches the upstream.
+///
+/// A NUL in a chunk extension is refused by the native server only: hyper (1.x) skips extension
+/// bytes other than CR and LF unread, so on hyper's server that body is forwarded (asserted
+/// below, so a hyper that starts refusing it shows up here).
+async fn lenient_chunk_framing_is_refused_with_400(kind: ServerKind) {
+    let cases: [(&str, &[u8]); 6] = [
+        ("bare LF after the size", b"2\n{}\r\n0\r\n\r\n"),
+        ("bare LF after the data", b"2\r\n{}\n0\r\n\r\n"),
+        ("space before the size", b" 2\r\n{}\r\n0\r\n\r\n"),
+        ("tab before the size", b"\t2\r\n{}\r\n0\r\n\r\n"),
+        ("CR in an extension", b"2;a\rb\r\n{}\r\n0\r\n\r\n"),
+        ("NUL in an extension", b"2;a\0b\r\n{}\r\n0\r\n\r\n"),
+    ];
+    let recorder = Recorder::start().await;
+    let proxy = proxy(kind, recorder.addr, |_| {}).await;
+    let mut refused = 0;
+    for (case, body) in cases {
+        let mut wire = Wire::connect(proxy.proxy_addr).await;
+        let mut request = format!(
+            "POST {CHAT} HTTP/1.1\r\nhost: metronome.test\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        .into_bytes();
+        request.extend_from_slice(body);
+        wire.send(request).await;
+        let seen = until_close_or_reply(&mut wire).await;
+        if kind == ServerKind::Hyper && case == "NUL in an extension" {
+            assert!(seen.starts_with("HTTP/1.1 200 "), "{case}: {seen}");
+            continue;
+        }
+        refused += 1;
+        assert!(seen.starts_with("HTTP/1.1 400 "), "{case}: {seen}");
+        assert!(seen.contains("invalid_request"), "{case}: {seen}");
+    }
+    let complete = recorder
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.body.is_ok())
+        .count();
+    assert_eq!(
+        complete,
+        cases.len() - refused,
+        "no refused body reached the upstream whole"
+    );
+    let m = scrape(&proxy).await;
+    assert_eq!(m.value("metronome_upstream_errors_total", &[]), 0.0);
+    proxy.shutdown().await;
+}
+
+/// The whole answer to a request: everything up to the close, or one reply when the connection
+/// stays open after it.
+async fn until_close_or_reply(wire: &mut Wire) -> String {
+    let reply = wire.reply("POST").await;
+    let mut text = reply.head.clone();
+    text.push_str(&String::from_utf8_lossy(&reply.body));
+    if reply.field("connection") == Some("close") {
+        text.push_str(&until_close(wire).await);
+    }
+    text
+}
+
+/// Heads refused by their form (issue 26 item 6) get 400 and a close, and reach no upstream:
+/// HTTP/1.1 without `Host`, with two, with an invalid one; `CONNECT`; `GET *`; a dot segment
+/// (raw or percent-encoded) that would climb out of the upstream's base path; a
+/// `Transfer-Encoding` field that is not text, before or after a `chunked` one.
+async fn heads_refused_by_their_form_get_400(kind: ServerKind) {
+    let upstream = Upstream::json(JSON).with_content_length().start().await;
+    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let cases: [&[u8]; 10] = [
+        b"GET /v1/models HTTP/1.1\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nhost: a.test\r\nhost: b.test\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nhost: a.test/x\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nhost: user@a.test\r\n\r\n",
+        b"CONNECT a.test:443 HTTP/1.1\r\nhost: a.test:443\r\n\r\n",
+        b"GET * HTTP/1.1\r\nhost: a.test\r\n\r\n",
+        b"GET /v1/../admin HTTP/1.1\r\nhost: a.test\r\n\r\n",
+        b"GET /v1/%2e%2e/admin HTTP/1.1\r\nhost: a.test\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: a.test\r\ntransfer-encoding: \xffx\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: a.test\r\ntransfer-encoding: chunked\r\ntransfer-encoding: \xffx\r\n\r\n0\r\n\r\n",
+    ];
+    for case in cases {
+        let shown = String::from_utf8_lossy(case).into_owned();
+        let mut wire = Wire::connect(proxy.proxy_addr).await;
+        wire.send(case).await;
+        let seen = until_close(&mut wire).await;
+        assert!(seen.starts_with("HTTP/1.1 400 "), "{shown:?}: {seen}");
+    }
+    assert_eq!(upstream.stats.requests.load(Ordering::SeqCst), 0);
+    proxy.shutdown().await;
+}
+
+/// Header names with an underscore (issue 26 item 7) are dropped; agreeing `content-length`
+/// values (a repeated field, and a list in one field) reach the upstream as one field (item 6).
+///
+/// hyper's server refuses the list form (`content-length: 2, 2`) with its own 400, which is
+/// stricter than RFC 9110 §8.6 asks and just as safe; asserted so a change shows up here.
+async fn underscored_names_are_dropped_and_lengths_collapsed(kind: ServerKind) {
+    let recorder = Recorder::start().await;
+    let proxy = proxy(kind, recorder.addr, |_| {}).await;
+    for (lengths, listed) in [
+        ("content-length: 2\r\ncontent-length: 2\r\n", false),
+        ("content-length: 2, 2\r\ncontent-length: 2\r\n", true),
+    ] {
+        let mut wire = Wire::connect(proxy.proxy_addr).await;
+        wire.send(format!(
+            "POST {CHAT} HTTP/1.1\r\nhost: metronome.test\r\nTransfer_Encoding: chunked\r\nContent_Length: 9\r\n{lengths}\r\n{{}}"
+        ))
+        .await;
+        let reply = wire.reply("POST").await;
+        if kind == ServerKind::Hyper && listed {
+            assert_eq!(reply.status, 400, "{}", reply.head);
+            continue;
+        }
+        assert_eq!(reply.status, 200, "{lengths:?}: {}", reply.head);
+        assert_eq!(reply.body, b"{}");
+        let seen = recorder.seen.lock().unwrap();
+        let headers = &seen.last().unwrap().headers;
+        assert!(!headers.contains_key("transfer_encoding"), "{headers:?}");
+        assert!(!headers.contains_key("content_length"), "{headers:?}");
+        let values: Vec<_> = headers.get_all("content-length").iter().collect();
+        assert_eq!(values, ["2"], "{lengths:?}: {headers:?}");
+    }
+    let expected = if kind == ServerKind::Hyper { 1 } else { 2 };
+    assert_eq!(recorder.seen.lock().unwrap().len(), expected);
+    proxy.shutdown().await;
+}
+
+/// An upstream response with agreeing `content-length` values reaches the client with one.
+async fn agreeing_response_lengths_reach_the_client_as_one(kind: ServerKind) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while find(&got, b"\r\n\r\n").is_none() {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2, 2\r\ncontent-length: 2\r\n\r\n{}")
+                    .await;
+                let _ = stream.read(&mut chunk).await;
+            });
+        }
+    });
+    let proxy = proxy(kind, addr, |_| {}).await;
+    let mut wire = Wire::connect(proxy.proxy_addr).await;
+    wire.send("GET /v1/models HTTP/1.1\r\nhost: metronome.test\r\n\r\n")
+        .await;
+    let reply = wire.reply("GET").await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert_eq!(reply.field("content-length"), Some("2"), "{}", reply.head);
+    assert_eq!(reply.body, b"{}");
     proxy.shutdown().await;
 }
 
@@ -1268,4 +1444,8 @@ on_both_servers!(
     an_upstream_failure_mid_stream_cuts_the_response,
     a_shutdown_closes_idle_connections_and_lets_a_stream_finish,
     a_stream_longer_than_the_idle_timeout_is_not_cut,
+    lenient_chunk_framing_is_refused_with_400,
+    heads_refused_by_their_form_get_400,
+    underscored_names_are_dropped_and_lengths_collapsed,
+    agreeing_response_lengths_reach_the_client_as_one,
 );

@@ -165,8 +165,21 @@ fn decode_frames(
     length: metronome::proxy::upstream::decode::BodyLength,
     frames: &[&[u8]],
 ) -> (Vec<u8>, String, Vec<u8>) {
+    decode_frames_with(length, frames, false)
+}
+
+/// [`decode_frames`] with the upstream's (lenient) or a request body's (`strict`) decoder.
+fn decode_frames_with(
+    length: metronome::proxy::upstream::decode::BodyLength,
+    frames: &[&[u8]],
+    strict: bool,
+) -> (Vec<u8>, String, Vec<u8>) {
     use metronome::proxy::upstream::decode::{Decoded, Decoder};
-    let mut decoder = Decoder::new(length);
+    let mut decoder = if strict {
+        Decoder::strict(length)
+    } else {
+        Decoder::new(length)
+    };
     let mut buf = bytes::BytesMut::new();
     let mut body = Vec::new();
     for (i, frame) in frames.iter().enumerate() {
@@ -181,7 +194,11 @@ fn decode_frames(
                     for later in &frames[i + 1..] {
                         buf.extend_from_slice(later);
                     }
-                    return (body, format!("end, {} trailers", trailers.len()), buf.to_vec());
+                    return (
+                        body,
+                        format!("end, {} trailers", trailers.len()),
+                        buf.to_vec(),
+                    );
                 }
                 Ok(Decoded::NeedMore) => break,
                 Err(e) => return (body, format!("error: {e}"), Vec::new()),
@@ -193,4 +210,138 @@ fn decode_frames(
         Err(e) => format!("closed: {e}"),
     };
     (body, end, buf.to_vec())
+}
+
+/// The request head reader: never panics; an accepted head is within the input and the limit,
+/// the same when read from its own bytes alone, and never framed until close.
+pub fn check_request_head(data: &[u8]) {
+    use metronome::proxy::h1::head::parse_request;
+    use metronome::proxy::upstream::decode::BodyLength;
+    let Some((&choice, wire)) = data.split_first() else {
+        return;
+    };
+    let max = if choice & 0x80 == 0 {
+        usize::from(choice) * 4 + 16
+    } else {
+        64 * 1024
+    };
+    let Ok(Some((head, len))) = parse_request(wire, max) else {
+        return;
+    };
+    assert!(len <= wire.len() && len <= max, "head of {len} bytes");
+    assert_ne!(head.body, BodyLength::UntilClose);
+    let (again, again_len) = parse_request(&wire[..len], max)
+        .expect("its own bytes parse")
+        .expect("its own bytes are whole");
+    assert_eq!(again_len, len);
+    assert_eq!(again.body, head.body);
+    assert_eq!(again.uri, head.uri);
+    assert_eq!(again.headers, head.headers);
+}
+
+/// The request body decoder: the strict decoder reads the same however the wire is cut, and
+/// every chunk-size line it accepted ended in CRLF.
+pub fn check_request_body(data: &[u8]) {
+    use metronome::proxy::upstream::decode::BodyLength;
+    let Some(input) = ScanInput::parse(data) else {
+        return;
+    };
+    let length = match data[0] % 4 {
+        0..=2 => BodyLength::Chunked,
+        _ => BodyLength::Length(u64::from(data[0]) * 3),
+    };
+    let whole = decode_frames_with(length, &[input.body], true);
+    let cut = decode_frames_with(length, &input.frames(), true);
+    assert_eq!(whole, cut, "cut at {:?}", input.cuts);
+    if length == BodyLength::Chunked {
+        check_strict_lines(input.body);
+    }
+}
+
+/// Walks a chunked wire as the strict decoder reads it and checks each accepted size line.
+fn check_strict_lines(mut wire: &[u8]) {
+    use metronome::proxy::upstream::decode::size_line;
+    while let Ok(Some((size, used))) = size_line(wire, true) {
+        assert!(wire[..used].ends_with(b"\r\n"), "a size line without CRLF");
+        assert!(
+            wire[0].is_ascii_hexdigit(),
+            "a size line not starting with a digit"
+        );
+        let Some(end) = usize::try_from(size)
+            .ok()
+            .and_then(|s| s.checked_add(used + 2))
+            .filter(|&end| end <= wire.len() && size > 0)
+        else {
+            return;
+        };
+        if &wire[end - 2..end] != b"\r\n" {
+            return;
+        }
+        wire = &wire[end..];
+    }
+}
+
+/// The native client's response head reader: never panics; what it accepts is consumed
+/// exactly as httparse measures the head, and transfer-encoding drops content-length.
+pub fn check_response_head(data: &[u8]) {
+    use metronome::proxy::upstream::native::parse_head;
+    let Some((&choice, wire)) = data.split_first() else {
+        return;
+    };
+    let mut buf = bytes::BytesMut::from(wire);
+    let Ok(Some((response, _length, _keep_alive))) = parse_head(&mut buf, choice & 1 == 1) else {
+        return;
+    };
+    let mut fields = [httparse::EMPTY_HEADER; 100];
+    let mut reference = httparse::Response::new(&mut fields);
+    let Ok(httparse::Status::Complete(len)) = reference.parse(wire) else {
+        panic!("native accepted a head httparse does not");
+    };
+    assert_eq!(buf.len(), wire.len() - len, "consumed other than the head");
+    assert_eq!(reference.code, Some(response.status().as_u16()));
+    if response
+        .headers()
+        .contains_key(http::header::TRANSFER_ENCODING)
+    {
+        assert!(!response
+            .headers()
+            .contains_key(http::header::CONTENT_LENGTH));
+    }
+}
+
+/// Native framing against httparse on the same bytes.
+pub fn check_framing_differential(data: &[u8]) {
+    use metronome::proxy::upstream::decode::size_line;
+    // Chunk-size lines: what the strict reader accepts, httparse reads as the same size and
+    // length. (The reverse does not hold, by design: httparse takes an empty size as 0, a NUL
+    // in an extension, and a bare LF inside one.)
+    if let Ok(Some((size, used))) = size_line(data, true) {
+        assert_eq!(
+            httparse::parse_chunk_size(data),
+            Ok(httparse::Status::Complete((used, size))),
+            "{:?}",
+            String::from_utf8_lossy(&data[..used])
+        );
+    }
+    // The lenient (upstream) reader, on a CRLF-terminated line httparse accepts, agrees on the
+    // size.
+    if let (Ok(Some((size, used))), Ok(httparse::Status::Complete((hp_used, hp_size)))) =
+        (size_line(data, false), httparse::parse_chunk_size(data))
+    {
+        if used == hp_used && data[0].is_ascii_hexdigit() {
+            assert_eq!(size, hp_size);
+        }
+    }
+    // Request heads: what the native reader accepts, httparse parses to the same length,
+    // method, target and fields.
+    use metronome::proxy::h1::head::parse_request;
+    if let Ok(Some((head, len))) = parse_request(data, 64 * 1024) {
+        let mut fields = [httparse::EMPTY_HEADER; 100];
+        let mut reference = httparse::Request::new(&mut fields);
+        assert_eq!(reference.parse(data), Ok(httparse::Status::Complete(len)));
+        assert_eq!(reference.method, Some(head.method.as_str()));
+        assert_eq!(reference.headers.len(), head.headers.len());
+        let target = reference.path.and_then(|p| p.parse::<http::Uri>().ok());
+        assert_eq!(target, Some(head.uri));
+    }
 }

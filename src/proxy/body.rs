@@ -242,6 +242,12 @@ pub struct RequestBody {
 #[error("the request body is larger than {0} bytes")]
 pub struct BodyTooLarge(pub u64);
 
+/// The client's request body failed (a broken chunked coding, a close within it): wraps the
+/// client body's error so the upstream client's error says the fault was the client's.
+#[derive(Debug, thiserror::Error)]
+#[error("the client's request body failed: {0}")]
+pub struct ClientBodyFailed(#[source] pub BoxError);
+
 // === impl RequestBody ===
 
 impl RequestBody {
@@ -273,7 +279,7 @@ impl Body for RequestBody {
                 self.remaining -= len;
             }
         }
-        polled.map_err(Into::into)
+        polled.map_err(|e| Box::new(ClientBodyFailed(e)) as BoxError)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -13,7 +13,8 @@ use http::{header, HeaderValue, Request, Response, Uri};
 use super::body::{ClientBody, ProxyBody, RequestBody, TimedBody};
 use super::egress_clock::EgressClock;
 use super::headers::{
-    append_forwarded, content_type_essence, remove_hop_by_hop, remove_hop_by_hop_from_response,
+    append_forwarded, collapse_content_length, content_type_essence, remove_hop_by_hop,
+    remove_hop_by_hop_from_response, remove_underscored,
 };
 use super::metered::{meter, MeterSettings};
 use super::refusal::Refusal;
@@ -60,6 +61,16 @@ pub async fn handle(
         .router()
         .route(request.method(), request.uri().path())
         .clone();
+    // The native server refused these from the head already; hyper's leaves them to us.
+    let (method, uri, version) = (request.method(), request.uri(), request.version());
+    if let Err(form) = super::request_form::check(method, uri, version, request.headers()) {
+        let mut response = Refusal::Form(form).answer(&state, &route);
+        if version < http::Version::HTTP_2 {
+            let close = HeaderValue::from_static("close");
+            response.headers_mut().insert(header::CONNECTION, close);
+        }
+        return Ok(response);
+    }
     Ok(
         match forward(request, &state, &connection, &route, received).await {
             Ok(response) => response,
@@ -127,6 +138,7 @@ async fn forward(
         return Err(Refusal::from_upstream(error, &route.upstream, body_limit));
     }
     remove_hop_by_hop_from_response(&mut parts.headers);
+    collapse_content_length(&mut parts.headers);
     state
         .metrics
         .requests
@@ -281,6 +293,8 @@ fn upstream_request(
         }
     }
     remove_hop_by_hop(&mut parts.headers);
+    remove_underscored(&mut parts.headers);
+    collapse_content_length(&mut parts.headers);
     append_forwarded(
         &mut parts.headers,
         "x-forwarded-for",

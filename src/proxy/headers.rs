@@ -51,6 +51,38 @@ pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, &'static str> 
     Ok(length)
 }
 
+/// Removes request fields whose name has an underscore (`Transfer_Encoding`, `Content_Length`):
+/// servers that map `_` and `-` to one key (CGI, some frameworks) would read them as framing.
+pub fn remove_underscored(headers: &mut HeaderMap) {
+    let underscored: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().contains('_'))
+        .cloned()
+        .collect();
+    for name in underscored {
+        headers.remove(name);
+    }
+}
+
+/// Replaces agreeing `content-length` values (several fields, or a list: `5, 5`) with one field,
+/// so the next hop is not the one that decides how to read them. Values that differ or are not
+/// numbers are left alone: the head readers refuse them before this runs.
+pub fn collapse_content_length(headers: &mut HeaderMap) {
+    let values = headers.get_all(header::CONTENT_LENGTH);
+    let mut fields = values.iter();
+    let several = match (fields.next(), fields.next()) {
+        (None, _) => false,
+        (Some(only), None) => only.as_bytes().contains(&b','),
+        (Some(_), Some(_)) => true,
+    };
+    if !several {
+        return;
+    }
+    if let Ok(Some(length)) = content_length(headers) {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
+}
+
 /// Removes `Connection`, every header it names, and the fixed hop-by-hop headers.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = list_elements(headers, header::CONNECTION)
@@ -121,6 +153,32 @@ mod tests {
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, vec!["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn underscored_names_go_and_agreeing_lengths_become_one() {
+        let mut h = HeaderMap::new();
+        h.insert("transfer_encoding", "chunked".parse().unwrap());
+        h.insert("content_length", "5".parse().unwrap());
+        h.insert("x-ok", "1".parse().unwrap());
+        remove_underscored(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-ok"]);
+
+        let mut h = HeaderMap::new();
+        h.append("content-length", "5, 5".parse().unwrap());
+        h.append("content-length", "5".parse().unwrap());
+        collapse_content_length(&mut h);
+        assert_eq!(h.get_all("content-length").iter().count(), 1);
+        assert_eq!(h["content-length"], "5");
+        let mut h = HeaderMap::new();
+        h.append("content-length", "5".parse().unwrap());
+        h.append("content-length", "6".parse().unwrap());
+        collapse_content_length(&mut h);
+        assert_eq!(
+            h.get_all("content-length").iter().count(),
+            2,
+            "left to be refused"
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod listener;
 pub mod metered;
 pub mod refusal;
 pub mod reload;
+pub mod request_form;
 pub mod router;
 pub mod serve;
 pub mod upstream;

@@ -26,6 +26,13 @@ pub enum Refusal {
     /// The request body is (or says it is) larger than `limits.max_request_body_bytes`.
     #[error("the request body is larger than {0} bytes")]
     BodyTooLarge(u64),
+    /// The request head's method, target, `Host` or `Transfer-Encoding` is refused.
+    #[error("{0}")]
+    Form(#[from] crate::proxy::request_form::FormError),
+    /// The client's request body broke off or broke its framing while it was forwarded: the
+    /// client's fault (400), not counted as an upstream error.
+    #[error("the request body is invalid: {0}")]
+    ClientBody(String),
     /// The request's path does not make an upstream URI.
     #[error("cannot build the upstream URI: {0}")]
     UpstreamUri(#[source] http::uri::InvalidUri),
@@ -56,6 +63,8 @@ impl Refusal {
     pub fn from_upstream(error: UpstreamError, upstream: &Arc<Upstream>, limit: u64) -> Self {
         if error.body_too_large {
             Refusal::BodyTooLarge(limit)
+        } else if error.client_body_failed {
+            Refusal::ClientBody(error.cause)
         } else {
             Refusal::Upstream {
                 upstream: upstream.clone(),
@@ -69,7 +78,9 @@ impl Refusal {
         match self {
             Refusal::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Refusal::UpstreamUri(_) => StatusCode::BAD_REQUEST,
+            Refusal::UpstreamUri(_) | Refusal::Form(_) | Refusal::ClientBody(_) => {
+                StatusCode::BAD_REQUEST
+            }
             Refusal::NoHead { .. } => StatusCode::GATEWAY_TIMEOUT,
             Refusal::Upstream { error, .. } => match error.failure {
                 UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
@@ -83,7 +94,9 @@ impl Refusal {
         match self {
             Refusal::Overloaded => "overloaded",
             Refusal::BodyTooLarge(_) => "request_too_large",
-            Refusal::UpstreamUri(_) => "invalid_request",
+            Refusal::UpstreamUri(_) | Refusal::Form(_) | Refusal::ClientBody(_) => {
+                "invalid_request"
+            }
             Refusal::NoHead { .. } => "upstream_timeout",
             Refusal::Upstream { error, .. } => match error.failure {
                 UpstreamFailure::Timeout => "upstream_timeout",
@@ -105,7 +118,9 @@ impl Refusal {
     /// OS error (those are for the log, not for any client).
     pub fn public_message(&self) -> String {
         match self {
-            Refusal::Overloaded | Refusal::BodyTooLarge(_) => self.to_string(),
+            Refusal::Overloaded | Refusal::BodyTooLarge(_) | Refusal::Form(_) => self.to_string(),
+            // What broke is logged with the chain; the client is told only that its body did.
+            Refusal::ClientBody(_) => "the request body is invalid".into(),
             Refusal::UpstreamUri(_) => "the request's path does not make an upstream URI".into(),
             Refusal::NoHead { timeout, .. } => {
                 format!("the upstream sent no response head within {timeout:?}")

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version};
 
 use crate::proxy::headers::{content_length, list_elements};
+use crate::proxy::request_form::{self, FormError};
 use crate::proxy::upstream::decode::BodyLength;
 
 /// The most header fields a request head may have (as hyper).
@@ -44,6 +45,9 @@ pub enum HeadError {
     /// A body length that cannot be trusted (RFC 9112 §6.3 items 3 and 5).
     #[error("{0}")]
     BodyLength(&'static str),
+    /// A method, target, `Host` or `Transfer-Encoding` refused by [`request_form::check`].
+    #[error("{0}")]
+    Form(#[from] FormError),
 }
 
 // === impl HeadError ===
@@ -53,7 +57,9 @@ impl HeadError {
     pub fn status(&self) -> StatusCode {
         match self {
             HeadError::TooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            HeadError::Malformed(_) | HeadError::BodyLength(_) => StatusCode::BAD_REQUEST,
+            HeadError::Malformed(_) | HeadError::BodyLength(_) | HeadError::Form(_) => {
+                StatusCode::BAD_REQUEST
+            }
         }
     }
 }
@@ -98,6 +104,7 @@ pub fn parse_request(
             .map_err(|_| HeadError::Malformed(format!("value of header {:?}", field.name)))?;
         headers.append(name, value);
     }
+    request_form::check(&method, &uri, version, &headers)?;
     let body = body_length(version, &headers)?;
     let keep_alive = keeps_alive(version, &headers);
     let expects_continue = version == Version::HTTP_11
@@ -397,7 +404,7 @@ mod tests {
     #[test]
     fn body_lengths_follow_rfc_9112_and_ambiguity_is_refused() {
         let length = |fields: &str| {
-            parse(&format!("POST / HTTP/1.1\r\n{fields}\r\n")).map(|h| h.unwrap().0.body)
+            parse(&format!("POST / HTTP/1.1\r\nhost: a\r\n{fields}\r\n")).map(|h| h.unwrap().0.body)
         };
         assert_eq!(length(""), Ok(BodyLength::Empty));
         assert_eq!(length("content-length: 0\r\n"), Ok(BodyLength::Empty));
@@ -426,9 +433,33 @@ mod tests {
     }
 
     #[test]
+    fn heads_refused_by_their_form_get_400() {
+        for text in [
+            &b"GET / HTTP/1.1\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nhost: a b\r\n\r\n",
+            b"CONNECT a:443 HTTP/1.1\r\nhost: a:443\r\n\r\n",
+            b"GET * HTTP/1.1\r\nhost: a\r\n\r\n",
+            b"GET /v1/../admin HTTP/1.1\r\nhost: a\r\n\r\n",
+            b"POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: \xffchunked\r\ntransfer-encoding: chunked\r\n\r\n",
+        ] {
+            let err = parse_request(text, 1 << 16).unwrap_err();
+            assert!(
+                matches!(err, HeadError::Form(_)),
+                "{:?}: {err}",
+                String::from_utf8_lossy(text)
+            );
+            assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        }
+        assert!(parse("OPTIONS * HTTP/1.1\r\nhost: a\r\n\r\n")
+            .unwrap()
+            .is_some());
+    }
+
+    #[test]
     fn keep_alive_follows_the_version_and_the_connection_header() {
         let alive = |version: &str, fields: &str| {
-            parse(&format!("GET / {version}\r\n{fields}\r\n"))
+            parse(&format!("GET / {version}\r\nhost: a\r\n{fields}\r\n"))
                 .unwrap()
                 .unwrap()
                 .0
@@ -439,10 +470,12 @@ mod tests {
         assert!(!alive("HTTP/1.1", "connection: keep-alive, close\r\n"));
         assert!(!alive("HTTP/1.0", ""));
         assert!(alive("HTTP/1.0", "connection: Keep-Alive\r\n"));
-        let head = parse("POST / HTTP/1.1\r\nexpect: 100-Continue\r\ncontent-length: 3\r\n\r\n")
-            .unwrap()
-            .unwrap()
-            .0;
+        let head = parse(
+            "POST / HTTP/1.1\r\nhost: a\r\nexpect: 100-Continue\r\ncontent-length: 3\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap()
+        .0;
         assert!(head.expects_continue);
     }
 

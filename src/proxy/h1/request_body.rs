@@ -177,7 +177,7 @@ pub fn channel(length: BodyLength, expects_continue: bool) -> (NativeRequestBody
     }));
     let feeder = Feeder {
         shared: shared.clone(),
-        decoder: Decoder::new(length),
+        decoder: Decoder::strict(length),
         continue_left: if expects_continue { CONTINUE.len() } else { 0 },
     };
     (

@@ -48,6 +48,12 @@ pub enum DecodeError {
     /// A trailer field that is not `name: value`.
     #[error("invalid trailer field")]
     Trailer,
+    /// A chunk-size line or a chunk's data ended by a bare LF (refused in a request body).
+    #[error("chunk framing line ended by a bare LF")]
+    BareLf,
+    /// A CR or NUL inside a chunk extension (refused in a request body).
+    #[error("CR or NUL in a chunk extension")]
+    ChunkExtension,
 }
 
 /// The longest chunk-size line (with its extensions) the decoder waits for.
@@ -72,6 +78,8 @@ enum Chunked {
 #[derive(Debug)]
 pub struct Decoder {
     kind: Kind,
+    /// Request-body strictness ([`Decoder::strict`]).
+    strict: bool,
 }
 
 #[derive(Debug)]
@@ -93,7 +101,21 @@ impl Decoder {
             BodyLength::Chunked => Kind::Chunked(Chunked::Size),
             BodyLength::UntilClose => Kind::UntilClose,
         };
-        Decoder { kind }
+        Decoder {
+            kind,
+            strict: false,
+        }
+    }
+
+    /// A decoder for a client's request body: chunked framing as RFC 9112 §7.1 writes it, with
+    /// no leniency a proxy behind or in front of metronome might read differently (a bare LF
+    /// ending a chunk-size line or a chunk's data, whitespace before a chunk size, a CR or NUL
+    /// in a chunk extension). Upstream responses keep the lenient reading ([`Decoder::new`]).
+    pub fn strict(length: BodyLength) -> Self {
+        Decoder {
+            strict: true,
+            ..Decoder::new(length)
+        }
     }
 
     /// Whether the body has ended.
@@ -134,21 +156,11 @@ impl Decoder {
                 }
                 Kind::Chunked(state) => match *state {
                     Chunked::Size => {
-                        if let Some((size, used)) = plain_size_line(buf) {
-                            buf.advance(used);
-                            *state = if size == 0 {
-                                Chunked::Trailers
-                            } else {
-                                Chunked::Data(size)
-                            };
-                            continue;
-                        }
-                        let Some(end) = line_end(buf, MAX_CHUNK_LINE)? else {
+                        let Some((size, used)) = size_line(buf, self.strict)? else {
                             return Ok(Decoded::NeedMore);
                         };
-                        let size = chunk_size(without_cr(&buf[..end]))?;
                         // Read in place and skipped: no split of the buffer per chunk line.
-                        buf.advance(end + 1);
+                        buf.advance(used);
                         *state = if size == 0 {
                             Chunked::Trailers
                         } else {
@@ -172,6 +184,7 @@ impl Decoder {
                         // CR LF, or a bare LF.
                         match (buf.first(), buf.get(1)) {
                             (None, _) | (Some(b'\r'), None) => return Ok(Decoded::NeedMore),
+                            (Some(b'\n'), _) if self.strict => return Err(DecodeError::BareLf),
                             (Some(b'\n'), _) => buf.advance(1),
                             (Some(b'\r'), Some(b'\n')) => buf.advance(2),
                             _ => return Err(DecodeError::ChunkEnd),
@@ -212,6 +225,25 @@ pub struct Incomplete;
 /// `available` bytes, at most `remaining`.
 fn take_up_to(available: usize, remaining: u64) -> usize {
     usize::try_from(remaining).map_or(available, |r| r.min(available))
+}
+
+/// The chunk-size line at the start of `buf`: its size and its length with the line end;
+/// `None` while it is not whole. `strict` reads it as a request body's ([`Decoder::strict`]).
+/// Public so that the fuzz targets can hold it against httparse's `parse_chunk_size`.
+#[inline]
+pub fn size_line(buf: &[u8], strict: bool) -> Result<Option<(u64, usize)>, DecodeError> {
+    if let Some(plain) = plain_size_line(buf) {
+        return Ok(Some(plain));
+    }
+    let Some(end) = line_end(buf, MAX_CHUNK_LINE)? else {
+        return Ok(None);
+    };
+    let size = if strict {
+        strict_chunk_size(&buf[..end])?
+    } else {
+        chunk_size(without_cr(&buf[..end]))?
+    };
+    Ok(Some((size, end + 1)))
 }
 
 /// A chunk-size line as servers write it, hexadecimal digits and CRLF: its size and length, read
@@ -269,6 +301,23 @@ fn chunk_size(line: &[u8]) -> Result<u64, DecodeError> {
         size = (size << 4) | u64::from(digit);
     }
     Ok(size)
+}
+
+/// The size of a request body's chunk-size line (`line` up to its LF, excluded): it must end in
+/// CR LF, start with a hex digit, and carry no CR or NUL in its extensions.
+fn strict_chunk_size(line: &[u8]) -> Result<u64, DecodeError> {
+    let Some(line) = line.strip_suffix(b"\r") else {
+        return Err(DecodeError::BareLf);
+    };
+    if !line.first().is_some_and(u8::is_ascii_hexdigit) {
+        return Err(DecodeError::ChunkSize);
+    }
+    if let Some(semicolon) = memchr::memchr(b';', line) {
+        if memchr::memchr2(b'\r', 0, &line[semicolon..]).is_some() {
+            return Err(DecodeError::ChunkExtension);
+        }
+    }
+    chunk_size(line)
 }
 
 /// `bytes` without spaces and tabs at either end.
@@ -456,6 +505,46 @@ mod tests {
             decode_in_pieces(BodyLength::Chunked, &[&trailers]).unwrap_err(),
             DecodeError::TooLong(MAX_TRAILERS)
         );
+    }
+
+    #[test]
+    fn a_strict_decoder_refuses_what_the_lenient_one_reads() {
+        let strict = |wire: &[u8]| {
+            let mut decoder = Decoder::strict(BodyLength::Chunked);
+            let mut buf = BytesMut::from(wire);
+            loop {
+                match decoder.decode(&mut buf) {
+                    Ok(Decoded::Data(_)) => {}
+                    Ok(Decoded::End(_)) => return Ok(()),
+                    Ok(Decoded::NeedMore) => return Err(None),
+                    Err(e) => return Err(Some(e)),
+                }
+            }
+        };
+        for (wire, expected) in [
+            (&b"3\nabc\r\n0\r\n\r\n"[..], DecodeError::BareLf),
+            (b"3;a=b\nabc\r\n0\r\n\r\n", DecodeError::BareLf),
+            (b"3\r\nabc\n0\r\n\r\n", DecodeError::BareLf),
+            (b" 3\r\nabc\r\n0\r\n\r\n", DecodeError::ChunkSize),
+            (b"\t3\r\nabc\r\n0\r\n\r\n", DecodeError::ChunkSize),
+            (b"3;a\rb\r\nabc\r\n0\r\n\r\n", DecodeError::ChunkExtension),
+            (b"3;a\0b\r\nabc\r\n0\r\n\r\n", DecodeError::ChunkExtension),
+            (b"3\r\r\nabc\r\n0\r\n\r\n", DecodeError::ChunkSize),
+        ] {
+            let shown = String::from_utf8_lossy(wire);
+            assert_eq!(strict(wire), Err(Some(expected.clone())), "{shown:?}");
+            let lenient = decode_in_pieces(BodyLength::Chunked, &[wire]);
+            if expected == DecodeError::BareLf {
+                assert!(lenient.is_ok(), "the lenient decoder reads {shown:?}");
+            }
+        }
+        for good in [
+            &b"3\r\nabc\r\n0\r\n\r\n"[..],
+            b"3;a=b;c=\"d e\"\r\nabc\r\n0\r\n\r\n",
+            b"3 ;a=b\r\nabc\r\n0\r\nx-t: 1\r\n\r\n",
+        ] {
+            assert_eq!(strict(good), Ok(()), "{:?}", String::from_utf8_lossy(good));
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 
-use super::body::{BodyTooLarge, RequestBody};
+use super::body::{BodyTooLarge, ClientBodyFailed, RequestBody};
 use crate::error;
 use decode::Incomplete;
 use native::{NativeBody, NativeBodyError, NativeClient};
@@ -176,6 +176,8 @@ pub struct UpstreamError {
     pub cause: String,
     /// The client's request body went past `limits.max_request_body_bytes` (answered 413).
     pub body_too_large: bool,
+    /// The client's request body failed (answered 400, not counted as the upstream's error).
+    pub client_body_failed: bool,
 }
 
 // === impl UpstreamError ===
@@ -187,6 +189,7 @@ impl UpstreamError {
             failure,
             cause,
             body_too_large: false,
+            client_body_failed: false,
         }
     }
 
@@ -219,6 +222,7 @@ impl UpstreamError {
             failure,
             cause,
             body_too_large: error::is_caused_by::<BodyTooLarge>(&error),
+            client_body_failed: error::is_caused_by::<ClientBodyFailed>(&error),
         }
     }
 }

@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use super::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
 use super::pool::{Conn, Pool};
 use super::{UpstreamError, UpstreamFailure};
-use crate::proxy::body::{BodyTooLarge, RequestBody};
+use crate::proxy::body::{BodyTooLarge, ClientBodyFailed, RequestBody};
 use crate::proxy::headers::{content_length, list_elements};
 
 /// The most header fields a response head may have (as hyper).
@@ -195,6 +195,7 @@ async fn write_request(
                     format!("the client's request body failed: {e}"),
                 );
                 error.body_too_large = too_large;
+                error.client_body_failed = e.is::<ClientBodyFailed>();
                 return Err(error);
             }
             Some(Ok(frame)) => {
@@ -280,8 +281,9 @@ async fn read_head(
     }
 }
 
-/// Reads a response head off `buf` when all of it is there.
-fn parse_head(
+/// Reads a response head off `buf` when all of it is there: the response, its body's length,
+/// whether the connection may be reused. Public for the `response_head` fuzz target.
+pub fn parse_head(
     buf: &mut BytesMut,
     head_only: bool,
 ) -> Result<Option<(Response<()>, BodyLength, bool)>, UpstreamError> {

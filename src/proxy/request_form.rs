@@ -1,0 +1,234 @@
+//! What a client's request head must be before metronome forwards it (RFC 9112 §3, §3.2, §6.1):
+//! checks on the method, the request target, `Host` and `Transfer-Encoding` that httparse and
+//! hyper leave to the application. Each leniency refused here is a parse differential: a proxy
+//! in front of metronome that reads the same bytes otherwise routes, or frames, the request
+//! differently. Both HTTP/1.1 servers apply them (the native one from its head parser, hyper's
+//! from the forwarder), HTTP/2 the ones that are not about `Host`.
+
+use http::{header, HeaderMap, Method, Uri, Version};
+
+/// Why a request head is refused; every one is answered 400 and the connection closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FormError {
+    /// An HTTP/1.1 request without `Host` (RFC 9112 §3.2: a server must answer 400).
+    #[error("an HTTP/1.1 request must have a host header")]
+    NoHost,
+    /// More than one `Host` field.
+    #[error("a request may have only one host header")]
+    TwoHosts,
+    /// A `Host` that is not `host[:port]`.
+    #[error("the host header is not a valid host")]
+    InvalidHost,
+    /// `CONNECT`: metronome is not a tunnel.
+    #[error("CONNECT is not served")]
+    Connect,
+    /// An asterisk-form target (`*`) with a method other than `OPTIONS`.
+    #[error("only OPTIONS may have the request target *")]
+    Asterisk,
+    /// A `.` or `..` path segment (also percent-encoded): after the upstream's base path is
+    /// prefixed it would climb out of it.
+    #[error("the request path has a dot segment")]
+    DotSegment,
+    /// A `Transfer-Encoding` field that is not text: a coding that cannot be chunked.
+    #[error("the transfer-encoding header is not text")]
+    TransferEncoding,
+}
+
+/// Checks a request head; `Ok` for one that may be forwarded.
+pub fn check(
+    method: &Method,
+    uri: &Uri,
+    version: Version,
+    headers: &HeaderMap,
+) -> Result<(), FormError> {
+    if method == Method::CONNECT {
+        return Err(FormError::Connect);
+    }
+    let path = uri.path();
+    if path == "*" && uri.authority().is_none() && method != Method::OPTIONS {
+        return Err(FormError::Asterisk);
+    }
+    if has_dot_segment(path) {
+        return Err(FormError::DotSegment);
+    }
+    if headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .any(|v| v.to_str().is_err())
+    {
+        return Err(FormError::TransferEncoding);
+    }
+    if version < Version::HTTP_2 {
+        check_host(version, headers)?;
+    }
+    Ok(())
+}
+
+/// `Host` on HTTP/1.x: exactly one on HTTP/1.1, at most one on HTTP/1.0, and a valid
+/// `host[:port]` (or empty, RFC 9112 §3.2) when there.
+fn check_host(version: Version, headers: &HeaderMap) -> Result<(), FormError> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let Some(host) = hosts.next() else {
+        return if version == Version::HTTP_11 {
+            Err(FormError::NoHost)
+        } else {
+            Ok(())
+        };
+    };
+    if hosts.next().is_some() {
+        return Err(FormError::TwoHosts);
+    }
+    let host = host.as_bytes();
+    if host.is_empty() {
+        return Ok(());
+    }
+    let valid = !host.contains(&b'@')
+        && port_is_digits(host)
+        && http::uri::Authority::try_from(host).is_ok_and(|a| a.as_str().len() == host.len());
+    if valid {
+        Ok(())
+    } else {
+        Err(FormError::InvalidHost)
+    }
+}
+
+/// Whether what follows the host (a name, an IPv4 address, or `[an IPv6 one]`) is nothing or
+/// `:` and decimal digits (`http::uri::Authority` takes `a:port`).
+fn port_is_digits(host: &[u8]) -> bool {
+    let after = match host.first() {
+        Some(b'[') => match memchr::memchr(b']', host) {
+            Some(close) => &host[close + 1..],
+            None => return false,
+        },
+        _ => match memchr::memchr(b':', host) {
+            Some(colon) => &host[colon..],
+            None => return true,
+        },
+    };
+    match after.split_first() {
+        None => true,
+        Some((b':', port)) => port.iter().all(u8::is_ascii_digit),
+        Some(_) => false,
+    }
+}
+
+/// Whether a path has a `.` or `..` segment, literal or percent-encoded (`%2e`, `%2E`).
+fn has_dot_segment(path: &str) -> bool {
+    path.split('/').any(|segment| {
+        let decoded = segment.replace("%2e", ".").replace("%2E", ".");
+        decoded == "." || decoded == ".."
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checked(
+        method: &str,
+        target: &str,
+        version: Version,
+        fields: &[(&str, &[u8])],
+    ) -> Result<(), FormError> {
+        let mut headers = HeaderMap::new();
+        for (name, value) in fields {
+            headers.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(value).unwrap(),
+            );
+        }
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        check(&method, &target.parse().unwrap(), version, &headers)
+    }
+
+    const HOST: (&str, &[u8]) = ("host", b"metronome.test:8080");
+
+    #[test]
+    fn a_plain_request_passes() {
+        assert_eq!(
+            checked(
+                "POST",
+                "/v1/chat/completions?a=1",
+                Version::HTTP_11,
+                &[HOST]
+            ),
+            Ok(())
+        );
+        assert_eq!(checked("GET", "/", Version::HTTP_10, &[]), Ok(()));
+        assert_eq!(checked("GET", "/", Version::HTTP_2, &[]), Ok(()));
+        assert_eq!(
+            checked("GET", "/", Version::HTTP_11, &[("host", b"")]),
+            Ok(())
+        );
+        assert_eq!(
+            checked("GET", "/", Version::HTTP_11, &[("host", b"[::1]:80")]),
+            Ok(())
+        );
+        assert_eq!(checked("OPTIONS", "*", Version::HTTP_11, &[HOST]), Ok(()));
+        assert_eq!(
+            checked("GET", "/a/.b/..c/b.", Version::HTTP_11, &[HOST]),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn host_must_be_one_and_valid_on_http1() {
+        let v11 = Version::HTTP_11;
+        assert_eq!(checked("GET", "/", v11, &[]), Err(FormError::NoHost));
+        assert_eq!(
+            checked("GET", "/", v11, &[HOST, HOST]),
+            Err(FormError::TwoHosts)
+        );
+        assert_eq!(
+            checked("GET", "/", Version::HTTP_10, &[HOST, HOST]),
+            Err(FormError::TwoHosts)
+        );
+        for bad in [&b"a b"[..], b"a/b", b"user@a", b"a:b:c", b"a:port"] {
+            assert_eq!(
+                checked("GET", "/", v11, &[("host", bad)]),
+                Err(FormError::InvalidHost),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn connect_asterisk_and_dot_segments_are_refused() {
+        let v11 = Version::HTTP_11;
+        assert_eq!(
+            checked("CONNECT", "a.test:443", v11, &[HOST]),
+            Err(FormError::Connect)
+        );
+        assert_eq!(checked("GET", "*", v11, &[HOST]), Err(FormError::Asterisk));
+        for path in ["/..", "/a/../b", "/./a", "/a/%2e%2E/b", "/a/.%2e", "/%2E"] {
+            assert_eq!(
+                checked("GET", path, v11, &[HOST]),
+                Err(FormError::DotSegment),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_transfer_encoding_that_is_not_text_is_refused() {
+        let fields = [
+            HOST,
+            ("transfer-encoding", b"chunked"),
+            ("transfer-encoding", b"\xffchunked"),
+        ];
+        assert_eq!(
+            checked("POST", "/", Version::HTTP_11, &fields),
+            Err(FormError::TransferEncoding)
+        );
+        let fields = [
+            HOST,
+            ("transfer-encoding", b"\xff"),
+            ("transfer-encoding", b"chunked"),
+        ];
+        assert_eq!(
+            checked("POST", "/", Version::HTTP_11, &fields),
+            Err(FormError::TransferEncoding)
+        );
+    }
+}
