@@ -194,16 +194,18 @@ fn record(beacon: &Beacon, state: &ProxyState, route: &str, model: &str) {
     }
     // Without a TTFT the first event's time is unknown: its gaps count, its TTFT does not.
     point.record(
-        metrics,
-        route,
-        model,
-        Point::Client,
-        start,
-        beacon.ttft_ms.is_some(),
-        &crate::metrics::Exemplar {
-            stream_id: &beacon.id,
-            trace_id: None,
-            value: 0.0,
+        &crate::ledger::Target {
+            metrics,
+            route,
+            model,
+            received: start,
+            with_ttft: beacon.ttft_ms.is_some(),
+            stream: crate::metrics::Exemplar {
+                stream_id: &beacon.id,
+                trace_id: None,
+                value: 0.0,
+            },
         },
+        Point::Client,
     );
 }

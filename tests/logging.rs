@@ -16,6 +16,20 @@ impl Drop for Running {
     }
 }
 
+/// The child's stderr, line by line, as a thread reads it.
+fn stderr_lines(child: &mut Running) -> mpsc::Receiver<String> {
+    let stderr = child.0.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 /// Starts `serve` with an empty trust store and returns its first stderr lines (at most 8 s).
 fn first_lines(upstream: &str, extra: &[&str]) -> Vec<String> {
     let empty = std::env::temp_dir().join(format!("metronome-empty-roots-{}", std::process::id()));
@@ -37,15 +51,7 @@ fn first_lines(upstream: &str, extra: &[&str]) -> Vec<String> {
             .spawn()
             .unwrap(),
     );
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = stderr_lines(&mut child);
     let mut lines = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(8);
     while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
@@ -145,15 +151,7 @@ fn a_passed_through_response_has_its_access_line() {
             .spawn()
             .unwrap(),
     );
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = stderr_lines(&mut child);
     let wait_for = |what: &str| -> String {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
