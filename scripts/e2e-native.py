@@ -39,8 +39,12 @@ MAX_ERROR = 0.02
 # a few: histogram_quantile then returns a point between the bucket's bounds by rank alone (the
 # upper bound when the ranked TTFT is the bucket's last), wherever inside the bucket the TTFT
 # really is. No histogram of 4.4 % buckets does better there; the bound is the bucket.
+# The same holds for any quantile whose bucket is sparse (an ITL p99 in a tail that the sim's 1 ms
+# timer steps leave with a few gaps per bucket: 8 of 12,600 was seen): under SPARSE samples in
+# the quantile's bucket, the bound is the bucket's width, not 2 %.
 BUCKET_WIDTH = 2 ** (1 / 16) - 1
 BOUNDS = {("TTFT", 0.99): BUCKET_WIDTH}
+SPARSE = 50
 # Stream timelines carry microseconds; metronome's observations nanoseconds.
 STAMP_TOLERANCE = 5e-6
 
@@ -166,11 +170,10 @@ def cmd_quantiles(args):
             worst = max(worst, abs(err))
             index, lower, upper = bucket_of(exact)
             k = sum(1 for v in values if bucket_of(v)[0] == index)
-            bound = BOUNDS.get((short, q), MAX_ERROR)
+            bound = BUCKET_WIDTH if k < SPARSE else BOUNDS.get((short, q), MAX_ERROR)
             print(f"      {short:4s} p{q * 100:g}: native {native * 1000:9.3f} ms, exact "
                   f"{exact * 1000:9.3f} ms, error {err * 100:+.2f} % (bound {bound * 100:.1f} %)  (bucket "
                   f"({lower * 1000:.3f}, {upper * 1000:.3f}] ms holds {k} of {len(values)})")
-            bound = BOUNDS.get((short, q), MAX_ERROR)
             if abs(err) > bound or bucket_of(native)[0] != index and native != upper:
                 failed.append(f"{short} p{q * 100:g} off by {err * 100:+.2f} % (bound "
                               f"{bound * 100:.1f} %, or outside the exact value's bucket): {expr}")
