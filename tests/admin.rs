@@ -10,10 +10,13 @@ use std::time::{Duration, Instant};
 
 use support::*;
 
-/// An address where nothing listens.
-fn closed_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
+/// A port where nothing listens, held so no other test's listener can take it: the socket is
+/// bound but not listening, so a connection to it is refused for as long as it lives, and
+/// `listen` on it brings the upstream up on the same port without a race.
+fn closed_port() -> (SocketAddr, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    (socket.local_addr().unwrap(), socket)
 }
 
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -44,7 +47,7 @@ fn fast_checks(config: &mut metronome::config::Config) {
 
 #[tokio::test]
 async fn an_upstream_that_does_not_answer_makes_readyz_503_with_the_reason_but_healthz_stays_200() {
-    let down = closed_port();
+    let (down, _held) = closed_port();
     let proxy = proxy_to(down).await;
 
     let (status, body) = get(proxy.admin_addr, "/readyz").await;
@@ -73,12 +76,12 @@ async fn an_upstream_that_answers_makes_readyz_200() {
 
 #[tokio::test]
 async fn readyz_follows_the_upstream_down_and_back_up() {
-    let addr = closed_port();
+    let (addr, held) = closed_port();
     let proxy = proxy_with(addr, fast_checks).await;
     readyz_until(proxy.admin_addr, 503).await;
 
     // The upstream comes up on the same port.
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let listener = held.listen(64).unwrap();
     readyz_until(proxy.admin_addr, 200).await;
 
     drop(listener);
@@ -116,7 +119,8 @@ async fn a_health_path_must_answer_2xx() {
 
 #[tokio::test]
 async fn with_the_upstream_check_off_only_draining_counts() {
-    let proxy = proxy_with(closed_port(), |c| c.readiness.check_upstream = false).await;
+    let (down, _held) = closed_port();
+    let proxy = proxy_with(down, |c| c.readiness.check_upstream = false).await;
     assert_eq!(get(proxy.admin_addr, "/readyz").await.0, 200);
     proxy.state.draining.store(true, Ordering::SeqCst);
     assert_eq!(
