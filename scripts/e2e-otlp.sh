@@ -13,7 +13,10 @@
 #      stall's, and metronome's span reached the upstream as its parent; the tail decision keeps
 #      an unsampled trace that stalled and drops one that did not;
 #   5. with the receiver down, metronome keeps proxying and counts the failed exports
-#      (metronome_otlp_exports_total{signal="metrics",result="failed"}) and the spans dropped.
+#      (metronome_otlp_exports_total{signal="metrics",result="failed"}) and the spans dropped;
+#   6. (run before 5) a second instance with otlp.protocol = "grpc" exports the same over the
+#      collector's gRPC services (grpcio with opentelemetry-proto's servicers): histogram counts
+#      equal its /metrics, its stalled stream's span, the configured header as gRPC metadata.
 #
 #   scripts/e2e-otlp.sh            # METRONOME_BIN=path to skip the release build
 #
@@ -32,6 +35,8 @@ fail() {
 }
 python3 -c 'import opentelemetry.proto.collector.metrics.v1.metrics_service_pb2' 2>/dev/null \
   || python3 -m pip install -q opentelemetry-proto
+python3 -c 'import grpc' 2>/dev/null || python3 -m pip install -q grpcio 2>/dev/null \
+  || python3 -m pip install -q --break-system-packages grpcio
 
 if [[ -z ${METRONOME_BIN:-} ]]; then
   cargo build --release --quiet
@@ -64,10 +69,11 @@ sample() { # FILE LINE-PREFIX
 . scripts/lib/metrics.sh
 
 FIXTURE_PORT=$(free_port); SIM_PORT=$(free_port); PROXY_PORT=$(free_port); ADMIN_PORT=$(free_port); OTLP_PORT=$(free_port)
+GRPC_PORT=$(free_port); GRPC_PROXY_PORT=$(free_port); GRPC_ADMIN_PORT=$(free_port)
 ADMIN=127.0.0.1:$ADMIN_PORT
 RECEIVER=http://127.0.0.1:$OTLP_PORT
 
-python3 scripts/otlp_receiver.py serve "$OTLP_PORT" >"$WORK/receiver.log" 2>&1 &
+python3 scripts/otlp_receiver.py serve "$OTLP_PORT" "$GRPC_PORT" >"$WORK/receiver.log" 2>&1 &
 RECEIVER_PID=$!
 python3 scripts/otlp_receiver.py upstream "$FIXTURE_PORT" >"$WORK/fixture.log" 2>&1 &
 PIDS+=($!)
@@ -151,16 +157,53 @@ stream /v1/traced "00-$SAMPLED-$PARENT-01"
 stream /v1/chat/completions "00-$UNSAMPLED_PLAIN-$PARENT-00"
 stream /v1/traced "00-$UNSAMPLED_STALLED-$PARENT-00"
 for _ in $(seq 1 50); do
-  [[ $(python3 scripts/otlp_receiver.py count-spans "$RECEIVER" "$UNSAMPLED_STALLED") == 1 ]] && break
+  [[ $(python3 scripts/otlp_receiver.py count-spans "$RECEIVER/dump" "$UNSAMPLED_STALLED") == 1 ]] && break
   sleep 0.1
 done
-out=$(python3 scripts/otlp_receiver.py check-trace "$RECEIVER" "http://127.0.0.1:$FIXTURE_PORT" "$SAMPLED" "$PARENT") \
+out=$(python3 scripts/otlp_receiver.py check-trace "$RECEIVER/dump" "http://127.0.0.1:$FIXTURE_PORT" "$SAMPLED" "$PARENT") \
   || fail "span: $out"
 pass "$out"
-kept=$(python3 scripts/otlp_receiver.py count-spans "$RECEIVER" "$UNSAMPLED_STALLED")
-plain=$(python3 scripts/otlp_receiver.py count-spans "$RECEIVER" "$UNSAMPLED_PLAIN")
+kept=$(python3 scripts/otlp_receiver.py count-spans "$RECEIVER/dump" "$UNSAMPLED_STALLED")
+plain=$(python3 scripts/otlp_receiver.py count-spans "$RECEIVER/dump" "$UNSAMPLED_PLAIN")
 [[ $kept == 1 && $plain == 0 ]] || fail "tail decision: unsampled+stalled $kept span(s) (want 1), unsampled $plain (want 0)"
 pass "tail decision: an unsampled trace is kept when it stalled, dropped when it did not"
+
+# 6 (before the receiver goes down): the same exports over gRPC, from a second instance.
+sed -e "s|^listen = .*|listen = \"127.0.0.1:$GRPC_PROXY_PORT\"|" -e "s|^admin = .*|admin = \"127.0.0.1:$GRPC_ADMIN_PORT\"|" \
+  -e "s|^endpoint = .*|endpoint = \"http://127.0.0.1:$GRPC_PORT\"\nprotocol = \"grpc\"|" \
+  "$WORK/metronome.toml" >"$WORK/metronome-grpc.toml"
+OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental POD_NAME=metronome-e2e-1 POD_NAMESPACE=e2e \
+  "$BIN" serve --config "$WORK/metronome-grpc.toml" >"$WORK/serve-grpc.log" 2>&1 &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$GRPC_ADMIN_PORT/healthz"
+"$BIN" probe --url "http://127.0.0.1:$GRPC_PROXY_PORT/v1/chat/completions" --requests 6 \
+  --concurrency 3 >"$WORK/grpc.txt" 2>&1 || { cat "$WORK/grpc.txt"; fail "probe over the gRPC instance failed"; }
+GRPC_TRACE=7bf92f3577b34da6a3ce929d0e0e4736
+curl -fsN -X POST -H 'content-type: application/json' -H "traceparent: 00-$GRPC_TRACE-$PARENT-01" \
+  -d '{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}' \
+  "http://127.0.0.1:$GRPC_PROXY_PORT/v1/traced" >/dev/null || fail "traced stream over the gRPC instance failed"
+metrics_when_idle "127.0.0.1:$GRPC_ADMIN_PORT" "$WORK/scrape-grpc.txt" || fail "gRPC instance: streams still in flight"
+scraped=$(date +%s.%N)
+for _ in $(seq 1 50); do
+  at=$(curl -fs "$RECEIVER/dump/grpc/metrics" | python3 -c 'import json,sys; print(json.load(sys.stdin)["metrics_at"])')
+  spans=$(python3 scripts/otlp_receiver.py count-spans "$RECEIVER/dump/grpc" "$GRPC_TRACE")
+  python3 -c "import sys; sys.exit(0 if $at > $scraped and $spans == 1 else 1)" && break
+  sleep 0.1
+done
+python3 -c "import sys; sys.exit(0 if $at > $scraped else 1)" || fail "no OTLP/gRPC metrics export within 5 s of the scrape"
+out=$(python3 scripts/otlp_receiver.py check-metrics "$WORK/scrape-grpc.txt" "$RECEIVER/dump/grpc/metrics") \
+  || fail "over gRPC, exponential histograms differ from /metrics: $out"
+out_trace=$(python3 scripts/otlp_receiver.py check-trace "$RECEIVER/dump/grpc" "http://127.0.0.1:$FIXTURE_PORT" "$GRPC_TRACE" "$PARENT") \
+  || fail "span over gRPC: $out_trace"
+curl -fs "$RECEIVER/dump/grpc/metrics" | python3 -c '
+import json, sys
+h = json.load(sys.stdin)["headers"]
+assert h.get("x-e2e") == "otlp", h
+assert h.get("user-agent", "").startswith("metronome/") or any(v.startswith("metronome/") for v in h.values()), h
+' || fail "gRPC metadata: the configured header did not arrive"
+exported=$(sample "$WORK/scrape-grpc.txt" 'metronome_otlp_exports_total{result="ok",signal="metrics"}')
+python3 -c "import sys; sys.exit(0 if $exported >= 1 else 1)" || fail "gRPC instance counted $exported ok exports"
+pass "over gRPC: $out; $out_trace; the configured header arrived as metadata"
 
 # 5: the receiver goes away; the proxy goes on and counts the failed exports.
 kill "$RECEIVER_PID"; wait "$RECEIVER_PID" 2>/dev/null || true; RECEIVER_PID=

@@ -2,7 +2,9 @@
 """A small OTLP/HTTP receiver for scripts/e2e-otlp.sh, decoding with the official protobufs
 (PyPI's opentelemetry-proto), plus the checks the script runs against what it received.
 
-  otlp_receiver.py serve PORT            # POST /v1/metrics, /v1/traces; GET /dump/metrics|traces
+  otlp_receiver.py serve PORT [GRPC_PORT]   # POST /v1/metrics, /v1/traces; GET /dump/metrics|traces;
+                                            # with GRPC_PORT also the gRPC services there,
+                                            # dumped at /dump/grpc/metrics|traces
   otlp_receiver.py upstream PORT         # an OpenAI-shaped SSE upstream with one 600 ms stall,
                                          # recording each request's traceparent (GET /dump/upstream)
   otlp_receiver.py check-metrics PROM URL   # exponential histograms vs a /metrics text scrape
@@ -63,10 +65,66 @@ class Upstream(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def serve_grpc(port):
+    """The collector's two gRPC services on 127.0.0.1:`port` (grpcio, with the servicers
+    opentelemetry-proto generates), recording into STATES["grpc"]."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    def metadata(context):
+        return {k.lower(): v for k, v in context.invocation_metadata()}
+
+    class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request, context):
+            record_metrics("grpc", request, metadata(context))
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    class Traces(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):
+            record_traces("grpc", request, metadata(context))
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server
+
+
 def b64hex(text):
     return base64.b64decode(text).hex() if text else ""
 
-STATE = {"metrics": None, "metrics_at": 0.0, "metrics_posts": 0, "spans": [], "trace_posts": 0}
+def fresh_state():
+    return {"metrics": None, "metrics_at": 0.0, "metrics_posts": 0, "spans": [], "trace_posts": 0,
+            "headers": {}}
+
+
+# What each transport received: "http" (OTLP/HTTP, POST /v1/...) and "grpc" (the collector
+# services' Export calls), dumped at /dump/... and /dump/grpc/... .
+STATES = {"http": fresh_state(), "grpc": fresh_state()}
+
+
+def record_metrics(via, req, headers):
+    with LOCK:
+        state = STATES[via]
+        state["metrics"] = MessageToDict(req)
+        state["metrics_at"] = time.time()
+        state["metrics_posts"] += 1
+        state["headers"] = headers
+
+
+def record_traces(via, req, headers):
+    with LOCK:
+        state = STATES[via]
+        for rs in MessageToDict(req).get("resourceSpans", []):
+            for ss in rs.get("scopeSpans", []):
+                state["spans"].extend(ss.get("spans", []))
+        state["trace_posts"] += 1
+        state["headers"] = headers
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -79,26 +137,21 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(415)
             self.end_headers()
             return
-        with LOCK:
-            if self.path == "/v1/metrics":
-                req = metrics_service_pb2.ExportMetricsServiceRequest()
-                req.ParseFromString(body)
-                STATE["metrics"] = MessageToDict(req)
-                STATE["metrics_at"] = time.time()
-                STATE["metrics_posts"] += 1
-                reply = metrics_service_pb2.ExportMetricsServiceResponse()
-            elif self.path == "/v1/traces":
-                req = trace_service_pb2.ExportTraceServiceRequest()
-                req.ParseFromString(body)
-                for rs in MessageToDict(req).get("resourceSpans", []):
-                    for ss in rs.get("scopeSpans", []):
-                        STATE["spans"].extend(ss.get("spans", []))
-                STATE["trace_posts"] += 1
-                reply = trace_service_pb2.ExportTraceServiceResponse()
-            else:
-                self.send_response(404)
-                self.end_headers()
-                return
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        if self.path == "/v1/metrics":
+            req = metrics_service_pb2.ExportMetricsServiceRequest()
+            req.ParseFromString(body)
+            record_metrics("http", req, headers)
+            reply = metrics_service_pb2.ExportMetricsServiceResponse()
+        elif self.path == "/v1/traces":
+            req = trace_service_pb2.ExportTraceServiceRequest()
+            req.ParseFromString(body)
+            record_traces("http", req, headers)
+            reply = trace_service_pb2.ExportTraceServiceResponse()
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
         out = reply.SerializeToString()
         self.send_response(200)
         self.send_header("content-type", "application/x-protobuf")
@@ -107,11 +160,14 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(out)
 
     def do_GET(self):
+        via, path = ("grpc", self.path[len("/dump/grpc"):]) if self.path.startswith("/dump/grpc/") \
+            else ("http", self.path[len("/dump"):])
         with LOCK:
-            if self.path == "/dump/metrics":
-                out = {k: STATE[k] for k in ("metrics", "metrics_at", "metrics_posts")}
-            elif self.path == "/dump/traces":
-                out = {"spans": STATE["spans"], "trace_posts": STATE["trace_posts"]}
+            state = STATES[via]
+            if path == "/metrics":
+                out = {k: state[k] for k in ("metrics", "metrics_at", "metrics_posts", "headers")}
+            elif path == "/traces":
+                out = {"spans": state["spans"], "trace_posts": state["trace_posts"], "headers": state["headers"]}
             else:
                 self.send_response(404)
                 self.end_headers()
@@ -242,10 +298,11 @@ def span_attrs(span):
     return out
 
 
-def check_trace(receiver, upstream, trace_id, parent_id, stall_s):
+def check_trace(dump, upstream, trace_id, parent_id, stall_s):
     """The stream with `trace_id` has one span continuing `parent_id`, one stall event per point
-    whose length is the upstream's stall, and the upstream saw metronome's span as its parent."""
-    spans = [s for s in json.load(urllib.request.urlopen(receiver + "/dump/traces"))["spans"]
+    whose length is the upstream's stall, and the upstream saw metronome's span as its parent.
+    `dump` is the receiver's /dump (OTLP/HTTP) or /dump/grpc URL."""
+    spans = [s for s in json.load(urllib.request.urlopen(dump + "/traces"))["spans"]
              if b64hex(s["traceId"]) == trace_id]
     assert len(spans) == 1, f"{len(spans)} spans with trace {trace_id}"
     span = spans[0]
@@ -274,13 +331,15 @@ def check_trace(receiver, upstream, trace_id, parent_id, stall_s):
           "its traceparent reached the upstream")
 
 
-def count_spans(receiver, trace_id):
-    spans = json.load(urllib.request.urlopen(receiver + "/dump/traces"))["spans"]
+def count_spans(dump, trace_id):
+    spans = json.load(urllib.request.urlopen(dump + "/traces"))["spans"]
     print(sum(1 for s in spans if b64hex(s["traceId"]) == trace_id))
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
+        # Kept referenced: a grpc.Server that is collected stops serving.
+        GRPC_SERVER = serve_grpc(int(sys.argv[3])) if len(sys.argv) > 3 else None
         ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), Handler).serve_forever()
     elif sys.argv[1] == "upstream":
         ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), Upstream).serve_forever()

@@ -13,7 +13,7 @@ use serde::Deserialize;
 pub struct RawOtlp {
     /// The receiver's base URL (`http://collector:4318`); empty turns OTLP off (the default).
     pub endpoint: String,
-    /// `http/protobuf` (the only one built in; `grpc` is refused with a reason).
+    /// `http/protobuf` (the default; collectors listen on 4318) or `grpc` (on 4317).
     pub protocol: String,
     /// Extra request headers, such as an API key (`{ "x-api-key" = "…" }`).
     pub headers: std::collections::BTreeMap<String, String>,
@@ -63,6 +63,8 @@ pub enum Names {
 pub enum Protocol {
     /// Protobuf-encoded requests POSTed to `{endpoint}/v1/{signal}`.
     HttpProtobuf,
+    /// The collector services' unary `Export` calls over HTTP/2.
+    Grpc,
 }
 
 /// `[otlp]` validated: `None` in [`crate::config::Config`] when OTLP is off.
@@ -113,13 +115,7 @@ impl RawOtlp {
         }
         let protocol = match self.protocol.as_str() {
             "http/protobuf" => Some(Protocol::HttpProtobuf),
-            "grpc" => {
-                problems.push((
-                    "otlp.protocol".into(),
-                    "grpc is not built in (it would bring tonic); use http/protobuf, which every collector accepts on port 4318".into(),
-                ));
-                None
-            }
+            "grpc" => Some(Protocol::Grpc),
             other => {
                 problems.push((
                     "otlp.protocol".into(),
@@ -205,7 +201,7 @@ mod tests {
     fn every_problem_is_named_by_its_key() {
         let raw = RawOtlp {
             endpoint: "ftp://x".into(),
-            protocol: "grpc".into(),
+            protocol: "thrift".into(),
             headers: [("bad name".to_string(), "v".to_string())].into(),
             interval: "0s".into(),
             ..RawOtlp::default()

@@ -34,7 +34,7 @@ mod exporter {
     use super::config::OtlpConfig;
     use super::metrics::{request, Times};
     use super::names::Naming;
-    use super::transport::Transport;
+    use super::transport::{Signal, Transport};
     use crate::proxy::ProxyState;
 
     fn unix_nanos() -> u64 {
@@ -111,7 +111,7 @@ mod exporter {
                     now: unix_nanos(),
                 };
                 let body = request(&state.metrics, &resource, &naming, times).encode_to_vec();
-                match transport.send("metrics", body).await {
+                match transport.send(Signal::Metrics, body).await {
                     Ok(()) => {
                         exports.with_label_values(&["metrics", "ok"]).inc();
                         if failing {

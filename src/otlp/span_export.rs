@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::names::{Naming, Value};
 use super::traces::{failed, EndedStream, SpanSink};
-use super::transport::Transport;
+use super::transport::{Signal, Transport};
 
 /// Spans sent in one request at most.
 const MAX_BATCH: usize = 512;
@@ -192,7 +192,7 @@ impl SpanExporter {
     async fn send(&self, spans: Vec<Span>) {
         let n = spans.len() as u64;
         let body = request(spans, &self.resource).encode_to_vec();
-        match self.transport.send("traces", body).await {
+        match self.transport.send(Signal::Traces, body).await {
             Ok(()) => self.exports.with_label_values(&["traces", "ok"]).inc(),
             Err(e) => {
                 tracing::debug!(error = %e, spans = n, "OTLP traces export failed");
