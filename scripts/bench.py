@@ -11,7 +11,9 @@ side, interleaved in every repeat so that the machine's load falls on all of the
   passthrough  probe -> metronome with metering.enabled = false -> sim
 
 and on request (--paths): shared, metronome with server.threading = "shared" (one work-stealing
-pool instead of an event loop per core).
+pool instead of an event loop per core); nobatch, metronome with [batch] enabled = false (the
+batch detector's cost beside the defaults); otlp, metronome exporting OTLP metrics every second
+and a span per stream to scripts/otlp_receiver.py (whose CPU is not counted).
 
 Per path and level: client ITL p50 / p99 / p99.9 and TTFT p50 / p99 inflation against direct (per
 repeat, then the median), CPU seconds of the proxy's processes per million token events (from
@@ -51,6 +53,15 @@ PATHS = ["direct", "metronome", "nginx", "haproxy", "passthrough"]
 BASELINE = "metronome-before"
 # Only with --paths: metronome on one work-stealing pool (server.threading = "shared").
 SHARED = "shared"
+# Only with --paths: metronome without the batch detector ([batch] enabled = false), so the
+# detector's cost is read beside the defaults in one run.
+NOBATCH = "nobatch"
+# Only with --paths: metronome exporting OTLP metrics every second and one span per stream to
+# scripts/otlp_receiver.py (its CPU is not the proxy's and is not counted).
+OTLP = "otlp"
+VARIANTS = [SHARED, NOBATCH, OTLP]
+# Every path that is a metronome process, with its admin endpoint.
+METRONOMES = ["metronome", "passthrough", BASELINE] + VARIANTS
 # With --pin: the proxy under test on one CPU, the sim and the probe on the other.
 PROXY_CPU, GENERATOR_CPU = "0", "1"
 PROXIES = [p for p in PATHS if p != "direct"]
@@ -269,12 +280,25 @@ class Ports:
         self.hold_sim, self.hold_metronome, self.hold_admin = base + 12, base + 13, base + 14
         self.shared, self.shared_admin = base + 15, base + 16
         self.sat_nginx = base + 17
+        self.nobatch, self.nobatch_admin = base + 18, base + 19
+        self.otlp, self.otlp_admin, self.otlp_receiver = base + 20, base + 21, base + 22
 
     def all(self):
-        return list(range(self.sim, self.sat_nginx + 1))
+        return list(range(self.sim, self.otlp_receiver + 1))
+
+    def of(self, path):
+        """(listen, admin) of a metronome path."""
+        return {
+            "metronome": (self.metronome, self.metronome_admin),
+            "passthrough": (self.passthrough, self.passthrough_admin),
+            BASELINE: (self.baseline, self.baseline_admin),
+            SHARED: (self.shared, self.shared_admin),
+            NOBATCH: (self.nobatch, self.nobatch_admin),
+            OTLP: (self.otlp, self.otlp_admin),
+        }[path]
 
 
-def metronome_config(work, name, listen, admin, upstream, metering, threading="per_core"):
+def metronome_config(work, name, listen, admin, upstream, metering, threading="per_core", extra=""):
     path = work / f"{name}.toml"
     path.write_text(
         f"""[server]
@@ -289,9 +313,19 @@ check_upstream = false
 
 [metering]
 enabled = {"true" if metering else "false"}
-"""
+{extra}"""
     )
     return path
+
+
+def variant_toml(path, ports):
+    """The sections a variant path adds to metronome's defaults."""
+    if path == NOBATCH:
+        return "\n[batch]\nenabled = false\n"
+    if path == OTLP:
+        return (f'\n[otlp]\nendpoint = "http://127.0.0.1:{ports.otlp_receiver}"\n'
+                'interval = "1s"\ntimeout = "2s"\ntraces = true\n')
+    return ""
 
 
 def nginx_config(work, listen, upstream, nofile, name="nginx", workers="auto"):
@@ -381,6 +415,7 @@ class Bench:
         self.ports = Ports(args.base_port)
         self.nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.sim = None
+        self.otlp_receiver = None
 
     # --- lifecycle ---
 
@@ -395,6 +430,16 @@ class Bench:
         wait_port(port, proc)
         return proc
 
+    def start_otlp_receiver(self):
+        """The OTLP receiver of the otlp path, started once and kept for the run."""
+        if self.otlp_receiver is None or self.otlp_receiver.poll() is not None:
+            port = self.ports.otlp_receiver
+            self.otlp_receiver = self.procs.start(
+                "otlp-receiver",
+                [sys.executable, str(ROOT / "scripts" / "otlp_receiver.py"), "serve", str(port)],
+                cpus=GENERATOR_CPU if self.args.pin else None)
+            wait_port(port, self.otlp_receiver)
+
     def proxy_cpus(self):
         """With --pin every proxy runs on CPU 0 alone, the generators on CPU 1."""
         return PROXY_CPU if self.args.pin else None
@@ -403,15 +448,13 @@ class Bench:
         p, a = self.ports, self.args
         if path == "direct":
             return None, p.sim
-        if path in ("metronome", "passthrough", BASELINE, SHARED):
-            listen, admin = {
-                "metronome": (p.metronome, p.metronome_admin),
-                "passthrough": (p.passthrough, p.passthrough_admin),
-                BASELINE: (p.baseline, p.baseline_admin),
-                SHARED: (p.shared, p.shared_admin),
-            }[path]
+        if path in METRONOMES:
+            listen, admin = p.of(path)
+            if path == OTLP:
+                self.start_otlp_receiver()
             config = metronome_config(self.work, path, listen, admin, p.sim, path != "passthrough",
-                                      "shared" if path == SHARED else "per_core")
+                                      "shared" if path == SHARED else "per_core",
+                                      variant_toml(path, p))
             binary = self.args.baseline if path == BASELINE else str(BIN)
             proc = self.procs.start(path, [binary, "serve", "--config", str(config)],
                                     env=self.args.metronome_env, cpus=self.proxy_cpus())
@@ -514,14 +557,8 @@ class Bench:
             result["rss_steady_kib"] = statistics.median(steady) if steady else None
             result["rss_max_kib"] = max((r for _, r in sampler.samples), default=None)
             result["peak_fds"] = sampler.peak_fds
-        if path in ("metronome", "passthrough", BASELINE, SHARED):
-            admin = {
-                "metronome": self.ports.metronome_admin,
-                "passthrough": self.ports.passthrough_admin,
-                BASELINE: self.ports.baseline_admin,
-                SHARED: self.ports.shared_admin,
-            }[path]
-            result.update(scrape_metronome(admin))
+        if path in METRONOMES:
+            result.update(scrape_metronome(self.ports.of(path)[1]))
         if proc:
             self.procs.stop(proc)
         (self.work / f"{name}.result.json").write_text(json.dumps(result, indent=1))
@@ -999,7 +1036,7 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default="100,1000,10000", help="concurrent streams per level")
     ap.add_argument("--paths", default=",".join(PATHS),
-                    help="subset of " + ",".join(PATHS + [SHARED]))
+                    help="subset of " + ",".join(PATHS + VARIANTS))
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per level (medians)")
     ap.add_argument("--large-repeats", type=int, default=1,
                     help="repeats for levels of 5,000 streams and more (each takes minutes)")
@@ -1061,7 +1098,7 @@ def parse_args(argv):
     args.levels = [int(x) for x in args.levels.split(",") if x]
     args.paths = [p for p in args.paths.split(",") if p]
     for p in args.paths:
-        if p not in PATHS + [SHARED]:
+        if p not in PATHS + VARIANTS:
             ap.error(f"unknown path {p}")
     if args.baseline:
         if not Path(args.baseline).exists():
@@ -1155,7 +1192,7 @@ def main(argv):
         if not steps and (earlier / "saturation.json").exists():
             steps = json.loads((earlier / "saturation.json").read_text())
     if results:
-        paths = [p for p in PATHS[:2] + [BASELINE, SHARED] + PATHS[2:]
+        paths = [p for p in PATHS[:2] + [BASELINE] + VARIANTS + PATHS[2:]
                  if any(r["path"] == p for r in results)]
         rows = summarize(results, paths)
 
