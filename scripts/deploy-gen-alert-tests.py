@@ -130,8 +130,10 @@ test("MetronomeStallRateHigh: 2% stalls fire; 0.5%, none, or 10% of a trickle st
 
 # 4. egress diverging from ingress.
 s = itl("llama", "ingress", old, 1200, 25) + itl("llama", "egress", bad, 1200, 25) \
-    + itl("steady", "ingress", bad, 1200, 25) + itl("steady", "egress", bad, 1200, 25)
-test("MetronomeEgressDivergesFromIngress: fires when clients get 440ms p99 from a model sending 155ms; silent when both are slow (the model's fault)", s, [
+    + itl("steady", "ingress", bad, 1200, 25) + itl("steady", "egress", bad, 1200, 25) \
+    + itl("llama", "ingress", {k: v // 4 for k, v in old.items()}, 300, 25, namespace="team-b", pod="vllm-b-0", instance="10.0.0.2:9464") \
+    + itl("llama", "egress", {k: v // 4 for k, v in bad.items()}, 300, 25, namespace="team-b", pod="vllm-b-0", instance="10.0.0.2:9464")
+test("MetronomeEgressDivergesFromIngress: fires when clients get 440ms p99 from a model sending 155ms; silent when both are slow (the model's fault), or for team-b's same divergence at 5 gaps/s (team-a's traffic is not its floor)", s, [
     ("MetronomeEgressDivergesFromIngress", "10m", []),
     ("MetronomeEgressDivergesFromIngress", "20m", [({"severity": "ticket", "route": "chat", "model": "llama"},
                                                     ann("MetronomeEgressDivergesFromIngress", "285ms", "vllm-a-0 (285ms)", route="chat", model="llama"))]),
