@@ -136,6 +136,9 @@ cp deploy/prometheus/rules/metronome.rules.yml "$TMP/bad/rules/"
 cp deploy/prometheus/tests/metronome_test.yml "$TMP/bad/tests/"
 must_fail "promtool test rules catches a page threshold moved from 300ms to 500ms" \
     promtool test rules "$TMP/bad/tests/metronome_test.yml"
+sed "s/namespace='%\\[2\\]s', job='%\\[3\\]s', //" deploy/prometheus/rules/metronome.alerts.yml >"$TMP/bad/rules/metronome.alerts.yml"
+must_fail "promtool test rules catches a worst-pod query that leaves out the namespace and job" \
+    promtool test rules "$TMP/bad/tests/metronome_test.yml"
 sed 's/sum by (cluster, namespace, job, route, model, point) (rate(metronome_stalls_total\[5m\]))/sum by (cluster, namespace, job, route, model, point) (rate(metronome_stalls_total[5m])/' \
     deploy/prometheus/rules/metronome.rules.yml >"$TMP/bad/rules/metronome.rules.yml"
 must_fail "promtool check rules catches an unbalanced parenthesis" promtool check rules "$TMP/bad/rules/metronome.rules.yml"

@@ -6,7 +6,7 @@
 The PodMonitor or ServiceMonitor, the PrometheusRule and the dashboard ConfigMap carry
 release: RELEASE; the dashboard ConfigMap is labelled grafana_dashboard: "1"; metronome is a
 native sidecar whose admin address is 0.0.0.0 (explicit, in args and config); the PrometheusRule
-holds every rule and alert of deploy/prometheus/rules. Writes the rendered metronome.toml to
+holds every rule and alert of deploy/prometheus/rules, annotation templates unchanged. Writes the rendered metronome.toml to
 TOML_OUT for `metronome check-config`.
 """
 import sys
@@ -28,11 +28,17 @@ if len(monitors) != 1:
     problems.append(f"{len(monitors)} monitors rendered")
 if not dash or dash[0]["metadata"]["labels"].get("grafana_dashboard") != "1":
     problems.append("no dashboard ConfigMap labelled grafana_dashboard: \"1\"")
-rules = sum(len(g["rules"]) for g in by_kind["PrometheusRule"][0]["spec"]["groups"]) if by_kind.get("PrometheusRule") else 0
-want = sum(len(g["rules"]) for f in ("metronome.rules.yml", "metronome.alerts.yml")
-           for g in yaml.safe_load(open(f"deploy/prometheus/rules/{f}"))["groups"])
+groups = by_kind["PrometheusRule"][0]["spec"]["groups"] if by_kind.get("PrometheusRule") else []
+rules = sum(len(g["rules"]) for g in groups)
+want_groups = [g for f in ("metronome.rules.yml", "metronome.alerts.yml")
+               for g in yaml.safe_load(open(f"deploy/prometheus/rules/{f}"))["groups"]]
+want = sum(len(g["rules"]) for g in want_groups)
 if rules != want:
     problems.append(f"the PrometheusRule has {rules} rules, deploy/prometheus/rules has {want}")
+elif groups != want_groups:
+    # The alerts' annotations are Go templates ({{ $labels.namespace }}, the worst-pod `query`):
+    # Helm must pass them through untouched, not template them.
+    problems.append("the PrometheusRule's rules differ from deploy/prometheus/rules (a template Helm rewrote?)")
 pod = by_kind["Deployment"][0]["spec"]["template"]["spec"]
 side = [c for c in pod.get("initContainers", []) if c["name"] == "metronome"]
 if not side or side[0].get("restartPolicy") != "Always":

@@ -13,7 +13,8 @@
 #   6. two metronome instances whose targets carry different `namespace` labels (team-a, team-b,
 #      as the Prometheus Operator would give two deployments of the same model) stay apart in the
 #      recording rules, and the upstream-errors alert fires for team-a (which has the broken
-#      route) only;
+#      route) only, and the fired alerts' annotations name their own namespace and pod (the
+#      targets carry a `pod` label, as the Operator's would: metronome-a-0, metronome-b-0);
 #   7. the dashboard's vLLM panels have data from a vLLM-shaped /metrics (a fixture of vLLM 0.11's
 #      families, scripts/deploy-vllm-metrics.py) scraped beside metronome.
 # Deviations from the shipped files, all made on copies: scrape and evaluation every 1s, the
@@ -135,10 +136,11 @@ c["scrape_configs"] = [j for j in c["scrape_configs"] if "kubernetes_sd_configs"
 for j in c["scrape_configs"]:
     j["scrape_timeout"] = "1s"
 yaml.safe_dump(c, open(out / "prometheus.yml", "w"))
-# The namespace label as the Operator would set it; team-a's vLLM beside its metronome.
+# The namespace and pod labels as the Operator would set them; team-a's vLLM beside its metronome.
 (out / "targets" / "e2e.json").write_text(json.dumps([
-    {"targets": [f"127.0.0.1:{admin}", f"127.0.0.1:{vllm}"], "labels": {"env": "e2e", "namespace": "team-a"}},
-    {"targets": [f"127.0.0.1:{admin_b}"], "labels": {"env": "e2e", "namespace": "team-b"}},
+    {"targets": [f"127.0.0.1:{admin}"], "labels": {"env": "e2e", "namespace": "team-a", "pod": "metronome-a-0"}},
+    {"targets": [f"127.0.0.1:{vllm}"], "labels": {"env": "e2e", "namespace": "team-a", "pod": "vllm-a-0"}},
+    {"targets": [f"127.0.0.1:{admin_b}"], "labels": {"env": "e2e", "namespace": "team-b", "pod": "metronome-b-0"}},
 ]))
 for rules in c["rule_files"]:
     text = open(f"deploy/prometheus/{rules}").read()
@@ -211,6 +213,36 @@ import json, sys
 print(sum(1 for a in json.load(sys.stdin)["data"]["alerts"] if a["labels"]["alertname"] == "MetronomeUpstreamErrors" and a["labels"].get("namespace") == "team-a" and a["state"] == "firing"))') -eq 1 ]] ||
     die "MetronomeUpstreamErrors is not firing once for team-a"
 ok "MetronomeUpstreamErrors fires for namespace team-a only"
+
+# The fired alerts name their namespace (summary) and their deployment's worst pod (description,
+# by the alert's `query` template): MetronomeUpstreamErrors and MetronomeStallRateHigh team-a's pod,
+# and MetronomeGapSLOSlowBurn, which both namespaces' stalls drive, each namespace's own (team-b's
+# 2 streams stay under the stall alert's traffic floor of 10 gaps/s over 5m).
+names_pod() { # alert, namespace, pod -> true when a firing alert of that namespace names both
+    curl -fsS "$API/alerts" | python3 -c '
+import json, re, sys
+alert, ns, pod = sys.argv[1:]
+hits = [a for a in json.load(sys.stdin)["data"]["alerts"] if a["labels"]["alertname"] == alert
+        and a["labels"].get("namespace") == ns and a["state"] == "firing"]
+ok = [a for a in hits if f"namespace {ns} " in a["annotations"]["summary"]
+      and (m := re.search(r"Worst pod[^:]*: (\S+) \(", a["annotations"]["description"])) and m[1] == pod]
+for a in hits:
+    print(a["annotations"]["summary"], "| Worst pod" + a["annotations"]["description"].split("Worst pod")[-1], file=sys.stderr)
+sys.exit(0 if len(hits) == 1 and ok else 1)' "$@"
+}
+for case in "MetronomeUpstreamErrors team-a metronome-a-0" "MetronomeStallRateHigh team-a metronome-a-0" \
+    "MetronomeGapSLOSlowBurn team-a metronome-a-0" "MetronomeGapSLOSlowBurn team-b metronome-b-0"; do
+    read -r alert ns pod <<<"$case"
+    limit=$((SECONDS + 60))
+    until names_pod "$alert" "$ns" "$pod" 2>/dev/null; do
+        if ((SECONDS >= limit || SECONDS >= DEADLINE)); then
+            names_pod "$alert" "$ns" "$pod" || true
+            die "$alert for $ns does not name namespace $ns and pod $pod (above: what it says)"
+        fi
+        sleep 0.5
+    done
+    ok "$alert for $ns names namespace $ns and pod $pod: $(names_pod "$alert" "$ns" "$pod" 2>&1 | tail -1)"
+done
 
 # Let the probe finish its streams, then compare it with Prometheus.
 while kill -0 $PROBE 2>/dev/null; do
