@@ -632,7 +632,7 @@ impl StreamLedger {
     }
 
     /// How the stream ended. It was delivered when every frame read from the upstream reached
-    /// the client socket: whether hyper asked the body for its end does not matter (with a
+    /// the client socket: whether the connection asked the body for its end does not matter (with a
     /// `content-length` it never does).
     fn outcome(
         &self,

@@ -330,6 +330,26 @@ impl BatchDetector {
             .collect()
     }
 
+    /// The settled batch-scope hitches of each of `ids` still kept, in order: one pass over
+    /// the marks for a whole batch of ended streams (the span exporter's), where
+    /// [`Self::hitches_of`] takes one pass per stream.
+    pub fn batch_hitches_of(
+        &self,
+        ids: &std::collections::HashSet<&str>,
+    ) -> std::collections::HashMap<Arc<str>, Vec<HitchMark>> {
+        let mut out: std::collections::HashMap<Arc<str>, Vec<HitchMark>> = Default::default();
+        if ids.is_empty() {
+            return out;
+        }
+        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        for (stream, mark) in marks.iter() {
+            if mark.episode.is_some() && ids.contains(stream.as_ref()) {
+                out.entry(stream.clone()).or_default().push(mark.clone());
+            }
+        }
+        out
+    }
+
     fn count_hitch(&self, settled: &Settled<HitchLabels>) {
         let labels = &settled.labels;
         let model = labels

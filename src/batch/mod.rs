@@ -19,7 +19,7 @@ pub mod tracker;
 
 use std::time::Duration;
 
-pub use live::{BatchDetector, StreamProbe};
+pub use live::{BatchDetector, HitchMark, StreamProbe};
 pub use tracker::{Episode, Scope};
 
 /// The `[batch]` section, validated.

@@ -94,7 +94,7 @@ pub struct Arrival {
 }
 
 /// An episode: a stretch during which much of the batch was inside a hitch at once.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Episode {
     /// Its number on this upstream, from 1.
     pub id: u64,

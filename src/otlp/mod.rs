@@ -90,6 +90,7 @@ mod exporter {
                 resource: resource.clone(),
                 naming: naming.clone(),
                 exports: exports.clone(),
+                batch: state.batch.clone(),
             })
         });
         let traces = traces.map(|exporter| tokio::spawn(exporter.run(stop.clone())));

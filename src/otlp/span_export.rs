@@ -2,6 +2,7 @@
 //! batches to `{endpoint}/v1/traces`. A batch the receiver did not take is counted and dropped,
 //! never retried into a growing backlog.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 use super::names::{Naming, Value};
 use super::traces::{failed, EndedStream, SpanSink};
 use super::transport::{Signal, Transport};
+use crate::batch::{BatchDetector, Episode, HitchMark};
 
 /// Spans sent in one request at most.
 const MAX_BATCH: usize = 512;
@@ -32,8 +34,91 @@ fn kv(key: &str, value: any_value::Value) -> KeyValue {
     }
 }
 
-/// The span of one ended stream.
-pub fn span(ended: &EndedStream, naming: &Naming) -> Span {
+/// A batch episode (docs/batch.md) one stream was caught in, as an event of its span.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpisodeEvent {
+    /// The upstream's label.
+    pub upstream: Arc<str>,
+    /// The episode's number on that upstream (as `/episodes` has it).
+    pub episode: u64,
+    /// When the stream's first hitch in it began, µs since the request arrived.
+    pub start_us: u64,
+    /// The stream's hitches in it, summed, µs.
+    pub hitch_us: u64,
+    /// The episode's figures while the detector still keeps it: streams caught, arrivals in its
+    /// lookback, and its length once it has ended.
+    pub episode_figures: Option<(usize, usize, Option<u64>)>,
+}
+
+/// The episodes a stream was caught in: its batch-scope hitches (`marks`, in order) grouped by
+/// episode, with each episode's figures from `episodes` (the detector's) when it is still kept.
+pub fn episode_events(marks: &[HitchMark], episodes: &[(Arc<str>, Episode)]) -> Vec<EpisodeEvent> {
+    let mut out: Vec<EpisodeEvent> = Vec::new();
+    for mark in marks {
+        let Some(episode) = mark.episode else {
+            continue;
+        };
+        let length = mark.to_us.saturating_sub(mark.from_us);
+        if let Some(event) = out
+            .iter_mut()
+            .find(|e| e.episode == episode && e.upstream == mark.upstream)
+        {
+            event.hitch_us += length;
+            continue;
+        }
+        let episode_figures = episodes
+            .iter()
+            .find(|(upstream, e)| e.id == episode && *upstream == mark.upstream)
+            .map(|(_, e)| {
+                let length = e
+                    .end
+                    .map(|end| u64::try_from((end - e.start) / 1_000).unwrap_or(0));
+                (e.streams, e.arrivals, length)
+            });
+        out.push(EpisodeEvent {
+            upstream: mark.upstream.clone(),
+            episode,
+            start_us: mark.from_us,
+            hitch_us: length,
+            episode_figures,
+        });
+    }
+    out
+}
+
+fn episode_event(start_unix_nanos: u64, e: &EpisodeEvent) -> span::Event {
+    let int = |n: u64| any_value::Value::IntValue(i64::try_from(n).unwrap_or(i64::MAX));
+    let mut attributes = vec![
+        kv(
+            "metronome.batch.upstream",
+            any_value::Value::StringValue(e.upstream.to_string()),
+        ),
+        kv("metronome.batch.episode", int(e.episode)),
+        kv(
+            "metronome.batch.hitch.length",
+            any_value::Value::DoubleValue(e.hitch_us as f64 / 1e6),
+        ),
+    ];
+    if let Some((streams, arrivals, length)) = e.episode_figures {
+        attributes.push(kv("metronome.batch.episode.streams", int(streams as u64)));
+        attributes.push(kv("metronome.batch.episode.arrivals", int(arrivals as u64)));
+        if let Some(us) = length {
+            attributes.push(kv(
+                "metronome.batch.episode.length",
+                any_value::Value::DoubleValue(us as f64 / 1e6),
+            ));
+        }
+    }
+    span::Event {
+        time_unix_nano: start_unix_nanos + e.start_us * 1_000,
+        name: "metronome.batch_episode".into(),
+        attributes,
+        ..span::Event::default()
+    }
+}
+
+/// The span of one ended stream, with an event per stall and per batch episode it was caught in.
+pub fn span(ended: &EndedStream, naming: &Naming, episodes: &[EpisodeEvent]) -> Span {
     let labels = [
         ("route".to_string(), ended.route.to_string()),
         ("model".to_string(), ended.model.to_string()),
@@ -80,25 +165,25 @@ pub fn span(ended: &EndedStream, naming: &Naming) -> Span {
         ));
     }
     let start = ended.start_unix_nanos;
-    let events = ended
-        .stalls
-        .iter()
-        .map(|s| span::Event {
-            time_unix_nano: start + s.start_us * 1_000,
-            name: "metronome.stall".into(),
-            attributes: vec![
-                kv(
-                    "metronome.stall.point",
-                    any_value::Value::StringValue(s.point.into()),
-                ),
-                kv(
-                    "metronome.stall.length",
-                    any_value::Value::DoubleValue(s.length_us as f64 / 1e6),
-                ),
-            ],
-            ..span::Event::default()
-        })
+    let stall_events = ended.stalls.iter().map(|s| span::Event {
+        time_unix_nano: start + s.start_us * 1_000,
+        name: "metronome.stall".into(),
+        attributes: vec![
+            kv(
+                "metronome.stall.point",
+                any_value::Value::StringValue(s.point.into()),
+            ),
+            kv(
+                "metronome.stall.length",
+                any_value::Value::DoubleValue(s.length_us as f64 / 1e6),
+            ),
+        ],
+        ..span::Event::default()
+    });
+    let mut events: Vec<span::Event> = stall_events
+        .chain(episodes.iter().map(|e| episode_event(start, e)))
         .collect();
+    events.sort_by_key(|e| e.time_unix_nano);
     Span {
         trace_id: ended.context.trace_id.to_vec(),
         span_id: ended.context.span_id.to_vec(),
@@ -150,6 +235,8 @@ pub struct SpanExporter {
     pub naming: Naming,
     /// `metronome_otlp_exports_total`.
     pub exports: IntCounterVec,
+    /// The batch detector, whose settled hitches give each span its episode events.
+    pub batch: Arc<BatchDetector>,
 }
 
 // === impl SpanExporter ===
@@ -164,7 +251,7 @@ impl SpanExporter {
             let stopping = tokio::select! {
                 ended = self.receiver.recv() => match ended {
                     Some(ended) => {
-                        batch.push(span(&ended, &self.naming));
+                        batch.push(ended);
                         if batch.len() < MAX_BATCH {
                             continue;
                         }
@@ -177,7 +264,7 @@ impl SpanExporter {
             };
             if stopping {
                 while let Ok(ended) = self.receiver.try_recv() {
-                    batch.push(span(&ended, &self.naming));
+                    batch.push(ended);
                 }
             }
             if !batch.is_empty() {
@@ -189,7 +276,31 @@ impl SpanExporter {
         }
     }
 
-    async fn send(&self, spans: Vec<Span>) {
+    /// The spans of `ended`, built now rather than as each stream ended: by the batch's flush
+    /// (up to [`FLUSH_EVERY`] later) a stream's last hitches have their scope, so the episodes
+    /// it was caught in are known. One pass over the detector's marks for the whole batch.
+    fn spans(&self, ended: &[EndedStream]) -> Vec<Span> {
+        let ids: HashSet<&str> = ended.iter().map(|e| e.stream_id.as_ref()).collect();
+        let marks = self.batch.batch_hitches_of(&ids);
+        let episodes = if marks.is_empty() {
+            Vec::new()
+        } else {
+            self.batch.episodes()
+        };
+        ended
+            .iter()
+            .map(|e| {
+                let caught = marks
+                    .get(&e.stream_id)
+                    .map(|m| episode_events(m, &episodes))
+                    .unwrap_or_default();
+                span(e, &self.naming, &caught)
+            })
+            .collect()
+    }
+
+    async fn send(&self, ended: Vec<EndedStream>) {
+        let spans = self.spans(&ended);
         let n = spans.len() as u64;
         let body = request(spans, &self.resource).encode_to_vec();
         match self.transport.send(Signal::Traces, body).await {
@@ -234,7 +345,7 @@ mod tests {
                 length_us: 600_000,
             }],
         };
-        let s = span(&ended, &Naming::with(Names::Metronome, false));
+        let s = span(&ended, &Naming::with(Names::Metronome, false), &[]);
         assert_eq!(s.name, "chat m");
         assert_eq!(s.kind, span::SpanKind::Server as i32);
         assert_eq!(
@@ -257,5 +368,56 @@ mod tests {
         ] {
             assert!(keys.contains(&key), "{key} missing from {keys:?}");
         }
+    }
+
+    #[test]
+    fn a_streams_hitches_are_grouped_into_one_event_per_episode() {
+        use crate::batch::Scope;
+        let mark = |episode: Option<u64>, from_us: u64, to_us: u64| HitchMark {
+            event: 0,
+            from_us,
+            to_us,
+            scope: if episode.is_some() {
+                Scope::Batch
+            } else {
+                Scope::Stream
+            },
+            episode,
+            upstream: "default".into(),
+        };
+        let marks = [
+            mark(Some(3), 100, 400),
+            mark(None, 500, 900),
+            mark(Some(3), 1_000, 1_200),
+            mark(Some(4), 2_000, 2_100),
+        ];
+        let mut kept = Episode::default();
+        (kept.id, kept.start, kept.end) = (3, 10_000, Some(510_000));
+        (kept.streams, kept.arrivals) = (5, 2);
+        let events = episode_events(&marks, &[("default".into(), kept)]);
+        assert_eq!(events.len(), 2);
+        assert_eq!(
+            (events[0].episode, events[0].start_us, events[0].hitch_us),
+            (3, 100, 500)
+        );
+        assert_eq!(events[0].episode_figures, Some((5, 2, Some(500))));
+        assert_eq!((events[1].episode, events[1].episode_figures), (4, None));
+        let ended = EndedStream {
+            context: SpanContext::continue_from(None),
+            start_unix_nanos: 1_000_000_000,
+            duration_us: 3_000,
+            stream_id: "s1".into(),
+            route: "chat".into(),
+            model: "m".into(),
+            outcome: "complete",
+            ttft_egress_us: None,
+            output_tokens: 1,
+            token_events: 1,
+            stalls: Vec::new(),
+        };
+        let s = span(&ended, &Naming::with(Names::Metronome, false), &events);
+        let names: Vec<&str> = s.events.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["metronome.batch_episode"; 2]);
+        assert_eq!(s.events[0].time_unix_nano, 1_000_100_000);
     }
 }

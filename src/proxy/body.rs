@@ -1,4 +1,5 @@
-//! The response body types the proxy hands hyper: a metered stream, a pass-through body that only
+//! The response body types the proxy hands the serving connection (the native HTTP/1.1 server, or
+//! hyper's for HTTP/2): a metered stream, a pass-through body that only
 //! times the request, or a small body metronome wrote itself (errors).
 
 use std::pin::Pin;

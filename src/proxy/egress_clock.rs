@@ -1,8 +1,9 @@
 //! The egress clock: stamps a frame when its bytes reach the client connection's socket.
 //!
-//! Handing a frame to hyper is not delivery: hyper buffers, and a slow client leaves bytes waiting
-//! in hyper and the kernel. So the accepted connection's IO is wrapped in [`EgressIo`], which
-//! counts the bytes each write puts into the socket. When the egress body hands hyper a frame of
+//! Handing a frame to the serving connection (the native HTTP/1.1 server or hyper's) is not
+//! delivery: the connection buffers, and a slow client leaves bytes waiting in it and the kernel.
+//! So the accepted connection's IO is wrapped in [`EgressIo`], which counts the bytes each write
+//! puts into the socket. When the egress body hands the connection a frame of
 //! `len` bytes, it registers it with the connection's [`EgressClock`] at threshold
 //! `written + len`: the frame cannot have reached the socket before that many more bytes were
 //! written. The first write that crosses the threshold stamps it. For HTTP/1.1 the stamp falls in
@@ -10,8 +11,8 @@
 //! most that much early on a partial write); on HTTP/2, bytes of other streams on the connection
 //! count too, so a stamp can only be early, never late. One clock read per socket write.
 //!
-//! The clock also tells the connection's metered streams when the socket refuses a write: hyper
-//! stops polling their bodies until it drains, so their reader tasks must read the upstream
+//! The clock also tells the connection's metered streams when the socket refuses a write: the
+//! connection stops polling their bodies until it drains, so their reader tasks must read the upstream
 //! meanwhile (see `metered`).
 
 use std::collections::VecDeque;
@@ -26,7 +27,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::clock::{FrameStamp, Tick};
 use crate::ledger::StreamLedger;
 
-/// A frame handed to hyper, waiting for its bytes to reach the socket.
+/// A frame handed to the serving connection, waiting for its bytes to reach the socket.
 #[derive(Debug)]
 struct PendingFrame {
     /// Socket byte count at which the frame is out.
@@ -38,7 +39,7 @@ struct PendingFrame {
 /// A metered stream that reads its upstream from its egress body while the client keeps up and
 /// must be told when the socket refuses a write.
 pub trait Standby: Send + Sync {
-    /// The client's socket refused a write: hyper will not poll the body until it drains.
+    /// The client's socket refused a write: the connection will not poll the body until it drains.
     fn client_blocked(self: Arc<Self>);
 }
 
@@ -75,7 +76,7 @@ impl EgressClock {
         Self::default()
     }
 
-    /// The egress body handed hyper a frame of `len` bytes.
+    /// The egress body handed the connection a frame of `len` bytes.
     pub fn handoff(&self, len: usize, ledger: &Arc<StreamLedger>, stamp: FrameStamp) {
         let threshold = self.written.load(Ordering::Acquire) + len as u64;
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());

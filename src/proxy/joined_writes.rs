@@ -1,7 +1,7 @@
 //! Small vectored writes joined into one slice before they reach rustls.
 //!
-//! hyper writes a chunked HTTP/1.1 frame as one vectored write of three slices (the chunk's size
-//! line, the frame, the CRLF), and HTTP/2 a DATA frame of 256 bytes or more as two (the frame
+//! The HTTP/1.1 servers (the native one and hyper's) write a chunked frame as one vectored write of
+//! three slices (the chunk's size line, the frame, the CRLF), and hyper's HTTP/2 a DATA frame of 256 bytes or more as two (the frame
 //! header and the payload; h2 copies smaller ones into its own buffer). rustls's `write_vectored` collects the slices into a `Vec`
 //! before it encrypts them into a record: an allocation per frame on top of the record's own
 //! buffer. [`JoinedWrites`] copies the slices of a write of at most [`JOIN_MAX`] bytes into a

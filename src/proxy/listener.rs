@@ -3,7 +3,8 @@
 //! `threading = "per_core"` every worker thread runs one of these loops ([`super::workers`]).
 //!
 //! Connections beyond `limits.max_connections` are answered 503 and closed at once; request heads
-//! beyond `limits.max_header_bytes` are answered 431 by hyper.
+//! beyond `limits.max_header_bytes` are answered 431 by the HTTP/1.1 server that reads them (the
+//! native one, or hyper's under `server.http1_server = "hyper"`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -1,25 +1,27 @@
 //! The metered body: the egress body reads, stamps and scans the upstream's frames, and a reader
 //! task takes over while the client cannot take them.
 //!
-//! While the client keeps up, hyper polls the egress body as soon as the connection can take
-//! more, so the body reads the upstream itself: a frame that arrives wakes the client
-//! connection's task directly, which stamps it (one clock read), scans it and hands hyper the very
-//! same `Bytes`, as a plain proxy would, with no task or channel in between. The connection's
+//! While the client keeps up, the serving connection (the native HTTP/1.1 server by default,
+//! hyper's for HTTP/2 and `server.http1_server = "hyper"`) polls the egress body as soon as it can
+//! take more, so the body reads the upstream itself: a frame that arrives wakes the client
+//! connection's task directly, which stamps it (one clock read), scans it and hands the connection
+//! the very same `Bytes`, as a plain proxy would, with no task or channel in between. The connection's
 //! egress clock then stamps the frame when its bytes reach the socket.
 //!
-//! A client that reads slowly makes the socket refuse a write; hyper then stops polling the body.
+//! A client that reads slowly makes the socket refuse a write; the connection then stops polling
+//! the body.
 //! The egress clock sees that refusal and hands the stream to its ingress reader task, which keeps
 //! reading the upstream at the upstream's cadence, stamping and scanning each frame and queueing
 //! it, up to the buffer's bound in bytes and frames; then backpressure reaches the upstream. When
-//! hyper polls the body again it takes the queued frames in order, and once the queue is empty it
+//! the connection polls the body again it takes the queued frames in order, and once the queue is empty it
 //! reads the upstream itself again. On HTTP/2 (the request's version says it), where
 //! a stream can be held back by flow control without the socket refusing anything, the reader task
 //! always does the reading.
 //!
-//! When the client goes away, hyper drops the egress body, which drops the upstream body at once:
-//! the upstream connection closes and the inference server stops generating. When the upstream
-//! fails or goes silent, the body returns the error, so hyper aborts the response instead of
-//! ending it as if it were complete.
+//! When the client goes away, the connection drops the egress body, which drops the upstream
+//! body at once: the upstream connection closes and the inference server stops generating. When
+//! the upstream fails or goes silent, the body returns the error, so the connection aborts the
+//! response instead of ending it as if it were complete.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -108,7 +110,7 @@ type Upstream = Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send>>;
 /// Who reads the upstream now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reading {
-    /// The egress body, whenever hyper polls it: the client keeps up.
+    /// The egress body, whenever the connection polls it: the client keeps up.
     Egress,
     /// The reader task: the client cannot take more, or the protocol needs it (HTTP/2).
     Reader,
@@ -143,7 +145,7 @@ struct State {
     /// When the last frame (or the stream) began, for the idle timeout.
     last_read: Tick,
     /// The last read found a frame, so the metering state was just touched and the next read
-    /// need not prefetch it (hyper reads again after each frame, and that read usually finds
+    /// need not prefetch it (the connection reads again after each frame, and that read usually finds
     /// nothing).
     metering_warm: bool,
     /// Fires at the idle deadline; moved on lazily, not per frame.
@@ -368,7 +370,7 @@ impl Shared {
         }
     }
 
-    /// The frame goes to hyper now: register it with the connection's egress clock.
+    /// The frame goes to the serving connection now: register it with the connection's egress clock.
     fn handoff(&self, frame: &MeteredFrame) {
         self.clock
             .handoff(frame.bytes.len(), &self.ledger, frame.stamp);
@@ -395,7 +397,8 @@ impl crate::live::Flush for Shared {
 }
 
 impl Standby for Shared {
-    /// The client's socket refused a write: hyper will not poll the egress body until it drains,
+    /// The client's socket refused a write: the connection will not poll the egress body until
+    /// it drains,
     /// so the reader task reads the upstream meanwhile.
     fn client_blocked(self: Arc<Self>) {
         let Some(mut state) = self.lock() else {
@@ -546,7 +549,7 @@ impl Body for EgressBody {
             set_waker(&mut state.egress_waker, cx);
             return Poll::Pending;
         }
-        // hyper polls: the client keeps up, so read the upstream here.
+        // The connection polls: the client keeps up, so read the upstream here.
         state.reading = Reading::Egress;
         match shared.read(state, cx) {
             Poll::Pending => {
@@ -586,7 +589,8 @@ impl EgressBody {
 }
 
 impl Drop for EgressBody {
-    /// hyper is done with the body. With a `content-length` it never asks for the end: an
+    /// The serving connection is done with the body. With a `content-length` it never asks for
+    /// the end: an
     /// upstream that has given all its bytes is complete. Otherwise, if the upstream is still
     /// open, the client went away, so the upstream request is dropped now and the stream counts
     /// as cancelled.

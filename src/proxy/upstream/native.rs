@@ -416,8 +416,8 @@ impl NativeBody {
         }
     }
 
-    /// The body failed. The error waits one poll: hyper aborts the response as soon as it sees
-    /// an error, dropping what it has not yet written, so it first gets a `Pending` (and an
+    /// The body failed. The error waits one poll: a serving connection may abort the response
+    /// as soon as it sees an error (hyper's does), dropping what it has not yet written, so it first gets a `Pending` (and an
     /// immediate wake-up) to write out the frames before the failure, as when the error came
     /// from another task.
     fn fail(
@@ -470,8 +470,9 @@ impl Body for NativeBody {
                     }
                     // At least half the read size free, so a read takes a chat frame whole (512
                     // bytes at the first read size); reclaiming the buffer in place is cheap
-                    // once hyper has written the frames split off it. So the room is made
-                    // only once the socket has something: hyper asks for the next frame before
+                    // once the connection has written the frames split off it. So the room is
+                    // made only once the socket has something: the serving connection (native
+                    // or hyper's) asks for the next frame before
                     // it writes the last one, and reserving then, while that frame still shares
                     // the buffer, would allocate a new buffer (and its shared header) every
                     // other chat frame. By the time the next frame arrives the last is written.
@@ -517,8 +518,8 @@ impl Body for NativeBody {
 
 impl Drop for NativeBody {
     fn drop(&mut self) {
-        // hyper stops polling a body with a known length once it has all its bytes: the
-        // connection is still good for the next request.
+        // The serving connection (native or hyper's) stops polling a body with a known length
+        // once it has all its bytes: the upstream connection is still good for the next request.
         if self.decoder.is_done() {
             self.finish();
         }
