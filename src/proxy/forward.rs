@@ -188,13 +188,20 @@ async fn forward(
         slo,
         span,
     };
-    let probe = state.batch.open(
-        &route.upstream,
-        info.id.clone(),
-        route.name.clone(),
-        info.received,
-        declared_body,
-    );
+    let trace_id = info
+        .traceparent
+        .as_deref()
+        .and_then(crate::metrics::trace_id);
+    let probe = state
+        .batch
+        .open(
+            &route.upstream,
+            info.id.clone(),
+            route.name.clone(),
+            info.received,
+            declared_body,
+        )
+        .map(|probe| probe.with_trace_id(trace_id));
     let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info, permit);
     let settings = MeterSettings {
         framing,
