@@ -7,7 +7,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 
 use bytes::{Buf, Bytes};
 use http_body_util::{BodyExt, Full};
@@ -226,28 +225,6 @@ async fn each_format_carries_exactly_the_counts_and_the_exemplars() {
     let (_, detail) = get(proxy.admin_addr, &format!("/streams/{id}"), &[]).await;
     assert!(String::from_utf8_lossy(&detail).contains(&id));
     proxy.shutdown().await;
-}
-
-/// The exposition as scripts/check-openmetrics.py reads it with prometheus_client's parser.
-fn parse_openmetrics(body: &[u8]) -> serde_json::Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/check-openmetrics.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 (with prometheus_client: pip install prometheus_client)");
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(body).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(body)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// A counter family with exemplars (the batch counters' kind): the OpenMetrics text with the
