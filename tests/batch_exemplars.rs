@@ -184,6 +184,12 @@ async fn hitch_and_episode_exemplars_name_streams_that_resolve() {
     )];
     let (_, _, body) = send(proxy.admin_addr, "/metrics", String::new(), &openmetrics).await;
     let parsed = parse_openmetrics(&body);
+    // What docs/batch.md shows.
+    for line in String::from_utf8_lossy(&body).lines().filter(|l| {
+        l.starts_with("metronome_hitches_total") || l.starts_with("metronome_batch_episodes_total")
+    }) {
+        eprintln!("{line}");
+    }
 
     // The stream-scope hitch names the stalled stream, with its trace.
     let hitch = om_exemplar(&parsed, "metronome_hitches", &[("scope", "stream")]);
