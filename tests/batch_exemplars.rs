@@ -1,10 +1,11 @@
 //! The batch counters' exemplars (issue 29, as issue 27 defines exemplars) end to end:
 //! `metronome sim --engine batch` behind the proxy, four streams decoding, one of them with a
-//! stall of its own (and a `traceparent`), and one long prompt whose prefill holds the batch.
+//! stall of its own, and one long prompt whose prefill holds the batch.
 //! The OpenMetrics scrape (parsed by prometheus_client) and the protobuf scrape carry an exemplar
 //! on `metronome_hitches_total{scope="stream"}` naming the stalled stream, and one on
 //! `metronome_batch_episodes_total` naming a stream the episode caught; both resolve at the
-//! admin `/streams/{id}`, and the episode's at `/episodes` too.
+//! admin `/streams/{id}`, and the episode's at `/episodes` too. Every request has a
+//! `traceparent` of its own, and each exemplar carries its stream's trace ID.
 //!
 //! The stall (300 ms, about 200 ms in) and the hold (300 ms, from 700 ms) are far apart, and a
 //! stall is the longest gap of its scope by far, so the named streams are exact.
@@ -23,8 +24,10 @@ use serde_json::Value;
 use support::*;
 use tokio::net::TcpListener;
 
-const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+/// Each request's own trace: request `i` (the long prompt is `STREAMS`) gets trace ID `i + 1`.
+fn trace_id(i: usize) -> String {
+    format!("{:032x}", i + 1)
+}
 const STREAMS: usize = 4;
 /// The loop's step, and the long prompt's hold: 3,000 prompt tokens × 100 µs.
 const GAP: u64 = 20;
@@ -142,25 +145,31 @@ async fn hitch_and_episode_exemplars_name_streams_that_resolve() {
     let proxy = proxy_to(sim.addr()).await;
     let addr = proxy.proxy_addr;
 
+    let traceparent = |i: usize| format!("00-{}-00f067aa0ba902b7-01", trace_id(i));
     let decoding = futures_util::future::join_all((0..STREAMS).map(|i| async move {
         tokio::time::sleep(ms(5 * i as u64)).await;
-        let (stall, headers): (_, &[(&str, &str)]) = if i == 0 {
-            (Some(STALL_AT), &[("traceparent", TRACEPARENT)])
-        } else {
-            (None, &[])
-        };
+        let stall = (i == 0).then_some(STALL_AT);
+        let headers = [("traceparent", traceparent(i))];
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
         send(
             addr,
             "/v1/chat/completions",
             chat_body(TOKENS, 1, stall),
-            headers,
+            &headers,
         )
         .await
     }));
     let long = async {
         tokio::time::sleep(ms(LONG_AT)).await;
         let body = chat_body(2, LONG_PROMPT_TOKENS, None);
-        send(addr, "/v1/chat/completions", body, &[]).await
+        let header = traceparent(STREAMS);
+        send(
+            addr,
+            "/v1/chat/completions",
+            body,
+            &[("traceparent", &header)],
+        )
+        .await
     };
     let (decoding, long) = tokio::join!(decoding, long);
     assert!(decoding
@@ -168,6 +177,12 @@ async fn hitch_and_episode_exemplars_name_streams_that_resolve() {
         .chain([&long])
         .all(|(status, ..)| *status == 200));
     let stalled = decoding[0].1.clone();
+    // Every request's stream ID, by its index (the long prompt last).
+    let requests: Vec<String> = decoding
+        .iter()
+        .chain([&long])
+        .map(|(_, id, _)| id.clone())
+        .collect();
 
     scrape_until(&proxy, |m| {
         m.value("metronome_streams_total", &[]) == (STREAMS + 1) as f64
@@ -194,7 +209,7 @@ async fn hitch_and_episode_exemplars_name_streams_that_resolve() {
     // The stream-scope hitch names the stalled stream, with its trace.
     let hitch = om_exemplar(&parsed, "metronome_hitches", &[("scope", "stream")]);
     assert_eq!(hitch["labels"]["stream_id"], stalled.as_str(), "{hitch}");
-    assert_eq!(hitch["labels"]["trace_id"], TRACE_ID);
+    assert_eq!(hitch["labels"]["trace_id"], trace_id(0).as_str());
     assert_eq!(hitch["value"], 1.0, "the increment");
     let marks = detail(proxy.admin_addr, &stalled).await["hitches"].clone();
     assert!(
@@ -209,7 +224,11 @@ async fn hitch_and_episode_exemplars_name_streams_that_resolve() {
     // A batch-scope hitch names a decoding stream, which resolves too.
     let batch = om_exemplar(&parsed, "metronome_hitches", &[("scope", "batch")]);
     let batch_id = batch["labels"]["stream_id"].as_str().unwrap().to_owned();
-    assert!(decoding.iter().any(|(_, id, _)| *id == batch_id), "{batch}");
+    let named = requests
+        .iter()
+        .position(|id| *id == batch_id)
+        .unwrap_or_else(|| panic!("{batch} names no request"));
+    assert_eq!(batch["labels"]["trace_id"], trace_id(named).as_str());
     detail(proxy.admin_addr, &batch_id).await;
 
     // The episode names a stream it caught: listed at /episodes and resolving at /streams/{id}.
@@ -220,6 +239,11 @@ async fn hitch_and_episode_exemplars_name_streams_that_resolve() {
     );
     let caught = episode["labels"]["stream_id"].as_str().unwrap().to_owned();
     assert_eq!(episode["value"], 1.0);
+    let named = requests
+        .iter()
+        .position(|id| *id == caught)
+        .unwrap_or_else(|| panic!("{episode} names no request"));
+    assert_eq!(episode["labels"]["trace_id"], trace_id(named).as_str());
     let (_, _, episodes) = send(proxy.admin_addr, "/episodes", String::new(), &[]).await;
     let episodes: Value = serde_json::from_slice(&episodes).unwrap();
     assert!(
@@ -243,6 +267,30 @@ async fn hitch_and_episode_exemplars_name_streams_that_resolve() {
             .any(|h| h["scope"] == "batch"),
         "{marked}"
     );
+
+    // The episode histograms' exemplars (each episode's last arrival: the long prompt, unless a
+    // loaded machine paused the sim's loop) carry their stream's own trace too.
+    let duration = parsed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "metronome_batch_episode_duration_seconds")
+        .unwrap();
+    let arrivals: Vec<&Value> = duration["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["exemplar"])
+        .filter(|e| !e.is_null())
+        .collect();
+    assert!(!arrivals.is_empty(), "{duration}");
+    for e in arrivals {
+        let index = requests
+            .iter()
+            .position(|id| *id == e["labels"]["stream_id"])
+            .unwrap_or_else(|| panic!("{e} names no request"));
+        assert_eq!(e["labels"]["trace_id"], trace_id(index).as_str());
+    }
 
     // Protobuf carries the same exemplars (a scrape that shows them keeps them until the next
     // hitch of the series replaces them).

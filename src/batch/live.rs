@@ -177,11 +177,13 @@ impl BatchDetector {
     }
 
     /// A stream to `upstream` began (received at `received`): its probe, or `None` when the
-    /// detector is off. Starts the upstream's sweep if it was not running.
+    /// detector is off. Starts the upstream's sweep if it was not running. `trace_id` is the
+    /// trace of its request's `traceparent`, for the exemplars that name the stream.
     pub fn open(
         self: &Arc<Self>,
         upstream: &Upstream,
         id: Arc<str>,
+        trace_id: Option<&str>,
         route: Arc<str>,
         received: Tick,
         body_bytes: Option<u64>,
@@ -191,12 +193,18 @@ impl BatchDetector {
         }
         let episodes = self.upstream(upstream);
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        let trace_id: Option<Arc<str>> = trace_id.map(Arc::from);
         let beat = Arc::new(Beat::default());
         let start_sweep = {
             let mut inner = episodes.lock();
-            inner
-                .tracker
-                .start(key, id.clone(), raw(received), body_bytes, beat.clone());
+            inner.tracker.start(
+                key,
+                id.clone(),
+                trace_id.clone(),
+                raw(received),
+                body_bytes,
+                beat.clone(),
+            );
             !std::mem::replace(&mut inner.sweeping, true)
         };
         if start_sweep {
@@ -222,7 +230,7 @@ impl BatchDetector {
                 route,
                 model: None,
                 stream: id,
-                trace_id: None,
+                trace_id,
                 received: raw(received),
                 event: 0,
             },
@@ -275,15 +283,15 @@ impl BatchDetector {
             // The first stream caught: always among the IDs `/episodes` names for it.
             let caught = episode.stream_ids.first().map(|id| CounterExemplar {
                 stream_id: id,
-                trace_id: None,
+                trace_id: episode.first_trace_id.as_deref(),
                 rank: seconds,
             });
             m.episodes.inc(&[upstream], caught.as_ref());
-            let cause = episode.arrived.last().map(|a| a.id.clone());
+            let cause = episode.arrived.last();
             let observe = |family: &crate::metrics::HistogramFamily, value: f64| {
-                let exemplar = cause.as_deref().map(|stream_id| Exemplar {
-                    stream_id,
-                    trace_id: None,
+                let exemplar = cause.map(|arrival| Exemplar {
+                    stream_id: &arrival.id,
+                    trace_id: arrival.trace_id.as_deref(),
                     value,
                 });
                 family.observe_with(&[upstream], value, exemplar.as_ref());
@@ -439,13 +447,6 @@ impl StreamProbe {
             self.detector
                 .mark(&self.upstream.name, std::slice::from_ref(&settled));
         }
-    }
-
-    /// The stream's request had a W3C `traceparent` with this trace ID: its hitches' exemplars
-    /// carry it.
-    pub fn with_trace_id(mut self, trace_id: Option<&str>) -> Self {
-        self.labels.trace_id = trace_id.map(Arc::from);
-        self
     }
 
     /// The stream reported its prompt tokens (usage), for the arrivals that name it.

@@ -192,16 +192,14 @@ async fn forward(
         .traceparent
         .as_deref()
         .and_then(crate::metrics::trace_id);
-    let probe = state
-        .batch
-        .open(
-            &route.upstream,
-            info.id.clone(),
-            route.name.clone(),
-            info.received,
-            declared_body,
-        )
-        .map(|probe| probe.with_trace_id(trace_id));
+    let probe = state.batch.open(
+        &route.upstream,
+        info.id.clone(),
+        trace_id,
+        route.name.clone(),
+        info.received,
+        declared_body,
+    );
     let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info, permit);
     let settings = MeterSettings {
         framing,
