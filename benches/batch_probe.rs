@@ -30,7 +30,14 @@ fn bench(c: &mut Criterion) {
     let detector = BatchDetector::new(BatchSettings::default(), metrics, &upstream).unwrap();
     let start = Tick::now();
     let mut probe = detector
-        .open(&upstream, Arc::from("s"), Arc::from("chat"), start, None)
+        .open(
+            &upstream,
+            Arc::from("s"),
+            None,
+            Arc::from("chat"),
+            start,
+            None,
+        )
         .unwrap();
     let model: Arc<str> = Arc::from("m");
     let mut k = 0u64;

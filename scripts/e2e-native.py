@@ -16,6 +16,7 @@ the same gaps.
                             [--rate-since UNIX] [--metrics ITL TTFT] [--quantiles Q...]
                             --label NAME
     e2e-native.py exemplar --prom URL --admin ADMIN --select SEL --since UNIX
+    e2e-native.py hitch-exemplar --prom URL --admin ADMIN --select SEL --since UNIX
 
 Exit status 1 when a check fails (the reason on stdout), 0 otherwise. Standard library only.
 """
@@ -30,6 +31,7 @@ import urllib.request
 ITL = "metronome_inter_token_latency_seconds"
 TTFT = "metronome_time_to_first_token_seconds"
 STALL = "metronome_stall_duration_seconds"
+HITCHES = "metronome_hitches_total"
 QUANTILES = (0.5, 0.99)
 # The bound on |native - exact| / exact where the quantile's bucket is well filled (ITL p50 and
 # p99: thousands of gaps; TTFT p50): histogram_quantile interpolates linearly inside a bucket,
@@ -222,6 +224,38 @@ def cmd_exemplar(args):
     return 0
 
 
+def cmd_hitch_exemplar(args):
+    """An exemplar on metronome_hitches_total (a counter: on its _total sample, its value the
+    increment, 1) names a stream that /streams/{id} returns with a hitch of the series' scope."""
+    params = {"query": f"{HITCHES}{{{args.select}}}", "start": f"{args.since:.3f}",
+              "end": f"{time.time() + 1:.3f}"}
+    body = get_json(f"{args.prom}/api/v1/query_exemplars?" + urllib.parse.urlencode(params))
+    found = [(series["seriesLabels"], e) for series in body.get("data", [])
+             for e in series["exemplars"]]
+    if not found:
+        print(f"FAIL  no exemplar on {HITCHES}{{{args.select}}}")
+        return 1
+    for labels, e in found:
+        sid = e["labels"].get("stream_id")
+        if sid is None or float(e["value"]) != 1.0:
+            print(f"FAIL  exemplar {e} on {labels}: no stream_id, or a value other than 1")
+            return 1
+        try:
+            stream = get_json(f"http://{args.admin}/streams/{sid}")
+        except urllib.error.HTTPError as err:
+            print(f"FAIL  the hitch exemplar's stream_id {sid} does not resolve: HTTP {err.code}")
+            return 1
+        scopes = {h["scope"] for h in stream.get("hitches", [])}
+        if labels["scope"] not in scopes:
+            print(f"FAIL  stream {sid} has no hitch of scope {labels['scope']} (has {scopes})")
+            return 1
+    labels, e = found[0]
+    print(f"      {len(found)} exemplars on {HITCHES}; e.g. scope={labels['scope']}: stream_id "
+          f"{e['labels']['stream_id']}; each resolves at /streams/{{id}} to a stream with a "
+          f"hitch of that scope")
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -245,9 +279,14 @@ def main():
     x.add_argument("--admin", required=True)
     x.add_argument("--select", required=True)
     x.add_argument("--since", type=float, required=True)
+    h = sub.add_parser("hitch-exemplar")
+    h.add_argument("--prom", required=True)
+    h.add_argument("--admin", required=True)
+    h.add_argument("--select", required=True)
+    h.add_argument("--since", type=float, required=True)
     args = p.parse_args()
     commands = {"ids": cmd_ids, "settle": cmd_settle, "quantiles": cmd_quantiles,
-                "exemplar": cmd_exemplar}
+                "exemplar": cmd_exemplar, "hitch-exemplar": cmd_hitch_exemplar}
     return commands[args.cmd](args) or 0
 
 

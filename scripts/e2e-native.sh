@@ -16,7 +16,9 @@
 #      flight together), metronome B;
 #   3. the exemplar Prometheus returns, through /api/v1/query_exemplars, exemplars on stall
 #      buckets whose stream_id resolves at metronome A's /streams/{id}, to a stream that had an
-#      ingress gap of exactly the exemplar's value;
+#      ingress gap of exactly the exemplar's value, and exemplars on
+#      metronome_hitches_total{scope="stream"} (value 1, the increment) whose stream resolves
+#      with a hitch of that scope;
 #   4. fleet: the three instances under load together: histogram_quantile(0.99,
 #      sum(rate(ITL[window]))) over the native histograms is within 2 % of the pooled exact p99
 #      of the gaps of the streams in the window (the pooled p50 falls where the 8 and 15 ms
@@ -211,6 +213,13 @@ wait_for "exemplars on stall buckets" 20 $CHECK exemplar --prom "$EXEMPLARS" \
 $CHECK exemplar --prom "$EXEMPLARS" --admin "127.0.0.1:${ADMIN[a]}" --select "$(selector a)" \
     --since "$STARTED" || die "exemplars"
 ok "query_exemplars: stall-bucket exemplars whose stream_id resolves at /streams/{id}"
+# One stream at a time: every hitch (the stalls) is the stream's own.
+HITCH_SELECT="instance=\"127.0.0.1:${ADMIN[a]}\",route=\"chat\",scope=\"stream\""
+wait_for "an exemplar on metronome_hitches_total" 20 $CHECK hitch-exemplar --prom "$EXEMPLARS" \
+    --admin "127.0.0.1:${ADMIN[a]}" --select "$HITCH_SELECT" --since "$STARTED"
+$CHECK hitch-exemplar --prom "$EXEMPLARS" --admin "127.0.0.1:${ADMIN[a]}" \
+    --select "$HITCH_SELECT" --since "$STARTED" || die "hitch exemplars"
+ok "query_exemplars: metronome_hitches_total{scope=\"stream\"} exemplars whose stream_id resolves at /streams/{id} with a stream hitch"
 
 # --- 2. a thousand streams at once -----------------------------------------------------------
 probe b probe-thousand 1000 --rate 500 -n 1000 --max-tokens 60 || die "the 1,000-stream probe failed"

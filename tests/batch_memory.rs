@@ -82,7 +82,14 @@ async fn two_thousand_streams_cost_bounded_heap_and_leave_only_the_rings() {
     let before = live();
     let mut probes = Vec::with_capacity(STREAMS);
     for id in &ids {
-        let probe = detector.open(&upstream, id.clone(), route.clone(), base, Some(4_000));
+        let probe = detector.open(
+            &upstream,
+            id.clone(),
+            None,
+            route.clone(),
+            base,
+            Some(4_000),
+        );
         probes.push(probe.expect("the detector is on by default"));
     }
     for probe in &mut probes {

@@ -8,14 +8,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use prometheus::{IntCounterVec, Opts};
-
 use super::hitch::{HitchLimits, HitchRule};
 use super::tracker::{Beat, Episode, EpisodeTracker, Settled, SweepOutcome};
 use super::BatchSettings;
 use crate::clock::Tick;
 use crate::config::Upstream;
-use crate::metrics::{Exemplar, Metrics};
+use crate::metrics::{CounterExemplar, CounterFamily, Exemplar, Metrics};
 
 /// The `upstream` label of the top-level `server.upstream` (`--upstream`).
 pub const DEFAULT_UPSTREAM: &str = "default";
@@ -29,6 +27,8 @@ pub struct HitchLabels {
     pub model: Option<Arc<str>>,
     /// The stream's ID.
     pub stream: Arc<str>,
+    /// The trace ID of the stream's `traceparent`, when it had one (for the exemplar).
+    pub trace_id: Option<Arc<str>>,
     /// When the stream was received (nanoseconds since the clock's origin).
     pub received: i64,
     /// The index (from 0) of the token event that ended the gap.
@@ -73,12 +73,15 @@ struct Inner {
 
 /// The counters of batch hitches and episodes (registered into the proxy's registry; the
 /// episode histograms are the proxy's own families, for their native buckets and exemplars).
+/// Each series carries an exemplar in OpenMetrics and protobuf (docs/batch.md).
 #[derive(Debug, Clone)]
 pub struct BatchMetrics {
-    /// `metronome_hitches_total{route,model,scope}`.
-    pub hitches: IntCounterVec,
-    /// `metronome_batch_episodes_total{upstream}`.
-    pub episodes: IntCounterVec,
+    /// `metronome_hitches_total{route,model,scope}`; the exemplar names the stream of the
+    /// longest hitch since the last scrape.
+    pub hitches: CounterFamily,
+    /// `metronome_batch_episodes_total{upstream}`; the exemplar names the first stream caught in
+    /// the longest episode since the last scrape.
+    pub episodes: CounterFamily,
 }
 
 // === impl BatchMetrics ===
@@ -87,9 +90,9 @@ impl BatchMetrics {
     /// Creates the counters and registers them with `metrics`.
     pub fn register(metrics: &Metrics) -> prometheus::Result<Self> {
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let vec = IntCounterVec::new(Opts::new(name, help), labels)?;
-            metrics.register(Box::new(vec.clone()))?;
-            Ok::<_, prometheus::Error>(vec)
+            let family = CounterFamily::new(name, help, labels)?;
+            metrics.register_counter(&family)?;
+            Ok::<_, prometheus::Error>(family)
         };
         Ok(BatchMetrics {
             hitches: counter(
@@ -174,11 +177,13 @@ impl BatchDetector {
     }
 
     /// A stream to `upstream` began (received at `received`): its probe, or `None` when the
-    /// detector is off. Starts the upstream's sweep if it was not running.
+    /// detector is off. Starts the upstream's sweep if it was not running. `trace_id` is the
+    /// trace of its request's `traceparent`, for the exemplars that name the stream.
     pub fn open(
         self: &Arc<Self>,
         upstream: &Upstream,
         id: Arc<str>,
+        trace_id: Option<&str>,
         route: Arc<str>,
         received: Tick,
         body_bytes: Option<u64>,
@@ -188,12 +193,18 @@ impl BatchDetector {
         }
         let episodes = self.upstream(upstream);
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        let trace_id: Option<Arc<str>> = trace_id.map(Arc::from);
         let beat = Arc::new(Beat::default());
         let start_sweep = {
             let mut inner = episodes.lock();
-            inner
-                .tracker
-                .start(key, id.clone(), raw(received), body_bytes, beat.clone());
+            inner.tracker.start(
+                key,
+                id.clone(),
+                trace_id.clone(),
+                raw(received),
+                body_bytes,
+                beat.clone(),
+            );
             !std::mem::replace(&mut inner.sweeping, true)
         };
         if start_sweep {
@@ -219,6 +230,7 @@ impl BatchDetector {
                 route,
                 model: None,
                 stream: id,
+                trace_id,
                 received: raw(received),
                 event: 0,
             },
@@ -264,16 +276,22 @@ impl BatchDetector {
         let upstream: &str = upstream;
         let m = &self.batch_metrics;
         for episode in &outcome.ended {
-            m.episodes.with_label_values(&[upstream]).inc();
             let seconds = match episode.end {
                 Some(end) => (end - episode.start).max(0) as f64 * 1e-9,
                 None => 0.0,
             };
-            let cause = episode.arrived.last().map(|a| a.id.clone());
+            // The first stream caught: always among the IDs `/episodes` names for it.
+            let caught = episode.stream_ids.first().map(|id| CounterExemplar {
+                stream_id: id,
+                trace_id: episode.first_trace_id.as_deref(),
+                rank: seconds,
+            });
+            m.episodes.inc(&[upstream], caught.as_ref());
+            let cause = episode.arrived.last();
             let observe = |family: &crate::metrics::HistogramFamily, value: f64| {
-                let exemplar = cause.as_deref().map(|stream_id| Exemplar {
-                    stream_id,
-                    trace_id: None,
+                let exemplar = cause.map(|arrival| Exemplar {
+                    stream_id: &arrival.id,
+                    trace_id: arrival.trace_id.as_deref(),
                     value,
                 });
                 family.observe_with(&[upstream], value, exemplar.as_ref());
@@ -356,10 +374,15 @@ impl BatchDetector {
             .model
             .clone()
             .unwrap_or_else(|| self.metrics.models.resolve(None));
-        self.batch_metrics
-            .hitches
-            .with_label_values(&[&labels.route, &model, settled.scope.as_str()])
-            .inc();
+        let exemplar = CounterExemplar {
+            stream_id: &labels.stream,
+            trace_id: labels.trace_id.as_deref(),
+            rank: (settled.end - settled.start).max(0) as f64 * 1e-9,
+        };
+        self.batch_metrics.hitches.inc(
+            &[&labels.route, &model, settled.scope.as_str()],
+            Some(&exemplar),
+        );
     }
 }
 

@@ -85,6 +85,8 @@ pub struct Arrival {
     pub key: u64,
     /// The stream's ID.
     pub id: Arc<str>,
+    /// The trace ID of its request's `traceparent`, when it had one (for exemplars).
+    pub trace_id: Option<Arc<str>>,
     /// When it was received (nanoseconds).
     pub at: i64,
     /// Its request body's declared size, when it declared one.
@@ -106,6 +108,8 @@ pub struct Episode {
     pub streams: usize,
     /// The first [`MAX_CAUGHT_IDS`] of them.
     pub stream_ids: Vec<Arc<str>>,
+    /// The trace ID of the first caught stream's request, when it had a `traceparent`.
+    pub first_trace_id: Option<Arc<str>>,
     stream_keys: Vec<u64>,
     /// Requests received within the lookback before `start` (exact).
     pub arrivals: usize,
@@ -155,6 +159,7 @@ impl<L> Default for SweepOutcome<L> {
 struct Slot {
     key: u64,
     id: Arc<str>,
+    trace_id: Option<Arc<str>>,
     beat: Arc<Beat>,
     /// The latest reported hitch `(start, end)`, for the sweep after it.
     reported: Option<(i64, i64)>,
@@ -214,11 +219,13 @@ impl<L> EpisodeTracker<L> {
         self.streams.is_empty() && self.pending.is_empty() && self.open.is_none()
     }
 
-    /// A stream began at `at`: it is an arrival, and its beat is read from now on.
+    /// A stream began at `at`: it is an arrival, and its beat is read from now on. `trace_id` is
+    /// its request's trace, when it had a `traceparent`.
     pub fn start(
         &mut self,
         key: u64,
         id: Arc<str>,
+        trace_id: Option<Arc<str>>,
         at: i64,
         body_bytes: Option<u64>,
         beat: Arc<Beat>,
@@ -229,6 +236,7 @@ impl<L> EpisodeTracker<L> {
         self.arrivals.push_back(Arrival {
             key,
             id: id.clone(),
+            trace_id: trace_id.clone(),
             at,
             body_bytes,
             prompt_tokens: None,
@@ -236,6 +244,7 @@ impl<L> EpisodeTracker<L> {
         self.streams.push(Slot {
             key,
             id,
+            trace_id,
             beat,
             reported: None,
         });
@@ -359,6 +368,7 @@ impl<L> EpisodeTracker<L> {
             end: None,
             streams: 0,
             stream_ids: Vec::new(),
+            first_trace_id: None,
             stream_keys: Vec::new(),
             arrivals: window.len(),
             arrived: window.into_iter().skip(skip).cloned().collect(),
@@ -380,6 +390,9 @@ impl<L> EpisodeTracker<L> {
                 continue;
             }
             episode.streams += 1;
+            if episode.stream_keys.is_empty() {
+                episode.first_trace_id = slot.trace_id.clone();
+            }
             if episode.stream_keys.len() < MAX_CAUGHT_IDS {
                 episode.stream_keys.push(slot.key);
                 episode.stream_ids.push(slot.id.clone());
@@ -443,6 +456,7 @@ mod tests {
                 tracker.start(
                     i as u64,
                     Arc::from(format!("s{i}")),
+                    Some(Arc::from(format!("t{i}"))),
                     MS,
                     Some(100),
                     beat.clone(),
@@ -501,6 +515,7 @@ mod tests {
         sim.tracker.start(
             99,
             Arc::from("long"),
+            Some(Arc::from("t-long")),
             395 * MS,
             Some(40_000),
             Arc::default(),
@@ -511,7 +526,14 @@ mod tests {
         assert_eq!(e.streams, 10);
         assert_eq!(e.start, 400 * MS);
         assert_eq!(e.end, Some(700 * MS));
-        assert!(e.arrived.iter().any(|a| a.id.as_ref() == "long"));
+        let long = e.arrived.iter().find(|a| a.id.as_ref() == "long").unwrap();
+        assert_eq!(long.trace_id.as_deref(), Some("t-long"));
+        // The first stream caught, with its request's trace (the counter's exemplar).
+        let first = e.stream_ids[0].strip_prefix('s').unwrap();
+        assert_eq!(
+            e.first_trace_id.as_deref(),
+            Some(format!("t{first}").as_str())
+        );
         assert_eq!(settled.len(), 10);
         assert!(settled
             .iter()
@@ -554,7 +576,7 @@ mod tests {
     fn prompt_tokens_reach_the_episode_after_the_stream_ends() {
         let mut sim = Sim::new(3);
         sim.tracker
-            .start(50, Arc::from("long"), 390 * MS, None, Arc::default());
+            .start(50, Arc::from("long"), None, 390 * MS, None, Arc::default());
         sim.run(20 * MS, 1_000 * MS, |_, t| t > 400 * MS && t < 600 * MS);
         sim.tracker.end(50, Some(12_000));
         let e = sim.tracker.episodes().next().unwrap();
@@ -572,8 +594,14 @@ mod tests {
     fn rings_stay_bounded_whatever_the_history() {
         let mut sim = Sim::new(4);
         for i in 0..(MAX_ARRIVALS as u64 + 10) {
-            sim.tracker
-                .start(1_000 + i, Arc::from("burst"), 2 * MS, None, Arc::default());
+            sim.tracker.start(
+                1_000 + i,
+                Arc::from("burst"),
+                None,
+                2 * MS,
+                None,
+                Arc::default(),
+            );
             sim.tracker.end(1_000 + i, Some(1));
         }
         // A whole-batch stall every 400 ms, 100 times: 100 episodes.

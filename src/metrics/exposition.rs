@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 
 use prometheus::proto as source;
 
+use super::counter::CounterExemplars;
 use super::histogram::{HistogramFamily, SeriesSnapshot, StoredExemplar};
 use super::{proto, Metrics};
 
@@ -92,11 +93,13 @@ impl Format {
     }
 }
 
-/// A gathered family, with its histogram family of ours and that family's snapshot.
-type Gathered<'a> = (
-    source::MetricFamily,
-    Option<(&'a HistogramFamily, Vec<SeriesSnapshot>)>,
-);
+/// A gathered family, with its histogram family of ours and that family's snapshot, or the
+/// exemplars of a counter family of ours.
+struct Gathered<'a> {
+    family: source::MetricFamily,
+    histogram: Option<(&'a HistogramFamily, Vec<SeriesSnapshot>)>,
+    exemplars: Option<CounterExemplars>,
+}
 
 // === impl Metrics (exposition) ===
 
@@ -111,18 +114,26 @@ impl Metrics {
     }
 
     /// The families in the registry's order (sorted by name), each histogram family of ours
-    /// with its snapshot.
+    /// with its snapshot and each counter family of ours with its exemplars (both then count as
+    /// shown).
     fn families(&self) -> Vec<Gathered<'_>> {
         self.registry
             .gather()
             .into_iter()
             .map(|family| {
-                let ours = self
+                let histogram = self
                     .histograms
                     .iter()
                     .find(|h| h.name() == family.name())
                     .map(|h| (h, h.snapshot(true)));
-                (family, ours)
+                let exemplars = self
+                    .counter_family(family.name())
+                    .map(|c| c.exemplars(true));
+                Gathered {
+                    family,
+                    histogram,
+                    exemplars,
+                }
             })
             .collect()
     }
@@ -130,10 +141,10 @@ impl Metrics {
     /// The protobuf exposition.
     pub fn encode_protobuf(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        for (family, ours) in self.families() {
-            let message = match &ours {
+        for gathered in self.families() {
+            let message = match &gathered.histogram {
                 Some((histogram, snapshot)) => proto::histogram_family(histogram, snapshot),
-                None => proto::from_gathered(&family),
+                None => proto::from_gathered(&gathered.family, gathered.exemplars.as_ref()),
             };
             proto::write_delimited(&message, &mut out);
         }
@@ -143,10 +154,10 @@ impl Metrics {
     /// The OpenMetrics text exposition.
     pub fn encode_openmetrics(&self) -> String {
         let mut out = String::new();
-        for (family, ours) in self.families() {
-            match &ours {
+        for gathered in self.families() {
+            match &gathered.histogram {
                 Some((histogram, snapshot)) => om_histogram(&mut out, histogram, snapshot),
-                None => om_gathered(&mut out, &family),
+                None => om_gathered(&mut out, &gathered.family, gathered.exemplars.as_ref()),
             }
         }
         out.push_str("# EOF\n");
@@ -262,8 +273,13 @@ fn om_histogram(out: &mut String, family: &HistogramFamily, snapshot: &[SeriesSn
 }
 
 // `Untyped` is deprecated in the crate's proto, which still gathers it for untyped collectors.
+/// A family the `prometheus` crate gathered; a counter's `_total` samples carry `exemplars`.
 #[allow(deprecated)]
-fn om_gathered(out: &mut String, family: &source::MetricFamily) {
+fn om_gathered(
+    out: &mut String,
+    family: &source::MetricFamily,
+    exemplars: Option<&CounterExemplars>,
+) {
     let pairs = |m: &source::Metric| -> Vec<(String, String)> {
         m.get_label()
             .iter()
@@ -276,12 +292,17 @@ fn om_gathered(out: &mut String, family: &source::MetricFamily) {
             let base = name.strip_suffix("_total").unwrap_or(name);
             om_header(out, base, "counter", family.help());
             for m in family.get_metric() {
-                let _ = writeln!(
+                let l = pairs(m);
+                let _ = write!(
                     out,
                     "{base}_total{} {}",
-                    labels(&pairs(m), None),
+                    labels(&l, None),
                     number(m.get_counter().get_value())
                 );
+                if let Some(exemplar) = exemplars.and_then(|e| e.of(&l)) {
+                    out.push_str(&om_exemplar(exemplar));
+                }
+                out.push('\n');
             }
         }
         source::MetricType::GAUGE => {
@@ -372,6 +393,133 @@ mod tests {
             Format::from_accept(Some("application/openmetrics-text;q=0,text/plain")),
             Format::Text
         );
+    }
+
+    fn metrics() -> Metrics {
+        Metrics::new(
+            &super::super::Buckets::default(),
+            super::super::ModelLabels::new(&[], 8),
+            std::time::Duration::from_millis(500),
+        )
+        .unwrap()
+    }
+
+    const HELP: &str = "Hitches, by scope.";
+
+    /// Two hitches and an event without an exemplar, in a family with exemplars.
+    fn hitches(metrics: &Metrics) -> super::super::CounterFamily {
+        let family =
+            super::super::CounterFamily::new("hitches_total", HELP, &["route", "scope"]).unwrap();
+        metrics.register_counter(&family).unwrap();
+        for (stream_id, rank) in [("s-short", 0.05), ("s-long", 0.4)] {
+            let exemplar = super::super::CounterExemplar {
+                stream_id,
+                trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
+                rank,
+            };
+            family.inc(&["chat", "stream"], Some(&exemplar));
+        }
+        family.inc(&["chat", "batch"], None);
+        family
+    }
+
+    #[test]
+    fn counter_exemplars_leave_the_text_format_as_a_plain_counter_writes_it() {
+        let with = metrics();
+        hitches(&with);
+        let plain = metrics();
+        let vec = prometheus::IntCounterVec::new(
+            prometheus::Opts::new("hitches_total", HELP),
+            &["route", "scope"],
+        )
+        .unwrap();
+        plain.register(Box::new(vec.clone())).unwrap();
+        vec.with_label_values(&["chat", "stream"]).inc_by(2);
+        vec.with_label_values(&["chat", "batch"]).inc();
+        assert_eq!(with.encode(), plain.encode());
+        assert!(with
+            .encode()
+            .contains("hitches_total{route=\"chat\",scope=\"stream\"} 2\n"));
+    }
+
+    #[test]
+    fn openmetrics_puts_the_counter_exemplar_on_its_total_sample() {
+        let metrics = metrics();
+        hitches(&metrics);
+        let text = metrics.encode_openmetrics();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("hitches_total{route=\"chat\",scope=\"stream\"}"))
+            .unwrap();
+        let (sample, exemplar) = line.split_once(" # ").expect(line);
+        assert_eq!(sample, "hitches_total{route=\"chat\",scope=\"stream\"} 2.0");
+        let rest = exemplar
+            .strip_prefix(
+                "{stream_id=\"s-long\",trace_id=\"4bf92f3577b34da6a3ce929d0e0e4736\"} 1.0 ",
+            )
+            .expect(line);
+        let timestamp: f64 = rest.parse().unwrap();
+        assert!(timestamp > 1.0e9, "{line}");
+        let batch = text
+            .lines()
+            .find(|l| l.starts_with("hitches_total{route=\"chat\",scope=\"batch\"}"))
+            .unwrap();
+        assert_eq!(batch, "hitches_total{route=\"chat\",scope=\"batch\"} 1.0");
+        assert!(text.contains("# TYPE hitches counter\n"), "{text}");
+    }
+
+    #[test]
+    fn protobuf_carries_the_counter_exemplar_and_decodes_back() {
+        use prost::Message;
+        let metrics = metrics();
+        hitches(&metrics);
+        let mut body = bytes::Bytes::from(metrics.encode_protobuf());
+        let mut families = Vec::new();
+        while !body.is_empty() {
+            families.push(proto::MetricFamily::decode_length_delimited(&mut body).unwrap());
+        }
+        let family = families.iter().find(|f| f.name == "hitches_total").unwrap();
+        assert_eq!(family.r#type, proto::MetricType::Counter as i32);
+        let scope = |m: &proto::Metric| {
+            m.label
+                .iter()
+                .find(|l| l.name == "scope")
+                .map(|l| l.value.clone())
+        };
+        let stream = family
+            .metric
+            .iter()
+            .find(|m| scope(m).as_deref() == Some("stream"))
+            .unwrap();
+        let counter = stream.counter.as_ref().unwrap();
+        assert_eq!(counter.value, 2.0);
+        let exemplar = counter.exemplar.as_ref().expect("the stream's exemplar");
+        assert_eq!(exemplar.value, 1.0);
+        let labels: Vec<(&str, &str)> = exemplar
+            .label
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("stream_id", "s-long"),
+                ("trace_id", "4bf92f3577b34da6a3ce929d0e0e4736")
+            ]
+        );
+        assert!(exemplar.timestamp.unwrap().seconds > 1_000_000_000);
+        let batch = family
+            .metric
+            .iter()
+            .find(|m| scope(m).as_deref() == Some("batch"))
+            .unwrap();
+        assert_eq!(batch.counter.as_ref().unwrap().exemplar, None);
+        // The other counters carry none.
+        let build = families
+            .iter()
+            .find(|f| f.name == "metronome_build_info")
+            .unwrap();
+        assert!(build.metric[0].gauge.is_some());
     }
 
     #[test]

@@ -182,6 +182,22 @@ pub struct StoredExemplar {
     scraped: bool,
 }
 
+// === impl StoredExemplar ===
+
+impl StoredExemplar {
+    /// An exemplar offered now, not yet shown by a scrape (for the counters' slots, which keep
+    /// their own "shown" mark beside it).
+    pub(crate) fn now(value: f64, stream_id: &str, trace_id: Option<&str>) -> Self {
+        StoredExemplar {
+            value,
+            stream_id: stream_id.into(),
+            trace_id: trace_id.map(Into::into),
+            timestamp: unix_now(),
+            scraped: false,
+        }
+    }
+}
+
 /// How a family is kept beyond its classic buckets.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct FamilyOptions {
@@ -191,7 +207,8 @@ pub struct FamilyOptions {
     pub exemplars: ExemplarPolicy,
 }
 
-fn unix_now() -> f64 {
+/// Now, in seconds since the Unix epoch (an exemplar's timestamp).
+pub(crate) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())

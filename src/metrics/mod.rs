@@ -4,6 +4,7 @@
 //! written against them, so they change only through an issue. Stream figures are merged here once
 //! per stream by the ledger; request figures once per request by the forwarder.
 
+pub mod counter;
 pub mod exposition;
 pub mod histogram;
 pub mod models;
@@ -19,6 +20,7 @@ use serde::Deserialize;
 
 use crate::sketch::GapHistogramIndex;
 
+pub use counter::{CounterExemplar, CounterExemplars, CounterFamily};
 pub use histogram::{
     BucketCounts, Exemplar, ExemplarPolicy, FamilyOptions, HistogramFamily, LocalHistogram,
     SeriesSnapshot, StoredExemplar, MAX_BOUNDS,
@@ -384,6 +386,9 @@ pub struct Metrics {
     stall_threshold_nanos: AtomicU64,
     /// Every histogram family, for the encoders that carry native buckets and exemplars.
     pub histograms: Vec<HistogramFamily>,
+    /// The counter families with exemplars, registered after the rest
+    /// ([`Metrics::register_counter`]), for the same encoders.
+    counters: std::sync::RwLock<Vec<CounterFamily>>,
 }
 
 const RMP: &[&str] = &["route", "model", "point"];
@@ -614,6 +619,7 @@ impl Metrics {
             stall_threshold_nanos: AtomicU64::new(nanos(stall_threshold)),
             registry: registry.clone(),
             histograms: Vec::new(),
+            counters: std::sync::RwLock::new(Vec::new()),
         };
         let metrics = Metrics {
             histograms: families.into_inner(),
@@ -655,6 +661,28 @@ impl Metrics {
         collector: Box<dyn prometheus::core::Collector>,
     ) -> prometheus::Result<()> {
         self.registry.register(collector)
+    }
+
+    /// Registers a counter family with exemplars: its counters go into the registry as plain
+    /// ones (the text format 0.0.4 shows them as before), and the OpenMetrics and protobuf
+    /// encoders add each series' exemplar.
+    pub fn register_counter(&self, family: &CounterFamily) -> prometheus::Result<()> {
+        self.registry.register(family.collector())?;
+        self.counters
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(family.clone());
+        Ok(())
+    }
+
+    /// The counter family with exemplars named `name`, if one is registered.
+    pub(crate) fn counter_family(&self, name: &str) -> Option<CounterFamily> {
+        self.counters
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|c| c.name() == name)
+            .cloned()
     }
 
     /// Encodes every metric in the Prometheus text format (version 0.0.4).

@@ -9,6 +9,7 @@
 
 use prometheus::proto as source;
 
+use super::counter::CounterExemplars;
 use super::histogram::{HistogramFamily, SeriesSnapshot, StoredExemplar};
 
 /// `io.prometheus.client.LabelPair`.
@@ -47,6 +48,9 @@ pub struct Counter {
     /// The value.
     #[prost(double, tag = "1")]
     pub value: f64,
+    /// The series' exemplar (its value the increment, 1; see `metrics::counter`).
+    #[prost(message, optional, tag = "2")]
+    pub exemplar: Option<Exemplar>,
 }
 
 /// `io.prometheus.client.Untyped`.
@@ -289,9 +293,12 @@ pub fn histogram_family(family: &HistogramFamily, snapshot: &[SeriesSnapshot]) -
 }
 
 /// A family the `prometheus` crate gathered (counters, gauges, other collectors' histograms)
-/// in these messages.
+/// in these messages; a counter's series carry `exemplars`.
 #[allow(deprecated)] // `Untyped`: see `exposition::om_gathered`.
-pub fn from_gathered(family: &source::MetricFamily) -> MetricFamily {
+pub fn from_gathered(
+    family: &source::MetricFamily,
+    exemplars: Option<&CounterExemplars>,
+) -> MetricFamily {
     let kind = match family.get_field_type() {
         source::MetricType::COUNTER => MetricType::Counter,
         source::MetricType::GAUGE => MetricType::Gauge,
@@ -303,7 +310,7 @@ pub fn from_gathered(family: &source::MetricFamily) -> MetricFamily {
         .get_metric()
         .iter()
         .map(|m| {
-            let label = m
+            let label: Vec<LabelPair> = m
                 .get_label()
                 .iter()
                 .map(|l| LabelPair {
@@ -311,14 +318,19 @@ pub fn from_gathered(family: &source::MetricFamily) -> MetricFamily {
                     value: l.value().to_string(),
                 })
                 .collect();
-            let mut out = Metric {
-                label,
-                ..Metric::default()
+            let counter_exemplar = || {
+                let named: Vec<(String, String)> = label
+                    .iter()
+                    .map(|l| (l.name.clone(), l.value.clone()))
+                    .collect();
+                exemplars.and_then(|e| e.of(&named)).map(exemplar)
             };
+            let mut out = Metric::default();
             match kind {
                 MetricType::Counter => {
                     out.counter = Some(Counter {
                         value: m.get_counter().get_value(),
+                        exemplar: counter_exemplar(),
                     })
                 }
                 MetricType::Gauge => {
@@ -349,6 +361,7 @@ pub fn from_gathered(family: &source::MetricFamily) -> MetricFamily {
                     })
                 }
             }
+            out.label = label;
             out
         })
         .collect();

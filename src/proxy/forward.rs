@@ -188,9 +188,14 @@ async fn forward(
         slo,
         span,
     };
+    let trace_id = info
+        .traceparent
+        .as_deref()
+        .and_then(crate::metrics::trace_id);
     let probe = state.batch.open(
         &route.upstream,
         info.id.clone(),
+        trace_id,
         route.name.clone(),
         info.received,
         declared_body,

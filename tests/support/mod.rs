@@ -620,3 +620,25 @@ impl Metrics {
         self.get(name, labels).unwrap_or(0.0)
     }
 }
+
+/// The exposition as scripts/check-openmetrics.py reads it with prometheus_client's parser.
+pub fn parse_openmetrics(body: &[u8]) -> serde_json::Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/check-openmetrics.py");
+    let mut child = std::process::Command::new("python3")
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 (with prometheus_client: pip install prometheus_client)");
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(body).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(body)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
