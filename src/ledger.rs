@@ -8,6 +8,7 @@
 //! a complete stream, a client that vanished, an upstream that failed, or a task that panicked.
 //! Memory per stream is a few KiB whatever the stream's length.
 
+use crate::poison::LockExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -576,7 +577,7 @@ impl StreamLedger {
             stream,
         };
         ingress.point.flush(&to, Point::Ingress);
-        let mut egress = self.egress.lock().unwrap_or_else(|e| e.into_inner());
+        let mut egress = self.egress.lock_or_recover();
         egress.point.flush(&to, Point::Egress);
         egress.flush_delays(metrics, route, &stream);
     }
@@ -603,7 +604,7 @@ impl StreamLedger {
 
     /// A frame reached the client socket at `at`, in socket write `write_seq`.
     pub fn egress_frame(&self, at: Tick, write_seq: u64, stamp: &FrameStamp) {
-        let mut egress = self.egress.lock().unwrap_or_else(|e| e.into_inner());
+        let mut egress = self.egress.lock_or_recover();
         egress.frame(
             at,
             write_seq,
@@ -628,7 +629,7 @@ impl StreamLedger {
 
     /// The ingress reader stopped; it hands over what it learned.
     pub fn ingress_finished(&self, ledger: IngressLedger, end: IngressEnd) {
-        *self.ingress.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new((ledger, end)));
+        *self.ingress.lock_or_recover() = Some(Box::new((ledger, end)));
     }
 
     /// How the stream ended. It was delivered when every frame read from the upstream reached
@@ -665,7 +666,7 @@ impl StreamLedger {
         outcome: Outcome,
     ) -> FinishedStream {
         let received = self.info.received;
-        let egress = self.egress.get_mut().unwrap_or_else(|e| e.into_inner());
+        let egress = self.egress.get_mut_or_recover();
         let us = |d: Option<Duration>| d.map(as_micros);
         let mut empty = IngressLedger::default();
         let ingress = ingress.unwrap_or(&mut empty);
@@ -718,17 +719,8 @@ impl Drop for StreamLedger {
         let metrics = &*metrics_handle;
         let route_label = self.info.route.clone();
         let route = &*route_label;
-        let mut ingress = self
-            .ingress
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .map(|boxed| *boxed);
-        let frames_stamped = self
-            .egress
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .frames_stamped;
+        let mut ingress = self.ingress.get_mut_or_recover().take().map(|boxed| *boxed);
+        let frames_stamped = self.egress.get_mut_or_recover().frames_stamped;
         let outcome = self.outcome(ingress.as_ref(), frames_stamped);
         let model_label = ingress
             .as_ref()
@@ -791,7 +783,7 @@ impl Drop for StreamLedger {
             }
         }
 
-        let egress = self.egress.get_mut().unwrap_or_else(|e| e.into_inner());
+        let egress = self.egress.get_mut_or_recover();
         let (completed_at_end, delivered) = match &ingress {
             Some((ledger, _)) => (
                 ledger.completed_at_end,

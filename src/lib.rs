@@ -44,6 +44,7 @@ pub mod logging;
 pub mod meter;
 pub mod metrics;
 pub mod otlp;
+pub mod poison;
 pub mod prefetch;
 pub mod probe;
 pub mod proxy;

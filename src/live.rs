@@ -8,6 +8,7 @@
 //! per point, once per interval, never per frame). The end of a stream merges what is left, so
 //! every gap is counted exactly once, whether it is flushed live or at the end.
 
+use crate::poison::LockExt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -35,15 +36,12 @@ impl std::fmt::Debug for LiveStreams {
 impl LiveStreams {
     /// Adds a stream that has just started (once per stream, not per frame).
     pub fn register(&self, stream: Weak<dyn Flush>) {
-        self.streams
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(stream);
+        self.streams.lock_or_recover().push(stream);
     }
 
     /// Streams registered and not yet forgotten (those that ended since the last sweep too).
     pub fn len(&self) -> usize {
-        self.streams.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.streams.lock_or_recover().len()
     }
 
     /// True when no stream is registered.
@@ -54,9 +52,9 @@ impl LiveStreams {
     /// Flushes every stream still in flight and forgets those that ended; returns how many were
     /// flushed. The list's lock is held only to take the handles, not while streams flush.
     pub fn sweep(&self) -> usize {
-        let mut live = self.sweeping.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = self.sweeping.lock_or_recover();
         {
-            let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+            let mut streams = self.streams.lock_or_recover();
             streams.retain(|stream| stream.strong_count() > 0);
             live.extend(streams.iter().filter_map(Weak::upgrade));
         }

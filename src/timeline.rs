@@ -5,6 +5,7 @@
 //! each with at most `max_frames` frames; the set of stream IDs that may still send a browser
 //! beacon is bounded the same way. docs/timelines.md is the wire contract.
 
+use crate::poison::LockExt;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -580,7 +581,7 @@ impl StreamRegistry {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock_or_recover()
     }
 }
 

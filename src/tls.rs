@@ -6,6 +6,7 @@
 //! new certificate, established connections keep theirs, and a new pair that fails to load leaves
 //! the old one in place.
 
+use crate::poison::RwLockExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -87,19 +88,14 @@ impl ReloadableCert {
     /// Reads the files again; on failure the current certificate stays and the error is returned.
     pub fn reload(&self) -> Result<(), TlsError> {
         let fresh = certified_key(&self.cert, &self.key)?;
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        *self.current.write_or_recover() = fresh;
         Ok(())
     }
 }
 
 impl ResolvesServerCert for ReloadableCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(
-            self.current
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-        )
+        Some(self.current.read_or_recover().clone())
     }
 }
 

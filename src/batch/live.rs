@@ -5,6 +5,7 @@
 //! token time into its own [`Beat`]. The upstream's lock is taken when a stream starts, when it
 //! ends, when a hitch ends (rare) and at each sweep; never per frame.
 
+use crate::poison::LockExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -154,7 +155,7 @@ impl BatchDetector {
     /// The tracker of `upstream`, made on its first stream.
     fn upstream(&self, upstream: &Upstream) -> Arc<UpstreamEpisodes> {
         let url = upstream.to_string();
-        let mut all = self.upstreams.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = self.upstreams.lock_or_recover();
         if let Some(found) = all.iter().find(|u| u.url == url) {
             return found.clone();
         }
@@ -243,11 +244,7 @@ impl BatchDetector {
     /// Every upstream's episodes (the open one and those remembered), newest first per upstream;
     /// each with its upstream's name.
     pub fn episodes(&self) -> Vec<(Arc<str>, Episode)> {
-        let all = self
-            .upstreams
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let all = self.upstreams.lock_or_recover().clone();
         let mut out = Vec::new();
         for upstream in all {
             let inner = upstream.lock();
@@ -318,7 +315,7 @@ impl BatchDetector {
         if settled.is_empty() {
             return;
         }
-        let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut marks = self.marks.lock_or_recover();
         for s in settled {
             let us = |t: i64| u64::try_from((t - s.labels.received).max(0) / 1_000).unwrap_or(0);
             if marks.len() == MAX_MARKS {
@@ -340,7 +337,7 @@ impl BatchDetector {
 
     /// The settled hitches of stream `id` still kept, in order.
     pub fn hitches_of(&self, id: &str) -> Vec<HitchMark> {
-        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        let marks = self.marks.lock_or_recover();
         marks
             .iter()
             .filter(|(stream, _)| stream.as_ref() == id)
@@ -359,7 +356,7 @@ impl BatchDetector {
         if ids.is_empty() {
             return out;
         }
-        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        let marks = self.marks.lock_or_recover();
         for (stream, mark) in marks.iter() {
             if mark.episode.is_some() && ids.contains(stream.as_ref()) {
                 out.entry(stream.clone()).or_default().push(mark.clone());
@@ -390,7 +387,7 @@ impl BatchDetector {
 
 impl UpstreamEpisodes {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock_or_recover()
     }
 }
 

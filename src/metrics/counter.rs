@@ -18,6 +18,7 @@
 //! The event's own size (a hitch's gap) ranks the candidates instead of being the value, so a
 //! query that sums exemplar values over a window still counts events.
 
+use crate::poison::LockExt;
 use std::sync::{Arc, Mutex};
 
 use prometheus::core::Collector;
@@ -112,7 +113,7 @@ impl CounterFamily {
         let Some(offered) = exemplar else {
             return;
         };
-        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.inner.slots.lock_or_recover();
         let found = slots.iter_mut().find(|slot| {
             slot.label_values.len() == label_values.len()
                 && slot
@@ -152,7 +153,7 @@ impl CounterFamily {
     /// Every series' exemplar now. With `showing` they count as seen, so the next offer to each
     /// slot replaces it whatever its rank.
     pub fn exemplars(&self, showing: bool) -> CounterExemplars {
-        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.inner.slots.lock_or_recover();
         CounterExemplars {
             label_names: self.inner.label_names.clone(),
             slots: slots

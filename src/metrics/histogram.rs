@@ -6,6 +6,7 @@
 //! That keeps the per-frame path free of shared cache lines and label lookups, and makes "a stream
 //! is recorded exactly once" literally true of every histogram.
 
+use crate::poison::{LockExt, RwLockExt};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -392,7 +393,7 @@ impl HistogramFamily {
         };
         // Under the lock, so that a snapshot sees the classic and native counts of the same
         // merges.
-        let mut extra = extra.lock().unwrap_or_else(|e| e.into_inner());
+        let mut extra = extra.lock_or_recover();
         series.merge(local);
         if let (Some(state), Some(index)) = (&mut extra.native, &self.inner.native) {
             state.merge(native, index.schema());
@@ -426,7 +427,7 @@ impl HistogramFamily {
     /// smaller one from then on).
     pub fn snapshot(&self, showing_exemplars: bool) -> Vec<SeriesSnapshot> {
         let desc = &self.inner.desc;
-        let map = self.inner.series.read().unwrap_or_else(|e| e.into_inner());
+        let map = self.inner.series.read_or_recover();
         let mut out: Vec<SeriesSnapshot> = map
             .values()
             .flatten()
@@ -440,7 +441,7 @@ impl HistogramFamily {
                 };
                 let (counts, native, exemplars) = match &series.extra {
                     Some(extra) => {
-                        let mut extra = extra.lock().unwrap_or_else(|e| e.into_inner());
+                        let mut extra = extra.lock_or_recover();
                         let counts = load();
                         let exemplars = extra
                             .exemplars
@@ -492,7 +493,7 @@ impl HistogramFamily {
     pub fn totals(&self, filter: &[(usize, &str)]) -> (Vec<u64>, f64) {
         let mut counts = vec![0u64; self.inner.bounds.len() + 1];
         let mut sum = 0.0;
-        let map = self.inner.series.read().unwrap_or_else(|e| e.into_inner());
+        let map = self.inner.series.read_or_recover();
         for series in map.values().flatten() {
             if filter
                 .iter()
@@ -518,7 +519,7 @@ impl HistogramFamily {
     /// histogram (the series matching `filter` summed at their lowest schema); `None` without
     /// native buckets or samples.
     pub fn native_quantile(&self, q: f64, filter: &[(usize, &str)]) -> Option<f64> {
-        let map = self.inner.series.read().unwrap_or_else(|e| e.into_inner());
+        let map = self.inner.series.read_or_recover();
         let mut total: Option<NativeState> = None;
         for series in map.values().flatten() {
             let matches = filter
@@ -527,7 +528,7 @@ impl HistogramFamily {
             let Some(extra) = series.extra.as_ref().filter(|_| matches) else {
                 continue;
             };
-            let extra = extra.lock().unwrap_or_else(|e| e.into_inner());
+            let extra = extra.lock_or_recover();
             if let Some(native) = &extra.native {
                 match &mut total {
                     Some(total) => total.add_state(native),
@@ -569,12 +570,12 @@ impl HistogramFamily {
                 .eq(label_values.iter().copied())
         };
         {
-            let map = self.inner.series.read().unwrap_or_else(|e| e.into_inner());
+            let map = self.inner.series.read_or_recover();
             if let Some(series) = map.get(&hash).and_then(|v| v.iter().find(matches)) {
                 return series.clone();
             }
         }
-        let mut map = self.inner.series.write().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.inner.series.write_or_recover();
         let bucket = map.entry(hash).or_default();
         if let Some(series) = bucket.iter().find(matches) {
             return series.clone();
@@ -718,7 +719,7 @@ impl Collector for HistogramFamily {
 
     fn collect(&self) -> Vec<proto::MetricFamily> {
         let desc = &self.inner.desc;
-        let map = self.inner.series.read().unwrap_or_else(|e| e.into_inner());
+        let map = self.inner.series.read_or_recover();
         let mut metrics: Vec<proto::Metric> = map
             .values()
             .flatten()

@@ -12,6 +12,7 @@ pub mod native;
 mod native_bounds;
 pub mod proto;
 
+use crate::poison::RwLockExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -668,18 +669,14 @@ impl Metrics {
     /// encoders add each series' exemplar.
     pub fn register_counter(&self, family: &CounterFamily) -> prometheus::Result<()> {
         self.registry.register(family.collector())?;
-        self.counters
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(family.clone());
+        self.counters.write_or_recover().push(family.clone());
         Ok(())
     }
 
     /// The counter family with exemplars named `name`, if one is registered.
     pub(crate) fn counter_family(&self, name: &str) -> Option<CounterFamily> {
         self.counters
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+            .read_or_recover()
             .iter()
             .find(|c| c.name() == name)
             .cloned()

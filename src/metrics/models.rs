@@ -4,6 +4,7 @@
 //! value unchecked: either an allow-list names the models, or the first N distinct names are
 //! kept; everything else is `other`. Resolution happens once per stream.
 
+use crate::poison::RwLockExt;
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 
@@ -56,15 +57,10 @@ impl ModelLabels {
                 .cloned()
                 .unwrap_or_else(|| self.other.clone());
         }
-        if let Some(label) = self
-            .seen
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(model)
-        {
+        if let Some(label) = self.seen.read_or_recover().get(model) {
             return label.clone();
         }
-        let mut seen = self.seen.write().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.seen.write_or_recover();
         if let Some(label) = seen.get(model) {
             return label.clone();
         }

@@ -6,6 +6,7 @@
 //! drops (and counts the drop) rather than waits when the exporter falls behind. Nothing is
 //! done per frame: the stall events are read from the stream's timeline after it ended.
 
+use crate::poison::LockExt;
 use std::sync::{Arc, Mutex};
 
 use http::{HeaderMap, HeaderValue};
@@ -234,10 +235,7 @@ impl SpanSink {
 
     /// The receiving end, for the exporter (once).
     pub fn take_receiver(&self) -> Option<tokio::sync::mpsc::Receiver<EndedStream>> {
-        self.receiver
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        self.receiver.lock_or_recover().take()
     }
 
     /// The tail decision for a stream that ended: kept when its trace is sampled, it stalled or

@@ -4,9 +4,10 @@
 //!
 //! `progress 12.0s: 40 done, 4 in flight, 1 failed, 812 token events, ITL p50 30.1ms p99 212.0ms`
 
+use crate::poison::LockExt;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -66,7 +67,7 @@ impl Progress {
                 loop {
                     ticks.tick().await;
                     let line = {
-                        let mut tally = tally.lock().unwrap_or_else(PoisonError::into_inner);
+                        let mut tally = tally.lock_or_recover();
                         line(
                             &label,
                             started.elapsed(),
@@ -95,7 +96,7 @@ impl Progress {
         if self.ticker.is_none() {
             return;
         }
-        let mut tally = self.tally.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut tally = self.tally.lock_or_recover();
         tally.done += 1;
         tally.failed += u64::from(stream.error.is_some());
         tally.token_events += stream.token_times.len() as u64;

@@ -15,6 +15,7 @@
 //! connection stops polling their bodies until it drains, so their reader tasks must read the upstream
 //! meanwhile (see `metered`).
 
+use crate::poison::LockExt;
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
@@ -79,7 +80,7 @@ impl EgressClock {
     /// The egress body handed the connection a frame of `len` bytes.
     pub fn handoff(&self, len: usize, ledger: &Arc<StreamLedger>, stamp: FrameStamp) {
         let threshold = self.written.load(Ordering::Acquire) + len as u64;
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = self.pending.lock_or_recover();
         pending.push_back(PendingFrame {
             threshold,
             ledger: ledger.clone(),
@@ -96,7 +97,7 @@ impl EgressClock {
         }
         let write_seq = self.writes.fetch_add(1, Ordering::Relaxed);
         let now = Tick::now();
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = self.pending.lock_or_recover();
         // Thresholds rise in hand-off order on HTTP/1.1; on HTTP/2 streams interleave, so look at
         // every waiting frame rather than stopping at the first that is not out.
         pending.retain(|frame| {
@@ -124,7 +125,7 @@ impl EgressClock {
 
     /// Tells `stream` when the socket refuses a write, for as long as it lives.
     pub fn register(&self, stream: Weak<dyn Standby>) {
-        let mut standby = self.standby.lock().unwrap_or_else(|e| e.into_inner());
+        let mut standby = self.standby.lock_or_recover();
         standby.retain(|s| s.strong_count() > 0);
         standby.push(stream);
     }
@@ -132,7 +133,7 @@ impl EgressClock {
     /// The socket refused a write: tell the streams still open.
     fn blocked(&self) {
         let streams: Vec<_> = {
-            let standby = self.standby.lock().unwrap_or_else(|e| e.into_inner());
+            let standby = self.standby.lock_or_recover();
             standby.iter().filter_map(Weak::upgrade).collect()
         };
         for stream in streams {

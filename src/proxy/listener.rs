@@ -6,6 +6,7 @@
 //! beyond `limits.max_header_bytes` are answered 431 by the HTTP/1.1 server that reads them (the
 //! native one, or hyper's under `server.http1_server = "hyper"`).
 
+use crate::poison::LockExt;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -413,7 +414,7 @@ struct StopSignal {
 
 impl Drain {
     fn open(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Weak<StopSignal>>> {
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
+        self.open.lock_or_recover()
     }
 
     /// Serves `conn` until it ends; on shutdown, it finishes its requests and closes. `permit`

@@ -23,6 +23,7 @@
 //! the upstream fails or goes silent, the body returns the error, so the connection aborts the
 //! response instead of ending it as if it were complete.
 
+use crate::poison::LockExt;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -472,11 +473,7 @@ struct WakeEgressOnExit(Arc<Shared>);
 
 impl Drop for WakeEgressOnExit {
     fn drop(&mut self) {
-        let mut state = self
-            .0
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self.0.state.lock_or_recover();
         if let Some(waker) = state.egress_waker.take() {
             waker.wake();
         }

@@ -25,6 +25,7 @@ pub mod serve;
 pub mod upstream;
 pub mod workers;
 
+use crate::poison::RwLockExt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -250,13 +251,13 @@ impl ProxyState {
     }
 
     fn live(&self) -> Live {
-        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.live.read_or_recover().clone()
     }
 
     /// Puts a reloaded configuration and its routing table in force.
     fn set_live(&self, config: Arc<Config>) {
         let router = Arc::new(Router::new(&config));
-        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Live { config, router };
+        *self.live.write_or_recover() = Live { config, router };
     }
 
     /// Reloads the listener's certificate from its files; `Ok(false)` when the listener is plain.

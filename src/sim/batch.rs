@@ -9,6 +9,7 @@
 //! whoever asks (a stream waking at a step's end, a request arriving), and the content of a step
 //! is fixed when the step starts, from the requests that had arrived by then.
 
+use crate::poison::LockExt;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -109,7 +110,7 @@ impl BatchEngine {
     }
 
     fn lock(&self) -> MutexGuard<'_, EngineState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_or_recover()
     }
 
     /// Request `seq` arrived at `now` with `prompt_tokens` to prefill.

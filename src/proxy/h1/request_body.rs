@@ -8,6 +8,7 @@
 //! writes `100 Continue` only when the body is first asked for, as hyper does, so a request
 //! refused from its head alone (413, 503) is answered before the client sends its body.
 
+use crate::poison::LockExt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -51,7 +52,7 @@ struct Slot {
 type Shared = Arc<Mutex<Slot>>;
 
 fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Slot> {
-    shared.lock().unwrap_or_else(|e| e.into_inner())
+    shared.lock_or_recover()
 }
 
 /// The request body as the request handler gets it.

@@ -5,6 +5,7 @@
 //! block says it is open). A task sweeps out connections idle longer than the timeout, so a
 //! burst's connections do not stay open on the inference server after it.
 
+use crate::poison::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -55,7 +56,7 @@ impl Pool {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Idles> {
-        self.idles.lock().unwrap_or_else(|e| e.into_inner())
+        self.idles.lock_or_recover()
     }
 
     /// The most recently used idle connection to `authority` that is still open and not expired.
@@ -106,7 +107,7 @@ async fn sweep(idles: Weak<Mutex<Idles>>, idle_timeout: Duration) {
     loop {
         tokio::time::sleep(next).await;
         let Some(idles) = idles.upgrade() else { return };
-        let mut idles = idles.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idles = idles.lock_or_recover();
         let now = Instant::now();
         let mut oldest: Option<Instant> = None;
         idles.by_authority.retain(|_, list| {
