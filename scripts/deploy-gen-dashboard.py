@@ -246,6 +246,12 @@ timeseries("Upstream errors by kind", "connect, timeout, reset, protocol: before
            [(f"sum by (kind) (rate(metronome_upstream_errors_total{{{ROUTE}}}[{RI}]))", "{{kind}}")], "ops", w=8)
 timeseries("Events metronome could not inspect", "Forwarded untouched, but not counted as tokens: invalid or oversize.",
            [(f"sum by (reason) (rate(metronome_unparsed_events_total{{{ROUTE}}}[{RI}]))", "{{reason}}")], "ops", w=8)
+timeseries("Streams by finish reason", "Why the server ended each stream (stop, length, tool_calls, content_filter, other, none); a client gone is abort, an upstream failure error.",
+           [(f"sum by (finish_reason) (rate(metronome_streams_total{{{SEL}}}[{RI}]))", "{{finish_reason}}")], "ops", w=12, stack=True)
+timeseries("Tokens per request (p50 and p99) by type", "Per stream: input tokens as the usage reports them, output tokens as the usage or the count says.",
+           [(quantile(0.5, "metronome_request_tokens", SEL, "type, "), "p50 {{type}}"),
+            (quantile(0.99, "metronome_request_tokens", SEL, "type, "), "p99 {{type}}")],
+           "short", w=12)
 
 dashboard = {
     "__inputs": [],

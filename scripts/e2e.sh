@@ -108,7 +108,7 @@ for point in ingress egress; do
   grep -q "metronome_stalls_total{model=\"sim-model\",point=\"$point\",route=\"chat\"} 9" "$WORK/metrics.txt" \
     || fail "expected 9 stalls at $point (one per sim stream): $(grep stalls_total "$WORK/metrics.txt")"
 done
-grep -q 'metronome_streams_total{model="meta-llama/Llama-3.1-8B-Instruct",outcome="complete",route="fixture"} 3' "$WORK/metrics.txt" \
+grep -q 'metronome_streams_total{finish_reason="stop",model="meta-llama/Llama-3.1-8B-Instruct",outcome="complete",route="fixture"} 3' "$WORK/metrics.txt" \
   || fail "fixture streams: $(grep streams_total "$WORK/metrics.txt")"
 grep -q 'metronome_output_tokens_total{model="meta-llama/Llama-3.1-8B-Instruct",route="fixture",source="usage"} 120' "$WORK/metrics.txt" \
   || fail "fixture tokens: $(grep output_tokens "$WORK/metrics.txt")"

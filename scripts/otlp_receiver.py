@@ -287,7 +287,27 @@ def check_semconv(url, sim_port, model):
         port = [kv for kv in chat[0]["attributes"] if kv["key"] == "server.port"][0]
         assert "intValue" in port["value"], f"server.port is not an int: {port}"
     assert "metronome.stall_duration" not in by_name or by_name["metronome.stall_duration"].get("unit") == "s"
-    print(f"{len(SEMCONV_LATEST)} GenAI semconv histograms with exact names, units and attributes")
+    usage = by_name.get("gen_ai.client.token.usage")
+    assert usage, f"no gen_ai.client.token.usage; names: {sorted(by_name)}"
+    assert usage.get("unit") == "{token}", f"gen_ai.client.token.usage: unit {usage.get('unit')}"
+    chat = [attrs(p.get("attributes")) for p in usage["exponentialHistogram"]["dataPoints"]]
+    chat = [a for a in chat if a.get("metronome.route") == "chat"]
+    types = sorted(a.get("gen_ai.token.type") for a in chat)
+    assert "output" in types and set(types) <= {"input", "output"}, f"token types {types}"
+    for got in chat:
+        want = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": model,
+            "gen_ai.response.model": model,
+            "gen_ai.token.type": got.get("gen_ai.token.type"),
+            "server.address": "127.0.0.1",
+            "server.port": str(sim_port),
+            "metronome.route": "chat",
+        }
+        assert got == want, f"gen_ai.client.token.usage: attributes {got}, want {want}"
+    print(f"{len(SEMCONV_LATEST)} GenAI semconv histograms with exact names, units and attributes, "
+          f"and gen_ai.client.token.usage by {types}")
 
 
 def span_attrs(span):

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::clock::{FrameStamp, Tick};
-use crate::format::Format;
+use crate::format::{FinishReason, Format};
 use crate::meter::FrameCounts;
 use crate::metrics::{
     BucketCounts, Exemplar, LocalHistogram, Metrics, NativeCounts, Outcome, Point,
@@ -350,6 +350,8 @@ pub struct IngressLedger {
     /// The prompt (input) tokens the server reported (`usage.prompt_tokens` and each format's
     /// equivalent), when it did.
     pub prompt_tokens: Option<u64>,
+    /// Why generation ended, as the last event that said so reported it.
+    pub finish: Option<FinishReason>,
     /// The stream carried an error event.
     pub error_event: bool,
     /// Events that could not be parsed.
@@ -762,6 +764,14 @@ impl Drop for StreamLedger {
                     .with_label_values(&[route, model])
                     .inc_by(prompt);
             }
+            if let Some(prompt) = ledger.prompt_tokens {
+                let labels = [route, model, "input"];
+                metrics.request_tokens.observe(&labels, prompt as f64);
+            }
+            if tokens > 0 || ledger.usage_tokens.is_some() {
+                let labels = [route, model, "output"];
+                metrics.request_tokens.observe(&labels, tokens as f64);
+            }
             if let Some((first, last)) = ledger.point.token_span() {
                 if tokens >= 2 {
                     let tpot =
@@ -855,9 +865,10 @@ impl Drop for StreamLedger {
         // `/streams` and its place among the requests in flight. A scrape gathers the families one after another (in no fixed order) while
         // streams are recorded, so one scrape can hold part of a stream; anything that starts
         // after a scrape saw these counts finds all of the stream.
+        let finish = outcome.finish_label(ingress.as_ref().and_then(|(l, _)| l.finish));
         metrics
             .streams
-            .with_label_values(&[route, model, outcome.as_str()])
+            .with_label_values(&[route, model, outcome.as_str(), finish])
             .inc();
         metrics
             .stream_format

@@ -154,6 +154,9 @@ impl EventSink for IngressSink<'_> {
         if classified.usage_prompt.is_some() {
             self.ledger.prompt_tokens = classified.usage_prompt;
         }
+        if classified.finish.is_some() {
+            self.ledger.finish = classified.finish;
+        }
         if self.ledger.model.is_none() {
             if let Some(model) = classified.model {
                 self.ledger.model = Some(self.metrics.models.resolve(Some(model)));

@@ -2,8 +2,8 @@
 //! served by a scripted upstream, cut three ways (one frame, one byte per frame, random cuts),
 //! fetched through the proxy, and the client's bytes and the proxy's metrics are checked against
 //! the fixture table (tests/support/fixtures.rs): token events, token count and its source, TTFT
-//! taken at the first token event, outcome, model and detected format. Counts are exact;
-//! durations have generous margins.
+//! taken at the first token event, outcome, finish reason, input tokens, the per-request token
+//! histogram, model and detected format. Counts are exact; durations have generous margins.
 
 mod support;
 
@@ -24,6 +24,8 @@ const TTFT_COUNT: &str = "metronome_time_to_first_token_seconds_count";
 const TTFT_SUM: &str = "metronome_time_to_first_token_seconds_sum";
 const TTFB_SUM: &str = "metronome_time_to_first_byte_seconds_sum";
 const FORMAT: &str = "metronome_stream_format_total";
+const TOKENS_COUNT: &str = "metronome_request_tokens_count";
+const TOKENS_SUM: &str = "metronome_request_tokens_sum";
 
 /// The pause before the first token event. Everything before it is sent at once, so a TTFT of at
 /// least this long shows it was taken at the token event and not at an earlier one.
@@ -151,6 +153,36 @@ async fn replay(fixture: &Fixture, cut: Cut) {
         m.0
     );
     assert_eq!(m.value("metronome_streams_total", &[]), 1.0, "{what}");
+    assert_eq!(
+        m.value(
+            "metronome_streams_total",
+            &[("finish_reason", fixture.finish_reason)]
+        ),
+        1.0,
+        "{what}: finish_reason {}\n{}",
+        fixture.finish_reason,
+        m.0
+    );
+    let input = [model, ("type", "input")];
+    let prompt = fixture.prompt_tokens;
+    assert_eq!(
+        m.value(TOKENS_COUNT, &input),
+        f64::from(u8::from(prompt.is_some())),
+        "{what}: one input sample when the usage says"
+    );
+    assert_eq!(
+        m.value(TOKENS_SUM, &input),
+        prompt.unwrap_or(0) as f64,
+        "{what}"
+    );
+    assert_eq!(
+        m.value("metronome_prompt_tokens_total", &[model]),
+        prompt.unwrap_or(0) as f64,
+        "{what}"
+    );
+    let output = [model, ("type", "output")];
+    assert_eq!(m.value(TOKENS_COUNT, &output), 1.0, "{what}");
+    assert_eq!(m.value(TOKENS_SUM, &output), tokens as f64, "{what}");
     assert_eq!(
         m.value(FORMAT, &[("format", fixture.format)]),
         1.0,

@@ -341,6 +341,11 @@ async fn an_upstream_that_goes_silent_times_out() {
     assert!(got.error.is_some());
     let m = one_chat_stream_ended_as(&proxy, "upstream_timeout").await;
     assert_eq!(
+        m.value("metronome_streams_total", &[("finish_reason", "error")]),
+        1.0,
+        "a silent upstream is an error, whatever the body said before"
+    );
+    assert_eq!(
         m.value("metronome_upstream_errors_total", &[("kind", "timeout")]),
         1.0
     );

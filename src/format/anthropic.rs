@@ -1,8 +1,8 @@
 //! Anthropic Messages (`POST /v1/messages` with `"stream": true`).
 //!
 //! The stream is `message_start` (with the model), then per content block `content_block_start`,
-//! `content_block_delta`s and `content_block_stop`, then `message_delta` (stop reason and the
-//! cumulative `usage.output_tokens`) and `message_stop`, with `ping`s anywhere. A token event is
+//! `content_block_delta`s and `content_block_stop`, then `message_delta` (`delta.stop_reason`:
+//! `end_turn`, `max_tokens`, `tool_use` …, and the cumulative `usage.output_tokens`) and `message_stop`, with `ping`s anywhere. A token event is
 //! a `content_block_delta` whose delta is a non-empty `text_delta`, `thinking_delta` or
 //! `input_json_delta` (tool-use arguments); a `signature_delta` or `citations_delta` shows no
 //! output. Each counts 1 token; the last `message_delta`'s `output_tokens` is the server's total
@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::json::{non_empty_string, plain_string};
-use super::Classified;
+use super::{Classified, FinishReason};
 use crate::scan::Event;
 
 /// The Anthropic accountant; the events need no memory of earlier ones.
@@ -45,6 +45,10 @@ impl AnthropicAccounting {
             }
             r#""message_delta""# => {
                 classified.usage_total = data.usage.and_then(|u| u.output_tokens);
+                classified.finish = data
+                    .delta
+                    .and_then(|d| d.stop_reason)
+                    .and_then(|raw| FinishReason::anthropic(raw.get().as_bytes()));
             }
             r#""message_stop""# => classified.end = true,
             r#""error""# => classified.error = true,
@@ -76,6 +80,9 @@ struct Delta<'a> {
     thinking: Option<&'a RawValue>,
     #[serde(borrow, default)]
     partial_json: Option<&'a RawValue>,
+    /// `message_delta` only.
+    #[serde(borrow, default)]
+    stop_reason: Option<&'a RawValue>,
 }
 
 // === impl Delta ===
@@ -149,6 +156,18 @@ mod tests {
         );
         assert!(!usage.token_event);
         assert_eq!(usage.usage_total, Some(15));
+        assert_eq!(usage.finish, Some(FinishReason::Stop));
+        assert_eq!(delta.finish, None);
+        let cut = classify(
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":64}}"#,
+        );
+        assert_eq!(cut.finish, Some(FinishReason::Length));
+        let tool = classify(
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":89}}"#,
+        );
+        assert_eq!(tool.finish, Some(FinishReason::ToolCalls));
         assert!(classify("message_stop", r#"{"type":"message_stop"}"#).end);
     }
 

@@ -8,7 +8,8 @@
 //! (Gemini sends a call whole). `usageMetadata.candidatesTokenCount` is the running count of
 //! output tokens, so its growth since the previous token event is that event's exact count and
 //! its latest value the server's total (thinking tokens, reported apart as `thoughtsTokenCount`,
-//! are not in it). There is no end sentinel: the last chunk carries a `finishReason`. A failure
+//! are not in it). `usageMetadata.promptTokenCount` is the prompt's tokens. There is no end
+//! sentinel: the last chunk carries a `finishReason` (`STOP`, `MAX_TOKENS`, `SAFETY` …). A failure
 //! mid-stream arrives as `{"error": {"code": 500, "message": ..., "status": "INTERNAL"}}`.
 
 use std::fmt;
@@ -19,7 +20,7 @@ use serde_json::value::RawValue;
 
 use super::count::RunningCount;
 use super::json::{non_empty_string, plain_string, present};
-use super::Classified;
+use super::{Classified, FinishReason};
 use crate::scan::Event;
 
 /// Per-stream state: `candidatesTokenCount` at the previous token event.
@@ -53,6 +54,7 @@ impl GeminiAccounting {
             tokens,
             usage_total,
             usage_prompt: usage_prompt(chunk.usage_metadata.as_ref()),
+            finish: chunk.candidates.finish,
             model: chunk.model_version.and_then(plain_string),
             end: chunk.candidates.finished,
             error: present(chunk.error),
@@ -95,6 +97,8 @@ struct CandidatesSummary {
     shows_output: bool,
     /// Some candidate has a `finishReason`.
     finished: bool,
+    /// The last candidate's `finishReason` that names one.
+    finish: Option<FinishReason>,
 }
 
 impl<'de> Deserialize<'de> for CandidatesSummary {
@@ -112,7 +116,11 @@ impl<'de> Deserialize<'de> for CandidatesSummary {
                 let mut summary = CandidatesSummary::default();
                 while let Some(candidate) = seq.next_element::<Candidate<'de>>()? {
                     summary.shows_output |= candidate.content.is_some_and(|c| c.parts.shows_output);
-                    summary.finished |= present(candidate.finish_reason);
+                    if let Some(raw) = candidate.finish_reason.filter(|r| present(Some(r))) {
+                        summary.finished = true;
+                        let reason = FinishReason::gemini(raw.get().as_bytes());
+                        summary.finish = reason.or(summary.finish);
+                    }
                 }
                 Ok(summary)
             }
@@ -209,6 +217,8 @@ mod tests {
         );
         assert!(last.token_event && last.end);
         assert_eq!((last.tokens, last.usage_total), (Some(3), Some(11)));
+        assert_eq!(last.finish, Some(FinishReason::Stop));
+        assert_eq!(more.finish, None);
     }
 
     #[test]
@@ -230,6 +240,14 @@ mod tests {
         );
         assert!(!finish.token_event && finish.end);
         assert_eq!(finish.usage_total, Some(4));
+        assert_eq!(finish.finish, Some(FinishReason::Length));
+        let blocked = classify(
+            &mut acc,
+            r#"{"candidates": [{"finishReason": "SAFETY","index": 0,"safetyRatings": [{"category": "HARM_CATEGORY_HARASSMENT","probability": "MEDIUM","blocked": true}]}],"usageMetadata": {"promptTokenCount": 8,"totalTokenCount": 8}}"#,
+        );
+        assert!(blocked.end);
+        assert_eq!(blocked.finish, Some(FinishReason::ContentFilter));
+        assert_eq!(blocked.usage_prompt, Some(8));
     }
 
     #[test]

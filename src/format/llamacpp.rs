@@ -5,7 +5,9 @@
 //! servers report `tokens_predicted`, the running count of generated tokens, so the growth since
 //! the previous token event is each event's exact token count and the latest value the stream's
 //! total; older servers omit it and every token event counts 1. The event with `"stop": true`
-//! (empty `content`, with `model`, `timings` and the final counts) ends the stream. Failures
+//! (empty `content`, with `model`, `timings` and the final counts) ends the stream; on it
+//! `tokens_evaluated` is the prompt's length and `stop_type` (`eos`, `word`, `limit`; older
+//! servers: `stopped_eos`, `stopped_word`, `stopped_limit`) why it ended. Failures
 //! mid-stream arrive as `data: {"error": {...}}` in recent servers and as a legacy `error: {...}`
 //! line (not a valid SSE field) in older ones; the latter reaches
 //! [`Accounting::unknown_field`](super::Accounting::unknown_field).
@@ -15,7 +17,7 @@ use serde_json::value::RawValue;
 
 use super::count::{Indexed, SequenceCount};
 use super::json::{non_empty_string, plain_string, present};
-use super::Classified;
+use super::{Classified, FinishReason};
 use crate::scan::Event;
 
 /// Per-stream state: each sequence's `tokens_predicted` (a prompt array streams several,
@@ -48,14 +50,16 @@ impl LlamaCppAccounting {
                 tokens = sequence.running.token_event(now);
             }
         }
+        let end = chunk.stop == Some(true);
         Classified {
             token_event,
             tokens,
             usage_total: self.reported.then(|| self.predicted.sum(|s| s.latest)),
-            // `tokens_evaluated` comes only with the final chunk of some builds: not read yet.
-            usage_prompt: None,
+            // Every chunk repeats `tokens_evaluated`; the final one's is the prompt's length.
+            usage_prompt: chunk.tokens_evaluated.filter(|_| end),
+            finish: if end { chunk.finish() } else { None },
             model: chunk.model.and_then(plain_string),
-            end: chunk.stop == Some(true),
+            end,
             error: present(chunk.error),
             unparsed: false,
         }
@@ -72,10 +76,36 @@ struct Chunk<'a> {
     index: Option<u64>,
     #[serde(default)]
     tokens_predicted: Option<u64>,
+    #[serde(default)]
+    tokens_evaluated: Option<u64>,
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stop_type: Option<&'a RawValue>,
+    #[serde(default)]
+    stopped_eos: bool,
+    #[serde(default)]
+    stopped_word: bool,
+    #[serde(default)]
+    stopped_limit: bool,
+}
+
+impl Chunk<'_> {
+    /// Why the final chunk's generation ended: `stop_type`, else the older flags.
+    fn finish(&self) -> Option<FinishReason> {
+        if let Some(raw) = self.stop_type {
+            return FinishReason::llamacpp(raw.get().as_bytes());
+        }
+        if self.stopped_limit {
+            Some(FinishReason::Length)
+        } else if self.stopped_eos || self.stopped_word {
+            Some(FinishReason::Stop)
+        } else {
+            None
+        }
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +147,30 @@ mod tests {
         assert!(stop.end && !stop.token_event);
         assert_eq!(stop.usage_total, Some(4));
         assert_eq!(stop.model, Some("gpt-3.5-turbo"));
+        assert_eq!(stop.usage_prompt, Some(6));
+        assert_eq!(stop.finish, Some(FinishReason::Stop));
+        assert_eq!((next.usage_prompt, next.finish), (None, None));
+    }
+
+    #[test]
+    fn a_limit_and_the_older_flags() {
+        let mut acc = LlamaCppAccounting::default();
+        let limit = classify(
+            &mut acc,
+            r#"{"index":0,"content":"","tokens":[],"id_slot":0,"stop":true,"model":"m","tokens_predicted":16,"tokens_evaluated":12,"stop_type":"limit","stopping_word":"","truncated":false}"#,
+        );
+        assert_eq!(limit.finish, Some(FinishReason::Length));
+        assert_eq!(limit.usage_prompt, Some(12));
+        let older = classify(
+            &mut acc,
+            r#"{"content":"","model":"m","slot_id":0,"stop":true,"stopped_eos":false,"stopped_limit":true,"stopped_word":false,"stopping_word":"","tokens_evaluated":5,"tokens_predicted":8,"truncated":false}"#,
+        );
+        assert_eq!(older.finish, Some(FinishReason::Length));
+        let eos = classify(
+            &mut acc,
+            r#"{"content":"","stop":true,"stopped_eos":true,"stopped_limit":false,"stopped_word":false}"#,
+        );
+        assert_eq!(eos.finish, Some(FinishReason::Stop));
     }
 
     #[test]

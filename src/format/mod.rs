@@ -22,6 +22,7 @@
 pub mod anthropic;
 pub(crate) mod count;
 pub mod detect;
+pub mod finish;
 pub mod gemini;
 pub(crate) mod json;
 pub mod llamacpp;
@@ -36,6 +37,7 @@ use crate::scan::{Event, Framing};
 
 pub use anthropic::AnthropicAccounting;
 pub use detect::AutoAccounting;
+pub use finish::FinishReason;
 pub use gemini::GeminiAccounting;
 pub use llamacpp::LlamaCppAccounting;
 pub use ollama::OllamaAccounting;
@@ -59,6 +61,8 @@ pub struct Classified<'a> {
     /// The request's prompt (input) tokens as the server reports them (`usage.prompt_tokens`
     /// and each format's equivalent), when present.
     pub usage_prompt: Option<u64>,
+    /// Why generation ended, on the event that says so (the last chunk and its kin).
+    pub finish: Option<FinishReason>,
     /// The model the event names, when it names one (borrowed, without JSON escapes).
     pub model: Option<&'a str>,
     /// The event is the format's end marker (`[DONE]` and its kin).

@@ -5,13 +5,14 @@
 //! (generate). A line with non-empty `message.content` or `response` is a token event, and so is
 //! one with non-empty `thinking` (reasoning models) or with `message.tool_calls` (Ollama sends a
 //! tool call whole, in one line). Each counts 1 token; the `done: true` line ends the stream and
-//! its `eval_count` is the server's total. A failure arrives as a line `{"error": "..."}`.
+//! its `eval_count` is the server's total, `prompt_eval_count` the prompt's tokens (absent when
+//! the prompt was all cached) and `done_reason` why it ended (`stop`, `length`). A failure arrives as a line `{"error": "..."}`.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::json::{non_empty_string, plain_string, present, ArrayLen};
-use super::Classified;
+use super::{Classified, FinishReason};
 use crate::scan::Event;
 
 /// The Ollama accountant; its lines need no memory of earlier ones.
@@ -41,6 +42,9 @@ impl OllamaAccounting {
             tokens: None,
             usage_total: line.eval_count,
             usage_prompt: line.prompt_eval_count,
+            finish: line
+                .done_reason
+                .and_then(|raw| FinishReason::ollama(raw.get().as_bytes())),
             model: line.model.and_then(plain_string),
             end: line.done == Some(true),
             error: present(line.error),
@@ -65,6 +69,8 @@ struct Line<'a> {
     eval_count: Option<u64>,
     #[serde(default)]
     prompt_eval_count: Option<u64>,
+    #[serde(borrow, default)]
+    done_reason: Option<&'a RawValue>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
 }
@@ -104,6 +110,8 @@ mod tests {
         assert!(!last.token_event && last.end);
         assert_eq!(last.usage_total, Some(282));
         assert_eq!(last.usage_prompt, Some(26));
+        assert_eq!(last.finish, Some(FinishReason::Stop));
+        assert_eq!(token.finish, None);
         let thinking = classify(
             r#"{"model":"qwen3","created_at":"2025-05-29T09:35:56.836222Z","message":{"role":"assistant","content":"","thinking":"Let"},"done":false}"#,
         );
@@ -122,6 +130,11 @@ mod tests {
         );
         assert!(!last.token_event && last.end);
         assert_eq!(last.usage_total, Some(259));
+        let cut = classify(
+            r#"{"model":"llama3.2","created_at":"2024-08-04T19:22:45.499127Z","response":"","done":true,"done_reason":"length","prompt_eval_count":14,"eval_count":64}"#,
+        );
+        assert_eq!(cut.finish, Some(FinishReason::Length));
+        assert_eq!(cut.usage_prompt, Some(14));
     }
 
     #[test]

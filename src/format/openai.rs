@@ -8,6 +8,9 @@
 //! the previous token event is that event's exact token count. When vLLM returns `token_ids`
 //! (`return_token_ids`), their number is the exact count of the event, and ids on an event that
 //! shows nothing (a held-back byte, a special token) count toward the total only.
+//! A choice's `finish_reason` (`stop`, `length`, `tool_calls`, `content_filter`, vLLM's `abort`)
+//! is read by both readers as they pass it; the template path never sees one, since the chunk
+//! that carries it differs from the template in more than its text.
 //! `[DONE]` (with or without a space after `data:`) ends the stream; `{"error": ...}` or
 //! `{"object": "error"}` mid-stream is an upstream error.
 
@@ -19,7 +22,7 @@ use serde_json::value::RawValue;
 
 use super::count::RunningCount;
 use super::json::{is_literal, non_empty_string, plain_string, present, ArrayLen};
-use super::Classified;
+use super::{Classified, FinishReason};
 use crate::scan::Event;
 
 /// Per-stream state of the OpenAI-compatible accountant.
@@ -91,6 +94,7 @@ impl OpenAiAccounting {
             tokens,
             usage_total,
             usage_prompt,
+            finish: chunk.finish,
             model: chunk.model,
             end: false,
             error: chunk.error,
@@ -124,6 +128,8 @@ struct Summary<'a> {
     token_ids: Option<u32>,
     /// `usage.completion_tokens`.
     usage_total: Option<u64>,
+    /// The last `finish_reason` of the choices that have one.
+    finish: Option<FinishReason>,
 }
 
 // === impl Summary ===
@@ -138,6 +144,7 @@ impl<'a> Summary<'a> {
             token_event: chunk.choices.token_event,
             token_ids: chunk.choices.token_ids,
             usage_total: chunk.usage.and_then(|u| u.completion_tokens),
+            finish: chunk.choices.finish,
         })
     }
 }
@@ -187,6 +194,8 @@ struct ChoicesSummary {
     token_event: bool,
     /// The `token_ids` of all choices together, when any choice has them.
     token_ids: Option<u32>,
+    /// The last `finish_reason` of the choices that have one.
+    finish: Option<FinishReason>,
 }
 
 impl<'de> Deserialize<'de> for ChoicesSummary {
@@ -204,6 +213,8 @@ impl<'de> Deserialize<'de> for ChoicesSummary {
                 let mut summary = ChoicesSummary::default();
                 while let Some(choice) = seq.next_element::<Choice<'de>>()? {
                     summary.token_event |= choice.shows_output();
+                    let finish = choice.finish_reason.map(|r| r.get().as_bytes());
+                    summary.finish = finish.and_then(FinishReason::openai).or(summary.finish);
                     if let Some(n) = choice.token_ids.0 {
                         summary.token_ids = Some(summary.token_ids.unwrap_or(0).saturating_add(n));
                     }
@@ -224,6 +235,8 @@ struct Choice<'a> {
     /// vLLM's `return_token_ids`: the ids of the tokens this choice's delta carries.
     #[serde(default)]
     token_ids: ArrayLen,
+    #[serde(borrow, default)]
+    finish_reason: Option<&'a RawValue>,
 }
 
 impl Choice<'_> {
@@ -310,7 +323,7 @@ struct Function<'a> {
 mod fast {
     use std::mem::replace;
 
-    use super::Summary;
+    use super::{FinishReason, Summary};
 
     /// Nesting the walker follows; deeper chunks go to serde (whose own limit is 128).
     const MAX_DEPTH: u32 = 64;
@@ -373,6 +386,7 @@ mod fast {
         error: bool,
         token_ids: Option<u32>,
         usage_total: Option<u64>,
+        finish: Option<FinishReason>,
     }
 
     /// How much of a template [`Template::prefetch`] asks for. A chunk is usually a few hundred
@@ -402,6 +416,7 @@ mod fast {
                 error: false,
                 token_ids: None,
                 usage_total: None,
+                finish: None,
             };
             template.keep(data, text, summary);
             template
@@ -420,6 +435,7 @@ mod fast {
             self.error = summary.error;
             self.token_ids = summary.token_ids;
             self.usage_total = summary.usage_total;
+            self.finish = summary.finish;
         }
 
         /// `data`'s summary, when `data` is the template with another non-empty text.
@@ -464,6 +480,7 @@ mod fast {
                 token_event: true,
                 token_ids: self.token_ids,
                 usage_total: self.usage_total,
+                finish: self.finish,
             })
         }
     }
@@ -749,11 +766,12 @@ mod fast {
                     }
                     2 => s.error |= w.optional()?.is_some(),
                     3 => w.null_or_array(|w| {
-                        let (shows, ids) = w.choice()?;
+                        let (shows, ids, finish) = w.choice()?;
                         s.token_event |= shows;
                         if let Some(n) = ids {
                             s.token_ids = Some(s.token_ids.unwrap_or(0).saturating_add(n));
                         }
+                        s.finish = finish.or(s.finish);
                         Some(())
                     })?,
                     _ => w.null_or_object(|w| {
@@ -766,18 +784,20 @@ mod fast {
             Some(s)
         }
 
-        /// One element of `choices`: whether it shows output, and its `token_ids` count.
-        fn choice(&mut self) -> Option<(bool, Option<u32>)> {
+        /// One element of `choices`: whether it shows output, its `token_ids` count and its
+        /// `finish_reason`.
+        fn choice(&mut self) -> Option<(bool, Option<u32>, Option<FinishReason>)> {
             if self.peek()? != b'{' {
                 return None;
             }
-            let mut seen = [false; 3];
-            let (mut shows, mut ids) = (false, None);
+            let mut seen = [false; 4];
+            let (mut shows, mut ids, mut finish) = (false, None, None);
             self.object(|w, name| {
                 let field = match name {
                     b"delta" => 0,
                     b"text" => 1,
                     b"token_ids" => 2,
+                    b"finish_reason" => 3,
                     _ => return w.value().map(drop),
                 };
                 if replace(&mut seen[field], true) {
@@ -791,6 +811,11 @@ mod fast {
                     1 => {
                         if let Some(span) = w.optional()? {
                             shows |= w.text(span);
+                        }
+                    }
+                    3 => {
+                        if let Some(span) = w.optional()? {
+                            finish = FinishReason::openai(w.raw(span));
                         }
                     }
                     _ => {
@@ -809,7 +834,7 @@ mod fast {
                 }
                 Some(())
             })?;
-            Some((shows, ids))
+            Some((shows, ids, finish))
         }
 
         /// A `delta`: whether it shows output.
@@ -975,8 +1000,75 @@ mod tests {
         assert_eq!(usage.usage_total, Some(40));
         assert_eq!(usage.usage_prompt, Some(5));
         assert_eq!(finish.usage_prompt, None);
+        assert_eq!(finish.finish, Some(FinishReason::Stop));
+        assert_eq!(
+            (role.finish, token.finish, usage.finish),
+            (None, None, None)
+        );
         assert!(classify(&mut acc, "[DONE]").end);
         assert!(classify(&mut acc, " [DONE]").end);
+    }
+
+    #[test]
+    fn finish_reasons_as_each_reader_finds_them() {
+        // vLLM's last token event carries its text and the reason together: the template
+        // (kept from the chunk before) cannot vouch for it, so the walker reads it.
+        let mut acc = OpenAiAccounting::default();
+        let chunk = |content: &str, finish: &str| {
+            format!(
+                r#"{{"id":"chatcmpl-9","object":"chat.completion.chunk","created":7,"model":"m","choices":[{{"index":0,"delta":{{"content":"{content}"}},"logprobs":null,"finish_reason":{finish}}}]}}"#
+            )
+        };
+        assert_eq!(classify(&mut acc, &chunk("a", "null")).finish, None);
+        assert_eq!(classify(&mut acc, &chunk("b", "null")).finish, None);
+        let last = classify(&mut acc, &chunk("c", r#""length""#));
+        assert!(last.token_event);
+        assert_eq!(last.finish, Some(FinishReason::Length));
+        for (data, reason) in [
+            (
+                r#"{"id":"c","object":"chat.completion.chunk","created":1,"model":"gpt-4o","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"tool_calls"}]}"#,
+                FinishReason::ToolCalls,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"function_call"}]}"#,
+                FinishReason::ToolCalls,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"content_filter"}]}"#,
+                FinishReason::ContentFilter,
+            ),
+            (
+                r#"{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"abort","stop_reason":null}]}"#,
+                FinishReason::Abort,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"eos"}]}"#,
+                FinishReason::Other,
+            ),
+            // Two choices: the last reason that names one.
+            (
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"},{"index":1,"delta":{},"finish_reason":null}]}"#,
+                FinishReason::Stop,
+            ),
+        ] {
+            assert_eq!(
+                fast::summary(data.as_bytes()).and_then(|s| s.finish),
+                Some(reason),
+                "{data}"
+            );
+            assert_eq!(
+                Summary::by_serde(data.as_bytes()).and_then(|s| s.finish),
+                Some(reason),
+                "{data}"
+            );
+            let mut acc = OpenAiAccounting::default();
+            assert_eq!(classify(&mut acc, data).finish, Some(reason), "{data}");
+        }
+        // A reason spelled with an escape is not unescaped: both readers call it other.
+        let escaped = r#"{"choices":[{"delta":{},"finish_reason":"st\u006fp"}]}"#;
+        let other = Some(FinishReason::Other);
+        assert_eq!(fast::summary(escaped.as_bytes()).unwrap().finish, other);
+        assert_eq!(Summary::by_serde(escaped.as_bytes()).unwrap().finish, other);
     }
 
     #[test]

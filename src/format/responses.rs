@@ -6,14 +6,16 @@
 //! `response.function_call_arguments.delta` and `response.refusal.delta` (a refusal is output
 //! text too), each with a non-empty `delta`, 1 token each. `response.created` and
 //! `response.in_progress` carry the model; `response.completed` and `response.incomplete` end
-//! the stream and carry `usage.output_tokens`, the server's total; `response.failed` ends it as
+//! the stream and carry `usage.output_tokens`, the server's total, `usage.input_tokens`, the
+//! prompt's, and `status` (with `incomplete_details.reason`: `max_output_tokens`,
+//! `content_filter`), why it ended; `response.failed` ends it as
 //! an upstream error, and so does an `error` event.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::json::{non_empty_string, plain_string};
-use super::Classified;
+use super::{Classified, FinishReason};
 use crate::scan::Event;
 
 /// The Responses accountant; the events need no memory of earlier ones.
@@ -48,6 +50,7 @@ impl ResponsesAccounting {
             tokens: None,
             usage_total: response.and_then(|r| r.usage.as_ref()?.output_tokens),
             usage_prompt: response.and_then(|r| r.usage.as_ref()?.input_tokens),
+            finish: response.filter(|_| end).and_then(Response::finish),
             model: response.and_then(|r| plain_string(r.model?)),
             end,
             error,
@@ -72,6 +75,27 @@ struct Response<'a> {
     model: Option<&'a RawValue>,
     #[serde(default)]
     usage: Option<Usage>,
+    #[serde(borrow, default)]
+    status: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    incomplete_details: Option<IncompleteDetails<'a>>,
+}
+
+impl Response<'_> {
+    /// Why the response ended, from its final `status`.
+    fn finish(&self) -> Option<FinishReason> {
+        let reason = self.incomplete_details.as_ref().and_then(|d| d.reason);
+        FinishReason::responses(
+            self.status?.get().as_bytes(),
+            reason.map(|r| r.get().as_bytes()),
+        )
+    }
+}
+
+#[derive(Deserialize)]
+struct IncompleteDetails<'a> {
+    #[serde(borrow, default)]
+    reason: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -123,6 +147,28 @@ mod tests {
         assert!(completed.end && !completed.error);
         assert_eq!(completed.usage_total, Some(11));
         assert_eq!(completed.usage_prompt, Some(37));
+        assert_eq!(completed.finish, Some(FinishReason::Stop));
+        assert_eq!(
+            created.finish, None,
+            "in_progress is no reason, and not the end"
+        );
+    }
+
+    #[test]
+    fn an_incomplete_and_a_failed_response() {
+        let incomplete = classify(
+            "response.incomplete",
+            r#"{"type":"response.incomplete","sequence_number":40,"response":{"id":"resp_2","object":"response","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"error":null,"model":"o4-mini","usage":{"input_tokens":12,"output_tokens":64,"total_tokens":76}}}"#,
+        );
+        assert!(incomplete.end);
+        assert_eq!(incomplete.finish, Some(FinishReason::Length));
+        assert_eq!(incomplete.usage_prompt, Some(12));
+        let failed = classify(
+            "response.failed",
+            r#"{"type":"response.failed","sequence_number":3,"response":{"id":"resp_3","object":"response","status":"failed","error":{"code":"server_error","message":"The model failed to generate a response."},"incomplete_details":null,"model":"gpt-4.1","usage":null}}"#,
+        );
+        assert!(failed.error && failed.end);
+        assert_eq!(failed.finish, Some(FinishReason::Error));
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! output so far. An event is a token event when its `text` grew, which needs only the previous
 //! length per sequence, never the text. `meta_info.completion_tokens` is the running count of
 //! generated tokens, so its growth since the previous token event is that event's exact count
-//! and its latest value the stream's total. `data: [DONE]` ends the stream; a failure arrives as
+//! and its latest value the stream's total; `meta_info.prompt_tokens` is the prompt's, and
+//! `meta_info.finish_reason` (`null` until the last chunk, then `{"type": "stop" | "length" |
+//! "abort", ...}`) why it ended. `data: [DONE]` ends the stream; a failure arrives as
 //! `{"error": {"message": ...}}`.
 //!
 //! A server started with `--incremental-streaming-output` sends only the new text instead. The
@@ -18,7 +20,7 @@ use serde_json::value::RawValue;
 
 use super::count::{Indexed, SequenceCount};
 use super::json::{present, raw_string_len};
-use super::Classified;
+use super::{Classified, FinishReason};
 use crate::scan::Event;
 
 /// Per-stream state: each sequence's text length so far (raw JSON bytes) and token count.
@@ -70,6 +72,7 @@ impl SgLangAccounting {
         }
         let mut tokens = None;
         let usage_prompt = chunk.meta_info.as_ref().and_then(|m| m.prompt_tokens);
+        let finish = chunk.meta_info.as_ref().and_then(MetaInfo::finish);
         if let Some(now) = chunk.meta_info.and_then(|m| m.completion_tokens) {
             self.reported = true;
             sequence.tokens.latest = now;
@@ -85,6 +88,7 @@ impl SgLangAccounting {
             tokens,
             usage_total,
             usage_prompt,
+            finish,
             model: None,
             end: false,
             error: present(chunk.error),
@@ -97,8 +101,8 @@ impl SgLangAccounting {
 struct Chunk<'a> {
     #[serde(borrow, default)]
     text: Option<&'a RawValue>,
-    #[serde(default)]
-    meta_info: Option<MetaInfo>,
+    #[serde(borrow, default)]
+    meta_info: Option<MetaInfo<'a>>,
     #[serde(default)]
     index: Option<u64>,
     #[serde(borrow, default)]
@@ -106,11 +110,30 @@ struct Chunk<'a> {
 }
 
 #[derive(Deserialize)]
-struct MetaInfo {
+struct MetaInfo<'a> {
     #[serde(default)]
     completion_tokens: Option<u64>,
     #[serde(default)]
     prompt_tokens: Option<u64>,
+    /// Kept raw: `null` on every chunk but the last, which alone is read further.
+    #[serde(borrow, default)]
+    finish_reason: Option<&'a RawValue>,
+}
+
+impl MetaInfo<'_> {
+    /// `finish_reason.type`, on the chunk that has one (any other shape is `other`).
+    fn finish(&self) -> Option<FinishReason> {
+        #[derive(Deserialize)]
+        struct Reason<'a> {
+            #[serde(borrow, default, rename = "type")]
+            kind: Option<&'a RawValue>,
+        }
+        let raw = self.finish_reason.filter(|r| present(Some(r)))?;
+        match serde_json::from_str::<Reason<'_>>(raw.get()) {
+            Ok(Reason { kind: Some(kind) }) => FinishReason::sglang(kind.get().as_bytes()),
+            _ => Some(FinishReason::Other),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -146,7 +169,24 @@ mod tests {
         assert!(grew.token_event);
         assert_eq!((grew.tokens, grew.usage_total), (Some(3), Some(4)));
         assert_eq!(grew.usage_prompt, Some(7));
+        assert_eq!(grew.finish, Some(FinishReason::Stop));
+        assert_eq!(same.finish, None);
         assert!(classify(&mut acc, "[DONE]").end);
+    }
+
+    #[test]
+    fn a_length_and_an_abort() {
+        let mut acc = SgLangAccounting::default();
+        let length = classify(
+            &mut acc,
+            r#"{"text":" Paris is","meta_info":{"id":"b2","finish_reason":{"type":"length","length":16},"prompt_tokens":9,"completion_tokens":16,"cached_tokens":0},"index":0}"#,
+        );
+        assert_eq!(length.finish, Some(FinishReason::Length));
+        let abort = classify(
+            &mut acc,
+            r#"{"text":"","meta_info":{"id":"c3","finish_reason":{"type":"abort","message":"Abort before prefill"},"prompt_tokens":9,"completion_tokens":0},"index":1}"#,
+        );
+        assert_eq!(abort.finish, Some(FinishReason::Abort));
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! not `special` is a token event; a special one (the end-of-sequence token, typically last)
 //! counts toward the stream's total but shows the reader nothing. There is no end sentinel: the
 //! event whose `generated_text` is not null is the last one, and with `details: true` its
-//! `details.generated_tokens` is the server's own total. A failure mid-stream arrives as
+//! `details.generated_tokens` is the server's own total, `details.finish_reason` why it ended
+//! (`eos_token`, `stop_sequence`, `length`) and, in the versions that send it,
+//! `details.prompt_tokens` the prompt's length. A failure mid-stream arrives as
 //! `{"error": "...", "error_type": "..."}`; keep-alives are `:` comments, which never reach an
 //! accountant.
 
@@ -13,7 +15,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::json::present;
-use super::Classified;
+use super::{Classified, FinishReason};
 use crate::scan::Event;
 
 /// The TGI accountant; TGI's events need no memory of earlier ones.
@@ -35,12 +37,15 @@ impl TgiAccounting {
             Some(token) => (!token.special, Some(1)),
             None => (false, None),
         };
+        let details = chunk.details;
         Classified {
             token_event,
             tokens,
-            usage_total: chunk.details.and_then(|d| d.generated_tokens),
-            // TGI's stream does not report the prompt's tokens.
-            usage_prompt: None,
+            usage_total: details.as_ref().and_then(|d| d.generated_tokens),
+            usage_prompt: details.as_ref().and_then(|d| d.prompt_tokens),
+            finish: details
+                .and_then(|d| d.finish_reason)
+                .and_then(|raw| FinishReason::tgi(raw.get().as_bytes())),
             model: None,
             end: present(chunk.generated_text),
             error: present(chunk.error),
@@ -55,8 +60,8 @@ struct Chunk<'a> {
     token: Option<Token>,
     #[serde(borrow, default)]
     generated_text: Option<&'a RawValue>,
-    #[serde(default)]
-    details: Option<Details>,
+    #[serde(borrow, default)]
+    details: Option<Details<'a>>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
 }
@@ -68,9 +73,13 @@ struct Token {
 }
 
 #[derive(Deserialize)]
-struct Details {
+struct Details<'a> {
     #[serde(default)]
     generated_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(borrow, default)]
+    finish_reason: Option<&'a RawValue>,
 }
 
 #[cfg(test)]
@@ -104,6 +113,18 @@ mod tests {
             r#"{"index":9,"token":{"id":2,"text":"</s>","logprob":-0.1,"special":true},"generated_text":"x","details":{"finish_reason":"eos_token","generated_tokens":9,"seed":null}}"#,
         );
         assert_eq!(with_details.usage_total, Some(9));
+        assert_eq!(with_details.finish, Some(FinishReason::Stop));
+        assert_eq!(with_details.usage_prompt, None, "this version does not say");
+        assert_eq!(eos.finish, None, "without details: no reason");
+    }
+
+    #[test]
+    fn details_with_the_prompt_and_a_stop_sequence() {
+        let last = classify(
+            r#"{"token":{"id":13,"text":"\n","logprob":-0.3,"special":false},"generated_text":"Yes.\n","details":{"finish_reason":"stop_sequence","prompt_tokens":11,"generated_tokens":3,"seed":null}}"#,
+        );
+        assert_eq!(last.usage_prompt, Some(11));
+        assert_eq!(last.finish, Some(FinishReason::Stop));
     }
 
     #[test]
@@ -113,6 +134,7 @@ mod tests {
         );
         assert!(last.token_event && last.end);
         assert_eq!(last.usage_total, Some(20));
+        assert_eq!(last.finish, Some(FinishReason::Length));
     }
 
     #[test]

@@ -19,6 +19,7 @@ use std::time::Duration;
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::Deserialize;
 
+use crate::format::FinishReason;
 use crate::sketch::GapHistogramIndex;
 
 pub use counter::{CounterExemplar, CounterExemplars, CounterFamily};
@@ -79,6 +80,18 @@ impl Outcome {
             Outcome::UpstreamError => "upstream_error",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::NoToken => "no_token",
+        }
+    }
+
+    /// The `finish_reason` label of a stream that ended this way and whose body said `said`:
+    /// the proxy's own view wins where it knows better (a client that went away is `abort`, an
+    /// upstream that failed or went silent is `error`, whatever the body said before), so the
+    /// label stays bounded and agrees with `outcome`.
+    pub fn finish_label(self, said: Option<FinishReason>) -> &'static str {
+        match self {
+            Outcome::ClientCancelled => FinishReason::Abort.label(),
+            Outcome::UpstreamError | Outcome::UpstreamTimeout => FinishReason::Error.label(),
+            Outcome::Complete | Outcome::NoToken => FinishReason::label_of(said),
         }
     }
 }
@@ -349,8 +362,13 @@ pub struct Metrics {
     pub batch_episode_streams: HistogramFamily,
     /// `metronome_batch_episode_arrivals{upstream}`: requests in each episode's lookback.
     pub batch_episode_arrivals: HistogramFamily,
-    /// `metronome_streams_total{route,model,outcome}`.
+    /// `metronome_streams_total{route,model,outcome,finish_reason}`; `finish_reason` is one of
+    /// [`FinishReason`](crate::format::FinishReason)'s labels or `none` (issue 32).
     pub streams: IntCounterVec,
+    /// `metronome_request_tokens{route,model,type}`: per stream, its input (prompt) tokens as
+    /// the server reported them and its output tokens, `type` = `input` | `output`; the shape of
+    /// OpenTelemetry's `gen_ai.client.token.usage` (issue 32).
+    pub request_tokens: HistogramFamily,
     /// `metronome_slo_streams_total{route,model,objective,result}`: streams whose request set
     /// latency objectives (`x-llm-d-slo-ttft-ms`, `x-llm-d-slo-tpot-ms`), met or missed.
     pub slo_streams: IntCounterVec,
@@ -401,6 +419,13 @@ const EPISODE_SECONDS: [f64; 10] = [0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10
 /// Bounds of the episode counts (streams caught, arrivals): powers of two to 1,024.
 const EPISODE_COUNTS: [f64; 11] = [
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+
+/// Bounds of `metronome_request_tokens`: powers of 4 from 1 to 67,108,864, the bucket advice of
+/// the GenAI semantic conventions for `gen_ai.client.token.usage`.
+pub const TOKEN_COUNTS: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
 ];
 
 // === impl Metrics ===
@@ -555,8 +580,15 @@ impl Metrics {
             )?,
             streams: counter(
                 "metronome_streams_total",
-                "Metered streams by how they ended.",
-                &["route", "model", "outcome"],
+                "Metered streams by how they ended: outcome as the proxy saw it, finish_reason as the server said (stop, length, tool_calls, content_filter, abort, error, other, none); a client that went away is abort and an upstream failure error, whatever the body said.",
+                &["route", "model", "outcome", "finish_reason"],
+            )?,
+            request_tokens: rich(
+                "metronome_request_tokens",
+                "Per stream: input (prompt) tokens as the server's usage reported them, and output tokens (usage, else counted), by type.",
+                &["route", "model", "type"],
+                &TOKEN_COUNTS,
+                plain,
             )?,
             slo_streams: counter(
                 "metronome_slo_streams_total",

@@ -295,7 +295,7 @@ mod tests {
     fn counters_and_gauges_keep_their_values() {
         let m = metrics();
         m.streams
-            .with_label_values(&["chat", "m", "complete"])
+            .with_label_values(&["chat", "m", "complete", "stop"])
             .inc_by(3);
         m.streams_active.with_label_values(&["chat"]).set(2);
         let req = request(

@@ -33,6 +33,8 @@ struct Semconv {
     point: Option<&'static str>,
     released: &'static str,
     latest: &'static str,
+    /// The UCUM unit.
+    unit: &'static str,
     advice: &'static [f64],
 }
 
@@ -42,6 +44,7 @@ const SEMCONV: &[Semconv] = &[
         point: Some("ingress"),
         released: "gen_ai.server.time_to_first_token",
         latest: "gen_ai.server.time_to_first_token",
+        unit: "s",
         advice: TTFT_ADVICE,
     },
     Semconv {
@@ -49,6 +52,7 @@ const SEMCONV: &[Semconv] = &[
         point: None,
         released: "gen_ai.server.time_per_output_token",
         latest: "gen_ai.server.time_per_output_token",
+        unit: "s",
         advice: TPOT_ADVICE,
     },
     Semconv {
@@ -56,6 +60,7 @@ const SEMCONV: &[Semconv] = &[
         point: None,
         released: "gen_ai.server.request.duration",
         latest: "gen_ai.server.request.duration",
+        unit: "s",
         advice: DURATION_ADVICE,
     },
     // The client's view is the stream as it leaves metronome for the client: egress.
@@ -64,6 +69,7 @@ const SEMCONV: &[Semconv] = &[
         point: Some("egress"),
         released: "gen_ai.client.operation.time_to_first_chunk",
         latest: "gen_ai.client.inference.time_to_first_chunk",
+        unit: "s",
         advice: DURATION_ADVICE,
     },
     Semconv {
@@ -71,7 +77,19 @@ const SEMCONV: &[Semconv] = &[
         point: Some("egress"),
         released: "gen_ai.client.operation.time_per_output_chunk",
         latest: "gen_ai.client.inference.time_per_output_chunk",
+        unit: "s",
         advice: DURATION_ADVICE,
+    },
+    // Both token types in one histogram, told apart by `gen_ai.token.type`. The conventions
+    // have no server-side token histogram, so the client's name is used, as the per-chunk
+    // histograms do.
+    Semconv {
+        family: "metronome_request_tokens",
+        point: None,
+        released: "gen_ai.client.token.usage",
+        latest: "gen_ai.client.token.usage",
+        unit: "{token}",
+        advice: &crate::metrics::TOKEN_COUNTS,
     },
 ];
 
@@ -196,7 +214,7 @@ impl Naming {
             .filter(|s| s.family == family)
             .map(|s| Renamed {
                 name: if self.latest { s.latest } else { s.released }.to_string(),
-                unit: "s",
+                unit: s.unit,
                 advice: Some(s.advice),
                 point: s.point,
                 semconv: Some(self.routes.clone()),
@@ -325,6 +343,9 @@ impl Renamed {
             out.push(("gen_ai.request.model".into(), Value::Str(model.into())));
             out.push(("gen_ai.response.model".into(), Value::Str(model.into())));
         }
+        if let Some(kind) = label("type") {
+            out.push(("gen_ai.token.type".into(), Value::Str(kind.into())));
+        }
         if let Some(f) = facts {
             out.push(("server.address".into(), Value::Str(f.address.clone())));
             out.push(("server.port".into(), Value::Int(f.port)));
@@ -339,7 +360,10 @@ impl Renamed {
 fn unit_of(name: &str) -> &'static str {
     if name.ends_with("_seconds") {
         "s"
-    } else if name.ends_with("_tokens_total") || name.ends_with("tokens_per_event") {
+    } else if name.ends_with("_tokens_total")
+        || name.ends_with("tokens_per_event")
+        || name.ends_with("_request_tokens")
+    {
         "{token}"
     } else {
         ""
@@ -438,6 +462,38 @@ mod tests {
         assert_eq!(
             prometheus_label("gen_ai.operation.name"),
             "gen_ai_operation_name"
+        );
+    }
+
+    #[test]
+    fn the_token_histogram_is_the_client_token_usage_with_its_token_type() {
+        for latest in [false, true] {
+            let n = Naming::with(Names::Otel, latest);
+            let renamed = n.histogram("metronome_request_tokens");
+            assert_eq!(renamed.len(), 1);
+            let r = &renamed[0];
+            assert_eq!(
+                (r.name.as_str(), r.unit),
+                ("gen_ai.client.token.usage", "{token}")
+            );
+            assert_eq!(r.advice, Some(&crate::metrics::TOKEN_COUNTS[..]));
+            let labels = [
+                ("route".to_string(), "chat".to_string()),
+                ("model".to_string(), "m1".to_string()),
+                ("type".to_string(), "input".to_string()),
+            ];
+            let attributes = r.attributes(&labels);
+            assert!(attributes.contains(&("gen_ai.token.type".into(), Value::Str("input".into()))));
+            assert!(!attributes.iter().any(|(k, _)| k == "type"));
+            assert_eq!(
+                prometheus_name(&r.name, r.unit),
+                "gen_ai_client_token_usage"
+            );
+        }
+        let own = &Naming::metronome().histogram("metronome_request_tokens")[0];
+        assert_eq!(
+            (own.name.as_str(), own.unit),
+            ("metronome_request_tokens", "{token}")
         );
     }
 

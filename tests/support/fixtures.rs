@@ -32,6 +32,10 @@ pub struct Fixture {
     pub model: &'static str,
     /// `metronome_stream_format_total{format}`.
     pub format: &'static str,
+    /// `metronome_streams_total{finish_reason}`.
+    pub finish_reason: &'static str,
+    /// The input tokens the stream's usage reports, if it does.
+    pub prompt_tokens: Option<u64>,
 }
 
 const SSE: &str = "text/event-stream";
@@ -50,6 +54,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "meta-llama/Llama-3.1-8B-Instruct",
         format: "openai",
+        finish_reason: "stop",
+        prompt_tokens: Some(12),
     },
     Fixture {
         file: "openai_chat_vllm.sse",
@@ -62,6 +68,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "meta-llama/Llama-3.1-8B-Instruct",
         format: "openai",
+        finish_reason: "stop",
+        prompt_tokens: Some(42),
     },
     Fixture {
         file: "openai_continuous_usage.sse",
@@ -74,6 +82,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "meta-llama/Llama-3.1-8B-Instruct",
         format: "openai",
+        finish_reason: "stop",
+        prompt_tokens: Some(17),
     },
     Fixture {
         file: "openai_completions_n2.sse",
@@ -86,6 +96,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "Qwen/Qwen2.5-7B-Instruct",
         format: "openai",
+        finish_reason: "stop",
+        prompt_tokens: Some(6),
     },
     Fixture {
         file: "openai_token_ids.sse",
@@ -98,6 +110,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "meta-llama/Llama-3.1-8B-Instruct",
         format: "openai",
+        finish_reason: "stop",
+        prompt_tokens: None,
     },
     Fixture {
         file: "openai_error_midstream.sse",
@@ -110,6 +124,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "upstream_error",
         model: "meta-llama/Llama-3.1-8B-Instruct",
         format: "openai",
+        finish_reason: "error",
+        prompt_tokens: None,
     },
     Fixture {
         file: "tgi_v1_chat.sse",
@@ -122,6 +138,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "mistralai/Mistral-7B-Instruct-v0.3",
         format: "openai",
+        finish_reason: "length",
+        prompt_tokens: Some(12),
     },
     Fixture {
         file: "tgi_generate_stream.sse",
@@ -134,6 +152,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "unknown",
         format: "tgi",
+        finish_reason: "stop",
+        prompt_tokens: None,
     },
     Fixture {
         file: "tgi_error.sse",
@@ -146,6 +166,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "upstream_error",
         model: "unknown",
         format: "tgi",
+        finish_reason: "error",
+        prompt_tokens: None,
     },
     Fixture {
         file: "llamacpp_completion.sse",
@@ -158,6 +180,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "qwen2.5-7b-instruct",
         format: "llamacpp",
+        finish_reason: "stop",
+        prompt_tokens: Some(6),
     },
     Fixture {
         file: "llamacpp_legacy_error.sse",
@@ -170,6 +194,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "upstream_error",
         model: "unknown",
         format: "llamacpp",
+        finish_reason: "error",
+        prompt_tokens: None,
     },
     Fixture {
         file: "sglang_generate.sse",
@@ -182,6 +208,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "unknown",
         format: "sglang",
+        finish_reason: "stop",
+        prompt_tokens: Some(7),
     },
     Fixture {
         file: "ollama_chat.ndjson",
@@ -194,6 +222,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "llama3.2",
         format: "ollama",
+        finish_reason: "stop",
+        prompt_tokens: Some(31),
     },
     Fixture {
         file: "ollama_generate.ndjson",
@@ -206,6 +236,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "qwen2.5-coder:7b",
         format: "ollama",
+        finish_reason: "stop",
+        prompt_tokens: Some(36),
     },
     Fixture {
         file: "responses.sse",
@@ -218,6 +250,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "o4-mini-2025-04-16",
         format: "responses",
+        finish_reason: "stop",
+        prompt_tokens: Some(14),
     },
     Fixture {
         file: "anthropic_messages.sse",
@@ -230,6 +264,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "claude-sonnet-4-5-20250929",
         format: "anthropic",
+        finish_reason: "tool_calls",
+        prompt_tokens: Some(472),
     },
     Fixture {
         file: "anthropic_overloaded.sse",
@@ -242,6 +278,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "upstream_error",
         model: "claude-sonnet-4-5-20250929",
         format: "anthropic",
+        finish_reason: "error",
+        prompt_tokens: Some(25),
     },
     Fixture {
         file: "gemini_stream.sse",
@@ -254,6 +292,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "gemini-2.0-flash",
         format: "gemini",
+        finish_reason: "stop",
+        prompt_tokens: Some(9),
     },
     Fixture {
         file: "unknown_plain.sse",
@@ -266,6 +306,8 @@ pub const FIXTURES: &[Fixture] = &[
         outcome: "complete",
         model: "unknown",
         format: "unknown",
+        finish_reason: "none",
+        prompt_tokens: None,
     },
 ];
 
