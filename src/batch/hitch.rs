@@ -6,8 +6,8 @@
 //! last [`WINDOW`] gaps) and at least `min_gap`. The gaps are those between frames that carry
 //! token events: the zero gaps between the token events of one frame (an engine or an edge
 //! that writes several at once) are left out, or a stream that coalesces would have a median of
-//! 0 and every ordinary gap over `min_gap` would be a hitch. The window is also kept sorted, one
-//! removal and one insertion per gap (a few shifts in 64 bytes), so the median is read, not
+//! 0 and every ordinary gap over `min_gap` would be a hitch. The window is also kept sorted (the
+//! new gap takes the leaving one's place and moves to its rank), so the median is read, not
 //! selected: a selection over a copy of the window was most of the detector's cost per token
 //! event (about 270 instructions in `scripts/instructions-per-event.sh`). The threshold is
 //! recomputed every [`RECOMPUTE_EVERY`] gaps.
@@ -79,17 +79,26 @@ impl HitchRule {
     fn push(&mut self, nanos: i64) {
         let micros = u32::try_from(nanos.max(0) / 1_000).unwrap_or(u32::MAX);
         let slot = self.gaps as usize % WINDOW;
-        let mut filled = (self.gaps as usize).min(WINDOW);
-        if filled == WINDOW {
-            // The gap that leaves the ring leaves the sorted copy too.
+        let filled = (self.gaps as usize).min(WINDOW);
+        // The new gap takes the place of the one that leaves the ring (or the next free one),
+        // then moves to its rank: in a steady stream a few places.
+        let (mut at, len) = if filled == WINDOW {
             let leaving = self.window[slot];
-            let at = self.sorted.partition_point(|&v| v < leaving);
-            self.sorted.copy_within(at + 1..WINDOW, at);
-            filled -= 1;
+            let at = self.sorted.iter().position(|&v| v == leaving);
+            (at.unwrap_or(WINDOW - 1), WINDOW)
+        } else {
+            (filled, filled + 1)
+        };
+        let sorted = &mut self.sorted[..len];
+        sorted[at] = micros;
+        while at > 0 && sorted[at - 1] > micros {
+            sorted.swap(at - 1, at);
+            at -= 1;
         }
-        let at = self.sorted[..filled].partition_point(|&v| v <= micros);
-        self.sorted.copy_within(at..filled, at + 1);
-        self.sorted[at] = micros;
+        while at + 1 < len && sorted[at + 1] < micros {
+            sorted.swap(at, at + 1);
+            at += 1;
+        }
         self.window[slot] = micros;
         self.gaps = self.gaps.saturating_add(1);
         if self.gaps >= MIN_GAPS && self.gaps % RECOMPUTE_EVERY == 0 {
