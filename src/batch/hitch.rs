@@ -18,7 +18,8 @@ pub const WINDOW: usize = 16;
 /// Gaps a stream must have before the ratio part of the rule applies.
 pub const MIN_GAPS: u32 = 8;
 
-/// The threshold is recomputed after this many gaps (amortizing the selection).
+/// The threshold is recomputed after this many gaps (what counts as a hitch depends on it: kept
+/// from when a selection made it costly).
 const RECOMPUTE_EVERY: u32 = 4;
 
 /// What the rule needs to know, in nanoseconds, fixed for a stream's life.
