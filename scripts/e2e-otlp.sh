@@ -67,6 +67,18 @@ sample() { # FILE LINE-PREFIX
   awk -v p="$2" 'index($0, p) == 1 { print $NF; found = 1 } END { if (!found) print 0 }' "$1"
 }
 . scripts/lib/metrics.sh
+# Waits up to 5 s for a metrics export that DUMP (the receiver's /dump or /dump/grpc) received
+# after the Unix time SINCE and, with TRACE, for that trace's one span; fails with WHAT.
+export_after() { # DUMP SINCE WHAT [TRACE]
+  local at spans=1
+  for _ in $(seq 1 50); do
+    at=$(curl -fs "$1/metrics" | python3 -c 'import json,sys; print(json.load(sys.stdin)["metrics_at"])')
+    [[ -n ${4:-} ]] && spans=$(python3 scripts/otlp_receiver.py count-spans "$1" "$4")
+    python3 -c "import sys; sys.exit(0 if $at > $2 and $spans == 1 else 1)" && return 0
+    sleep 0.1
+  done
+  fail "$3"
+}
 
 FIXTURE_PORT=$(free_port); SIM_PORT=$(free_port); PROXY_PORT=$(free_port); ADMIN_PORT=$(free_port); OTLP_PORT=$(free_port)
 GRPC_PORT=$(free_port); GRPC_PROXY_PORT=$(free_port); GRPC_ADMIN_PORT=$(free_port)
@@ -118,13 +130,7 @@ probe() { # NAME REQUESTS
 # 1 to 3: streams, then a scrape once they are all recorded, then an export made after it.
 probe first 12
 metrics_when_idle "$ADMIN" "$WORK/scrape1.txt" || fail "streams still in flight"
-scraped=$(date +%s.%N)
-for _ in $(seq 1 50); do
-  at=$(curl -fs "$RECEIVER/dump/metrics" | python3 -c 'import json,sys; print(json.load(sys.stdin)["metrics_at"])')
-  python3 -c "import sys; sys.exit(0 if $at > $scraped else 1)" && break
-  sleep 0.1
-done
-python3 -c "import sys; sys.exit(0 if $at > $scraped else 1)" || fail "no OTLP export within 5 s of the scrape"
+export_after "$RECEIVER/dump" "$(date +%s.%N)" "no OTLP export within 5 s of the scrape"
 out=$(python3 scripts/otlp_receiver.py check-metrics "$WORK/scrape1.txt" "$RECEIVER/dump/metrics") \
   || fail "exponential histograms differ from /metrics: $out"
 pass "$out"
@@ -183,14 +189,8 @@ curl -fsN -X POST -H 'content-type: application/json' -H "traceparent: 00-$GRPC_
   -d '{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}' \
   "http://127.0.0.1:$GRPC_PROXY_PORT/v1/traced" >/dev/null || fail "traced stream over the gRPC instance failed"
 metrics_when_idle "127.0.0.1:$GRPC_ADMIN_PORT" "$WORK/scrape-grpc.txt" || fail "gRPC instance: streams still in flight"
-scraped=$(date +%s.%N)
-for _ in $(seq 1 50); do
-  at=$(curl -fs "$RECEIVER/dump/grpc/metrics" | python3 -c 'import json,sys; print(json.load(sys.stdin)["metrics_at"])')
-  spans=$(python3 scripts/otlp_receiver.py count-spans "$RECEIVER/dump/grpc" "$GRPC_TRACE")
-  python3 -c "import sys; sys.exit(0 if $at > $scraped and $spans == 1 else 1)" && break
-  sleep 0.1
-done
-python3 -c "import sys; sys.exit(0 if $at > $scraped else 1)" || fail "no OTLP/gRPC metrics export within 5 s of the scrape"
+export_after "$RECEIVER/dump/grpc" "$(date +%s.%N)" \
+  "no OTLP/gRPC metrics export and span within 5 s of the scrape" "$GRPC_TRACE"
 out=$(python3 scripts/otlp_receiver.py check-metrics "$WORK/scrape-grpc.txt" "$RECEIVER/dump/grpc/metrics") \
   || fail "over gRPC, exponential histograms differ from /metrics: $out"
 out_trace=$(python3 scripts/otlp_receiver.py check-trace "$RECEIVER/dump/grpc" "http://127.0.0.1:$FIXTURE_PORT" "$GRPC_TRACE" "$PARENT") \

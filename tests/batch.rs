@@ -14,7 +14,6 @@ use std::time::Duration;
 use metronome::sim::{self, SimConfig};
 use serde_json::Value;
 use support::*;
-use tokio::net::TcpListener;
 
 /// Decoding streams, and the long-prompt requests that arrive among them.
 const STREAMS: usize = 20;
@@ -50,11 +49,6 @@ fn stall_plan(seed: u64) -> HashMap<usize, u64> {
         plan.insert(stream, event);
     }
     plan
-}
-
-async fn sim_with(config: SimConfig) -> sim::SimHandle {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    sim::spawn(listener, config).unwrap()
 }
 
 fn chat_body(max_tokens: u64, prompt_tokens: u64, stall_at: Option<u64>) -> String {
@@ -106,12 +100,9 @@ async fn long_prompts_make_batch_hitches_and_stalls_stay_stream_scope() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("timeline.jsonl");
     let sim = sim_with(SimConfig {
-        engine: sim::Engine::Batch,
-        gap: ms(GAP),
-        prefill_per_token: Duration::from_micros(100),
         stall: ms(STALL),
         timeline: Some(path.clone()),
-        ..SimConfig::default()
+        ..batch_engine(ms(GAP))
     })
     .await;
     let proxy = proxy_to(sim.addr()).await;
@@ -370,11 +361,8 @@ async fn a_slow_reader_never_makes_an_episode() {
 async fn probe_join_gives_the_batchs_stalls_to_generation_batch() {
     use metronome::probe::{attribute_run_judged, measure, AdminUrl, Load, ProbeConfig, Stop};
     let sim = sim_with(SimConfig {
-        engine: sim::Engine::Batch,
-        gap: ms(GAP),
-        prefill_per_token: Duration::from_micros(100),
         tokens: 60,
-        ..SimConfig::default()
+        ..batch_engine(ms(GAP))
     })
     .await;
     let proxy = proxy_to(sim.addr()).await;

@@ -12,17 +12,14 @@
 
 mod support;
 
-use std::time::Duration;
-
 use bytes::{Buf, Bytes};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioExecutor;
 use metronome::metrics::proto::MetricFamily;
-use metronome::sim::{self, SimConfig};
+use metronome::sim::SimConfig;
 use prost::Message;
 use serde_json::Value;
 use support::*;
-use tokio::net::TcpListener;
 
 /// Each request's own trace: request `i` (the long prompt is `STREAMS`) gets trace ID `i + 1`.
 fn trace_id(i: usize) -> String {
@@ -130,18 +127,11 @@ async fn detail(admin: std::net::SocketAddr, id: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hitch_and_episode_exemplars_name_streams_that_resolve() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let sim = sim::spawn(
-        listener,
-        SimConfig {
-            engine: sim::Engine::Batch,
-            gap: ms(GAP),
-            prefill_per_token: Duration::from_micros(100),
-            stall: ms(STALL),
-            ..SimConfig::default()
-        },
-    )
-    .unwrap();
+    let sim = sim_with(SimConfig {
+        stall: ms(STALL),
+        ..batch_engine(ms(GAP))
+    })
+    .await;
     let proxy = proxy_to(sim.addr()).await;
     let addr = proxy.proxy_addr;
 

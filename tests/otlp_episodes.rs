@@ -21,7 +21,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use metronome::config::Config;
 use metronome::proxy::ProxyHandle;
-use metronome::sim::{self, SimConfig};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
@@ -116,17 +115,7 @@ fn chat_body(max_tokens: u64, prompt_tokens: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streams_span_names_the_batch_episode_it_was_caught_in() {
     let (otlp, spans) = receiver().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let sim = sim::spawn(
-        listener,
-        SimConfig {
-            engine: sim::Engine::Batch,
-            gap: ms(GAP),
-            prefill_per_token: Duration::from_micros(100),
-            ..SimConfig::default()
-        },
-    )
-    .unwrap();
+    let sim = sim_with(batch_engine(ms(GAP))).await;
     let toml = format!(
         "{}\n[otlp]\nendpoint = \"http://{otlp}\"\ninterval = \"1s\"\ntraces = true\n",
         proxy_toml(sim.addr())

@@ -406,6 +406,23 @@ pub async fn proxy_to(upstream: SocketAddr) -> ProxyHandle {
     proxy_with(upstream, |_| {}).await
 }
 
+/// `metronome sim` on an ephemeral loopback port with `config`.
+pub async fn sim_with(config: metronome::sim::SimConfig) -> metronome::sim::SimHandle {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    metronome::sim::spawn(listener, config).unwrap()
+}
+
+/// The batch engine (`sim --engine batch`) stepping every `gap`, each prompt token holding the
+/// shared step for 100 µs (a 3,000-token prompt holds it 300 ms): the batch tests' engine.
+pub fn batch_engine(gap: Duration) -> metronome::sim::SimConfig {
+    metronome::sim::SimConfig {
+        engine: metronome::sim::Engine::Batch,
+        gap,
+        prefill_per_token: Duration::from_micros(100),
+        ..metronome::sim::SimConfig::default()
+    }
+}
+
 /// Same, with the configuration adjusted first.
 pub async fn proxy_with(upstream: SocketAddr, adjust: impl FnOnce(&mut Config)) -> ProxyHandle {
     let mut config = Config::from_toml(&proxy_toml(upstream)).unwrap();
