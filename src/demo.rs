@@ -211,11 +211,17 @@ pub fn proxy_view(metrics: &Metrics) -> String {
         "proxy delay p99",
         us(quantile(&metrics.proxy_delay, 0.99, &[]))
     );
-    let complete = metrics
-        .streams
-        .get_metric_with_label_values(&["chat", "sim-model", "complete"])
-        .map(|c| c.get())
-        .unwrap_or(0);
+    // Summed over every finish reason (and route and model): the demo's streams all complete.
+    let complete: f64 = prometheus::core::Collector::collect(&metrics.streams)
+        .iter()
+        .flat_map(|family| family.get_metric())
+        .filter(|m| {
+            m.get_label()
+                .iter()
+                .any(|l| l.name() == "outcome" && l.value() == "complete")
+        })
+        .map(|m| m.get_counter().get_value())
+        .sum();
     out += &format!("  {:<22}{:>12}\n", "streams complete", complete);
     out += if native {
         "  (quantiles from the native histograms, as histogram_quantile reads them: within about 2 %)\n"

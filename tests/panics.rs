@@ -152,10 +152,23 @@ async fn a_panicking_stream_task_does_not_take_down_other_streams() {
 
     let metrics = &state.metrics;
     // The panicked reader never reported its model: that stream is labelled `unknown`.
+    // Summed over the models and finish reasons it was recorded under.
     let outcome = |o: &str| {
-        ["m", "unknown"]
+        prometheus::core::Collector::collect(&metrics.streams)
             .iter()
-            .map(|model| metrics.streams.with_label_values(&["chat", model, o]).get())
+            .flat_map(|family| family.get_metric())
+            .filter(|m| {
+                let label = |name: &str| {
+                    m.get_label()
+                        .iter()
+                        .find(|l| l.name() == name)
+                        .map(|l| l.value().to_string())
+                };
+                label("route").as_deref() == Some("chat")
+                    && matches!(label("model").as_deref(), Some("m" | "unknown"))
+                    && label("outcome").as_deref() == Some(o)
+            })
+            .map(|m| m.get_counter().get_value() as u64)
             .sum::<u64>()
     };
     // There is no client socket in this test, so no frame ever gets an egress stamp: the
