@@ -9,6 +9,19 @@ use http_body_util::{BodyExt, Full};
 use metronome::proxy::ProxyHandle;
 use support::*;
 
+/// `metronome_beacons_total{result}`.
+fn beacons(m: &Metrics, result: &str) -> f64 {
+    m.value("metronome_beacons_total", &[("result", result)])
+}
+
+/// Requests the scripted upstream has received (beacons must never be among them).
+fn forwarded(upstream: &RunningUpstream) -> usize {
+    upstream
+        .stats
+        .requests
+        .load(std::sync::atomic::Ordering::SeqCst)
+}
+
 const BEACON: &str = "/.well-known/metronome/beacon";
 
 async fn json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
@@ -210,22 +223,9 @@ async fn a_beacon_is_recorded_at_the_client_point_once() {
         1.0
     );
     assert_eq!(m.value("metronome_stream_jank_ratio_count", &client), 1.0);
-    assert_eq!(
-        m.value("metronome_beacons_total", &[("result", "accepted")]),
-        1.0
-    );
-    assert_eq!(
-        m.value("metronome_beacons_total", &[("result", "duplicate")]),
-        1.0
-    );
-    assert_eq!(
-        upstream
-            .stats
-            .requests
-            .load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "never forwarded"
-    );
+    assert_eq!(beacons(&m, "accepted"), 1.0);
+    assert_eq!(beacons(&m, "duplicate"), 1.0);
+    assert_eq!(forwarded(&upstream), 1, "never forwarded");
     proxy.shutdown().await;
 }
 
@@ -312,13 +312,7 @@ async fn beacons_can_be_turned_off_and_then_are_proxied() {
         post(proxy.proxy_addr, BEACON, beacon("x", 1.0, &[])).await,
         200
     );
-    assert_eq!(
-        upstream
-            .stats
-            .requests
-            .load(std::sync::atomic::Ordering::SeqCst),
-        1
-    );
+    assert_eq!(forwarded(&upstream), 1);
     proxy.shutdown().await;
 }
 
@@ -382,14 +376,8 @@ async fn a_client_cannot_guess_the_next_streams_id_and_claim_its_beacon() {
         204
     );
     let m = scrape(&proxy).await;
-    assert_eq!(
-        m.value("metronome_beacons_total", &[("result", "unknown_stream")]),
-        1.0
-    );
-    assert_eq!(
-        m.value("metronome_beacons_total", &[("result", "accepted")]),
-        1.0
-    );
+    assert_eq!(beacons(&m, "unknown_stream"), 1.0);
+    assert_eq!(beacons(&m, "accepted"), 1.0);
     // `/streams/{id}` still finds a stream by its (longer) ID.
     assert_eq!(
         json(proxy.admin_addr, &format!("/streams/{theirs}"))
@@ -438,21 +426,8 @@ async fn a_beacon_takes_a_place_under_max_requests_and_is_counted_when_refused()
     // With the place free again, the stream's own beacon is taken.
     assert_eq!(post(addr, BEACON, beacon(&id, 1.0, &[1.0])).await, 204);
     let m = scrape(&proxy).await;
-    assert_eq!(
-        m.value("metronome_beacons_total", &[("result", "overloaded")]),
-        1.0
-    );
-    assert_eq!(
-        m.value("metronome_beacons_total", &[("result", "accepted")]),
-        1.0
-    );
-    assert_eq!(
-        upstream
-            .stats
-            .requests
-            .load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "beacons are never forwarded"
-    );
+    assert_eq!(beacons(&m, "overloaded"), 1.0);
+    assert_eq!(beacons(&m, "accepted"), 1.0);
+    assert_eq!(forwarded(&upstream), 1, "beacons are never forwarded");
     proxy.shutdown().await;
 }
