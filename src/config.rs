@@ -19,7 +19,10 @@ use crate::metrics::{Buckets, MetricsConfig, MAX_BOUNDS};
 use crate::units::parse_duration;
 use validate::validate;
 
+mod kinds;
 mod validate;
+
+pub use kinds::{ClientKind, ServerKind};
 
 /// Arguments of `metronome serve`: the file, and the overrides operators reach for most.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -519,9 +522,9 @@ pub struct Config {
     /// How the proxy listener's connections are spread over threads.
     pub threading: Threading,
     /// Which HTTP/1.1 client plain-http upstreams go through.
-    pub upstream_client: crate::proxy::upstream::ClientKind,
+    pub upstream_client: crate::config::ClientKind,
     /// Which HTTP/1.1 server serves client connections that speak HTTP/1.x.
-    pub http1_server: crate::proxy::h1::ServerKind,
+    pub http1_server: crate::config::ServerKind,
     /// Threads serving the proxy listener; `None`: one per CPU this process may use.
     pub workers: Option<std::num::NonZeroUsize>,
     /// Connecting to the upstream.
@@ -995,7 +998,7 @@ mod tests {
     fn threads_default_to_one_event_loop_per_cpu_and_are_checked() {
         let config = Config::default();
         assert_eq!(config.threading, Threading::PerCore);
-        assert_eq!(config.http1_server, crate::proxy::h1::ServerKind::Native);
+        assert_eq!(config.http1_server, crate::config::ServerKind::Native);
         assert_eq!(config.workers, None);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(config.worker_threads(), cpus);

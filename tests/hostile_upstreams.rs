@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use metronome::config::ClientKind;
 use metronome::config::{Config, Upstream as UpstreamUrl};
-use metronome::proxy::upstream::ClientKind;
 use metronome::proxy::ProxyHandle;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use support::*;

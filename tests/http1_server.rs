@@ -22,7 +22,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use metronome::config::Config;
-use metronome::proxy::h1::ServerKind;
+use metronome::config::ServerKind;
 use metronome::proxy::ProxyHandle;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

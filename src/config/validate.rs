@@ -41,8 +41,8 @@ struct Server {
     upstream: Upstream,
     drain_grace: Duration,
     threading: Threading,
-    upstream_client: crate::proxy::upstream::ClientKind,
-    http1_server: crate::proxy::h1::ServerKind,
+    upstream_client: crate::config::ClientKind,
+    http1_server: crate::config::ServerKind,
     workers: Option<std::num::NonZeroUsize>,
 }
 
@@ -56,10 +56,10 @@ fn server(raw: &RawServer, problem: &mut Problem<'_>) -> Option<Server> {
     let threading = Threading::parse(&raw.threading)
         .map_err(|e| problem("server.threading", e))
         .ok();
-    let upstream_client = crate::proxy::upstream::ClientKind::parse(&raw.upstream_client)
+    let upstream_client = crate::config::ClientKind::parse(&raw.upstream_client)
         .map_err(|e| problem("server.upstream_client", e))
         .ok();
-    let http1_server = crate::proxy::h1::ServerKind::parse(&raw.http1_server)
+    let http1_server = crate::config::ServerKind::parse(&raw.http1_server)
         .map_err(|e| problem("server.http1_server", e))
         .ok();
     if raw.workers > MAX_WORKERS {

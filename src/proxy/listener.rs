@@ -30,9 +30,10 @@ use tokio_rustls::TlsAcceptor;
 use super::body::{ClientBody, ProxyBody};
 use super::egress_clock::{EgressClock, EgressIo};
 use super::forward::{handle, Connection};
-use super::h1::{self, ServerKind};
+use super::h1;
 use super::joined_writes::JoinedWrites;
 use super::{ProxyState, UpstreamClient};
+use crate::config::ServerKind;
 use crate::tls;
 
 /// What an over-limit connection is told before it is closed.

@@ -38,14 +38,15 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::config::ClientKind;
 use crate::config::{Config, Threading};
 use crate::metrics::{status_class, Metrics, ModelLabels};
 use crate::timeline::StreamRegistry;
 use crate::tls;
 use body::ProxyBody;
 use router::Router;
+use upstream::native::NativeClient;
 pub use upstream::UpstreamClient;
-use upstream::{native::NativeClient, ClientKind};
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]

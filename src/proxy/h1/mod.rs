@@ -44,38 +44,6 @@ use head::{Framing, HeadError};
 use request_body::{Fed, Feeder};
 use writer::Writer;
 
-/// Which HTTP/1.1 server serves client connections (`server.http1_server`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServerKind {
-    /// metronome's own (this module).
-    Native,
-    /// hyper's.
-    Hyper,
-}
-
-// === impl ServerKind ===
-
-impl ServerKind {
-    /// The value as `server.http1_server` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            ServerKind::Native => "native",
-            ServerKind::Hyper => "hyper",
-        }
-    }
-
-    /// Reads `server.http1_server`.
-    pub fn parse(value: &str) -> Result<Self, String> {
-        match value {
-            "native" => Ok(ServerKind::Native),
-            "hyper" => Ok(ServerKind::Hyper),
-            other => Err(format!(
-                "{other:?} is not a server; expected \"native\" or \"hyper\""
-            )),
-        }
-    }
-}
-
 /// The settings one connection is served with.
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {

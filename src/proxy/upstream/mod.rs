@@ -31,38 +31,6 @@ use native::{NativeBody, NativeBodyError, NativeClient};
 /// hyper-util's pooled client (http and https).
 pub type HyperClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
 
-/// Which client plain-http upstreams go through (`server.upstream_client`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientKind {
-    /// metronome's own HTTP/1.1 client: one task per frame.
-    Native,
-    /// hyper-util's client for every upstream.
-    Hyper,
-}
-
-// === impl ClientKind ===
-
-impl ClientKind {
-    /// The value as `server.upstream_client` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            ClientKind::Native => "native",
-            ClientKind::Hyper => "hyper",
-        }
-    }
-
-    /// Reads `server.upstream_client`.
-    pub fn parse(value: &str) -> Result<Self, String> {
-        match value {
-            "native" => Ok(ClientKind::Native),
-            "hyper" => Ok(ClientKind::Hyper),
-            other => Err(format!(
-                "{other:?} is not a client; expected \"native\" or \"hyper\""
-            )),
-        }
-    }
-}
-
 /// The client a worker's requests go upstream through.
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
