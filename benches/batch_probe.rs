@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use metronome::batch::{BatchDetector, BatchSettings};
-use metronome::clock::Tick;
 use metronome::config::Upstream;
+use metronome::metering::clock::Tick;
 use metronome::metrics::{Buckets, Metrics, ModelLabels};
 
 /// Frames per iteration.

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use metronome::clock::Tick;
 use metronome::format::Accounting;
-use metronome::ledger::EgressLedger;
-use metronome::meter::IngressMeter;
+use metronome::metering::clock::Tick;
+use metronome::metering::ledger::EgressLedger;
+use metronome::metering::meter::IngressMeter;
 use metronome::metrics::{Buckets, Metrics, ModelLabels};
 use metronome::scan::{Framing, Scanner, DEFAULT_MAX_EVENT_BYTES};
 

@@ -9,7 +9,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,9 +22,30 @@ use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::config::{ReadinessConfig, Upstream};
+use crate::batch::BatchDetector;
+use crate::config::{Config, ReadinessConfig, Upstream};
 use crate::metrics::exposition::Format;
-use crate::proxy::ProxyState;
+use crate::metrics::Metrics;
+use crate::timeline::StreamRegistry;
+
+/// What the admin endpoints read of the running proxy, and nothing more: the proxy implements
+/// it, so the admin listener depends on the metrics, the timelines and the batch detector but not
+/// on the proxy's state.
+pub trait AdminView: Send + Sync + 'static {
+    /// The families `/metrics` encodes.
+    fn metrics(&self) -> &Metrics;
+    /// Recent streams (`/streams`, `/streams/{id}`).
+    fn registry(&self) -> &StreamRegistry;
+    /// Batch episodes and each stream's hitch marks (`/episodes`, `/streams/{id}`).
+    fn batch(&self) -> &BatchDetector;
+    /// Whether SIGTERM began the drain, so `/readyz` answers 503.
+    fn draining(&self) -> bool;
+    /// The configuration in force now, reloads included (the readiness check reads it).
+    fn live_config(&self) -> Arc<Config>;
+}
+
+/// The proxy's view as the admin tasks hold it.
+type View = Arc<dyn AdminView>;
 
 /// The browser beacon module (assets/metronome-beacon.js), served for convenience.
 const BEACON_MODULE: &str = include_str!("../assets/metronome-beacon.js");
@@ -34,11 +54,7 @@ const BEACON_MODULE: &str = include_str!("../assets/metronome-beacon.js");
 pub const METRICS_CONTENT_TYPE: &str = crate::metrics::TEXT_CONTENT_TYPE;
 
 /// Serves the admin endpoints until `shutdown` resolves.
-pub async fn serve(
-    listener: TcpListener,
-    state: Arc<ProxyState>,
-    shutdown: impl Future<Output = ()> + Send,
-) {
+pub async fn serve(listener: TcpListener, state: View, shutdown: impl Future<Output = ()> + Send) {
     let builder = auto::Builder::new(TokioExecutor::new());
     let (checked, upstream) = watch::channel(UpstreamCheck::Pending);
     let checker = tokio::spawn(check_upstream(state.clone(), checked));
@@ -70,7 +86,7 @@ pub async fn serve(
 
 async fn answer(
     request: Request<Incoming>,
-    state: Arc<ProxyState>,
+    state: View,
     upstream: watch::Receiver<UpstreamCheck>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
@@ -84,15 +100,15 @@ async fn answer(
                 .get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok());
             let format = Format::from_accept(accept);
-            let mut response = text(StatusCode::OK, state.metrics.encode_as(format));
+            let mut response = text(StatusCode::OK, state.metrics().encode_as(format));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static(format.content_type()),
             );
             response
         }
-        "/streams" => json(StatusCode::OK, state.registry.list_json()),
-        "/episodes" => json(StatusCode::OK, state.batch.episodes_json()),
+        "/streams" => json(StatusCode::OK, state.registry().list_json()),
+        "/episodes" => json(StatusCode::OK, state.batch().episodes_json()),
         "/metronome-beacon.js" => {
             let mut response = text(StatusCode::OK, BEACON_MODULE);
             response.headers_mut().insert(
@@ -103,8 +119,8 @@ async fn answer(
         }
         path if path.starts_with("/streams/") => {
             let id = &path["/streams/".len()..];
-            match state.registry.detail_json(id) {
-                Some(body) => json(StatusCode::OK, with_hitches(&state, id, body)),
+            match state.registry().detail_json(id) {
+                Some(body) => json(StatusCode::OK, with_hitches(&*state, id, body)),
                 None => json(
                     StatusCode::NOT_FOUND,
                     serde_json::json!({"error": {"type": "not_found", "message": format!("no recent stream has the ID `{id}`")}}).to_string(),
@@ -112,7 +128,7 @@ async fn answer(
             }
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/readyz" => readiness(&state, upstream).await,
+        "/readyz" => readiness(&*state, upstream).await,
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /metrics, /healthz, /readyz, /streams or /episodes\n",
@@ -121,8 +137,8 @@ async fn answer(
 }
 
 /// A stream's detail with its hitches marked (scope and episode; docs/batch.md), when it had any.
-fn with_hitches(state: &ProxyState, id: &str, body: String) -> String {
-    let marks = state.batch.hitches_of(id);
+fn with_hitches(state: &dyn AdminView, id: &str, body: String) -> String {
+    let marks = state.batch().hitches_of(id);
     if marks.is_empty() {
         return body;
     }
@@ -150,10 +166,10 @@ fn with_hitches(state: &ProxyState, id: &str, body: String) -> String {
 
 /// `/readyz`: 503 while draining or while the upstream fails its check, with the reason.
 async fn readiness(
-    state: &ProxyState,
+    state: &dyn AdminView,
     mut upstream: watch::Receiver<UpstreamCheck>,
 ) -> Response<Full<Bytes>> {
-    if state.draining.load(Ordering::SeqCst) {
+    if state.draining() {
         return text(StatusCode::SERVICE_UNAVAILABLE, "not ready: draining\n");
     }
     let readiness = state.live_config().readiness.clone();
@@ -190,7 +206,7 @@ enum UpstreamCheck {
 
 /// Checks the default upstream every `readiness.interval`, reading the live configuration each
 /// time so a reload's new upstream or check is used from the next round on.
-async fn check_upstream(state: Arc<ProxyState>, checked: watch::Sender<UpstreamCheck>) {
+async fn check_upstream(state: View, checked: watch::Sender<UpstreamCheck>) {
     loop {
         let config = state.live_config();
         let readiness = &config.readiness;

@@ -13,15 +13,17 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::batch::BatchSettings;
 use crate::format::Format;
 use crate::metrics::{Buckets, MetricsConfig, MAX_BOUNDS};
 use crate::units::parse_duration;
 use validate::validate;
 
+mod batch;
 mod kinds;
+pub mod otlp;
 mod validate;
 
+pub use batch::BatchSettings;
 pub use kinds::{ClientKind, ServerKind};
 
 /// Arguments of `metronome serve`: the file, and the overrides operators reach for most.
@@ -106,7 +108,7 @@ struct RawConfig {
     /// `[metrics]` (issue 27: native histograms, the classic preset).
     metrics: MetricsConfig,
     /// `[otlp]` (issue 32: OpenTelemetry export).
-    otlp: crate::otlp::config::RawOtlp,
+    otlp: otlp::RawOtlp,
     timeline: TimelineConfig,
     tls: RawTls,
     upstream_tls: RawUpstreamTls,
@@ -557,7 +559,7 @@ pub struct Config {
     /// `None` (`0s`): only when each stream ends.
     pub flush_interval: Option<Duration>,
     /// `[otlp]`: where OTLP metrics go; `None` when OTLP is off (the default).
-    pub otlp: Option<crate::otlp::config::OtlpConfig>,
+    pub otlp: Option<otlp::OtlpConfig>,
     /// Stream timelines and the browser beacon.
     pub timeline: TimelineConfig,
     /// TLS on the proxy listener, when configured.

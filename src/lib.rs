@@ -11,13 +11,13 @@
 //!   egress clock on the client socket).
 //! - [`scan`]: the incremental SSE / NDJSON scanners; they read frames, never copy or change them.
 //! - [`format`]: token accounting per streaming API (which events carry tokens, and how many).
-//! - [`meter`]: the per-frame work at ingress: scan, classify, update the ledger.
-//! - [`ledger`]: fixed-size per-stream state, recorded exactly once at the end of a stream.
-//! - [`prefetch`]: cache hints that fetch a stream's metering state while its frame is read.
+//! - [`metering`]: the per-frame core: meter (scan, classify at ingress), ledger (per-stream state,
+//!   recorded once at the end) and clock; below the proxy.
+//! - [`sketch`], [`prefetch`]: the gap sketch and the cache hints, leaves the layers above share.
 //! - [`metrics`]: the Prometheus metric contract of DESIGN.md section 4.
 //! - [`otlp`]: OpenTelemetry export of the same metrics (`[otlp]`), as OTLP protobufs.
 //! - [`timeline`]: the bounded ring of recent streams and their frames (`/streams`).
-//! - [`beacon`]: the browser beacon endpoint, recorded under `point="client"`.
+//! - [`proxy::beacon`]: the browser beacon endpoint, recorded under `point="client"`.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, `/streams`).
 //! - [`timeline_json`]: the JSON of a stream's timeline (`/streams/{id}`) as `probe --join` and
 //!   `sim --replay` read it.
@@ -31,17 +31,14 @@
 
 pub mod admin;
 pub mod batch;
-pub mod beacon;
-pub mod clock;
 pub mod config;
 pub mod config_spans;
 pub mod demo;
 pub mod error;
 pub mod format;
-pub mod ledger;
 pub mod live;
 pub mod logging;
-pub mod meter;
+pub mod metering;
 pub mod metrics;
 pub mod otlp;
 pub mod poison;
@@ -55,4 +52,5 @@ pub mod slo;
 pub mod timeline;
 pub mod timeline_json;
 pub mod tls;
+pub mod trace_context;
 pub mod units;

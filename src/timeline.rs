@@ -354,7 +354,7 @@ pub struct FinishedStream {
     /// The kept frames.
     pub frames: StreamFrames,
     /// metronome's span for the stream, when traces are on (`[otlp] traces`).
-    pub span: Option<crate::otlp::traces::SpanContext>,
+    pub span: Option<crate::trace_context::SpanContext>,
 }
 
 /// The summary line of `/streams`.
@@ -419,6 +419,14 @@ struct Inner {
     slot_order: VecDeque<Arc<str>>,
 }
 
+/// Where a finished stream goes besides `/streams`: the span exporter's queue when
+/// `[otlp] traces = true`. A trait, so that the timelines do not depend on the exporter that reads
+/// them.
+pub trait FinishedSink: Send + Sync + std::fmt::Debug {
+    /// Takes what it needs of a stream that just finished, without waiting.
+    fn offer(&self, stream: &FinishedStream);
+}
+
 /// The bounded registry of recent streams.
 #[derive(Debug)]
 pub struct StreamRegistry {
@@ -430,8 +438,9 @@ pub struct StreamRegistry {
     beacon_window: usize,
     /// Whether `/streams/{id}` shows each frame's size (`timeline.frame_sizes`).
     frame_sizes: bool,
-    /// Where a finished stream's span goes, when traces are on.
-    spans: Option<Arc<crate::otlp::traces::SpanSink>>,
+    /// Where each finished stream is offered besides `/streams` (the span queue, when traces are
+    /// on).
+    sink: Option<Arc<dyn FinishedSink>>,
     inner: Mutex<Inner>,
 }
 
@@ -445,7 +454,7 @@ impl StreamRegistry {
             max_frames,
             beacon_window: max_streams.max(4096),
             frame_sizes: false,
-            spans: None,
+            sink: None,
             inner: Mutex::new(Inner::default()),
         }
     }
@@ -456,15 +465,10 @@ impl StreamRegistry {
         self
     }
 
-    /// Sends each finished stream's span to `sink` (`[otlp] traces = true`).
-    pub fn with_spans(mut self, sink: Option<Arc<crate::otlp::traces::SpanSink>>) -> Self {
-        self.spans = sink;
+    /// Offers each finished stream to `sink` too (the span queue, `[otlp] traces = true`).
+    pub fn with_sink(mut self, sink: Option<Arc<dyn FinishedSink>>) -> Self {
+        self.sink = sink;
         self
-    }
-
-    /// The span queue, when traces are on: the forwarder makes each stream's span context.
-    pub fn spans(&self) -> Option<&Arc<crate::otlp::traces::SpanSink>> {
-        self.spans.as_ref()
     }
 
     /// Frames a stream may keep.
@@ -493,8 +497,8 @@ impl StreamRegistry {
 
     /// A stream finished: keep it for `/streams`, and give its beacon slot the model label.
     pub fn finished(&self, stream: FinishedStream) {
-        if let Some(spans) = &self.spans {
-            spans.offer(&stream);
+        if let Some(sink) = &self.sink {
+            sink.offer(&stream);
         }
         let mut inner = self.lock();
         if let Some(slot) = inner.slots.get_mut(&stream.id) {
@@ -591,10 +595,11 @@ pub fn as_micros(d: Duration) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn finished(id: &str) -> FinishedStream {
+    /// A finished stream of one frame, for tests here and of what reads finished streams.
+    pub(crate) fn finished(id: &str) -> FinishedStream {
         FinishedStream {
             id: Arc::from(id),
             route: Arc::from("chat"),
@@ -827,65 +832,5 @@ mod tests {
         assert_eq!(records[3].bytes, Some(13));
         assert_eq!(records[1].token_events, 0);
         assert_eq!(records[2].ingress_us, 200);
-    }
-
-    #[test]
-    fn finished_streams_feed_a_bounded_span_queue_that_drops_and_counts() {
-        use crate::otlp::traces::{SpanContext, SpanSink};
-        let metrics = Arc::new(
-            crate::metrics::Metrics::new(
-                &crate::metrics::Buckets::default(),
-                crate::metrics::ModelLabels::new(&[], 8),
-                Duration::from_millis(200),
-            )
-            .unwrap(),
-        );
-        let sink = SpanSink::new(metrics, 1).unwrap();
-        let registry = StreamRegistry::new(4, 16).with_spans(Some(sink.clone()));
-        let sampled = SpanContext::continue_from(None);
-        let unsampled = SpanContext {
-            sampled: false,
-            ..sampled
-        };
-        let with = |id: &str, span: SpanContext, outcome: &'static str| FinishedStream {
-            span: Some(span),
-            outcome,
-            ..finished(id)
-        };
-        registry.finished(with("unsampled", unsampled, "complete"));
-        registry.finished(with("first", sampled, "complete"));
-        registry.finished(with("queue-full", sampled, "complete"));
-        registry.finished(with("failed", unsampled, "upstream_error"));
-        let mut queue = sink.take_receiver().unwrap();
-        assert_eq!(&*queue.try_recv().unwrap().stream_id, "first");
-        assert!(queue.try_recv().is_err());
-        // The unsampled stream was not kept; the two kept ones behind a full queue were dropped.
-        assert_eq!(sink.dropped.with_label_values(&["queue_full"]).get(), 2);
-    }
-
-    #[test]
-    fn stall_events_are_the_long_gaps_between_token_frames() {
-        let mut ingress = IngressTimeline::default();
-        for (at, tokens) in [(0, 1), (10_000, 1), (20_000, 0), (710_000, 1)] {
-            ingress.push(IngressFrame {
-                ingress_us: at,
-                bytes: 10,
-                events: 1,
-                token_events: tokens,
-            });
-        }
-        let stream = FinishedStream {
-            frames: StreamFrames::new(ingress, EgressStamps::default()),
-            ..finished("s")
-        };
-        let stalls = crate::otlp::traces::stalls(&stream, 200_000);
-        assert_eq!(
-            stalls,
-            [crate::otlp::traces::StallEvent {
-                point: "ingress",
-                start_us: 10_000,
-                length_us: 700_000
-            }]
-        );
     }
 }

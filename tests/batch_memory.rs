@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metronome::batch::{BatchDetector, BatchSettings};
-use metronome::clock::Tick;
 use metronome::config::Upstream;
+use metronome::metering::clock::Tick;
 use metronome::metrics::{Buckets, Metrics, ModelLabels};
 
 struct Counting;

@@ -19,7 +19,7 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use metronome::config::Config;
 use metronome::format::Accounting;
-use metronome::ledger::{StreamInfo, StreamLedger};
+use metronome::metering::ledger::{StreamInfo, StreamLedger};
 use metronome::proxy::egress_clock::EgressClock;
 use metronome::proxy::metered::{meter, MeterSettings};
 use metronome::proxy::ProxyState;
@@ -95,7 +95,7 @@ async fn a_panicking_stream_task_does_not_take_down_other_streams() {
             StreamInfo {
                 id: Arc::from(format!("stream-{n}")),
                 route: Arc::from("chat"),
-                received: metronome::clock::Tick::now(),
+                received: metronome::metering::clock::Tick::now(),
                 started_unix_ms: 0,
                 content_type: "text/event-stream".into(),
                 traceparent: None,

@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 
 use super::tracker::Episode;
-use crate::clock::Tick;
+use crate::metering::clock::Tick;
 
 /// Wall-clock milliseconds of a tick, given the tick and the wall clock read together now.
 fn unix_ms(tick: i64, now_tick: i64, now_unix_ms: u64) -> u64 {

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::hitch::{HitchLimits, HitchRule};
 use super::tracker::{Beat, Episode, EpisodeTracker, Settled, SweepOutcome};
 use super::BatchSettings;
-use crate::clock::Tick;
 use crate::config::Upstream;
+use crate::metering::clock::Tick;
 use crate::metrics::{CounterExemplar, CounterFamily, Exemplar, Metrics};
 
 /// The `upstream` label of the top-level `server.upstream` (`--upstream`).

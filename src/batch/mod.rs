@@ -17,59 +17,7 @@ pub mod json;
 pub mod live;
 pub mod tracker;
 
-use std::time::Duration;
-
 pub use live::{BatchDetector, HitchMark, StreamProbe};
 pub use tracker::{Episode, Scope};
 
-/// The `[batch]` section, validated.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BatchSettings {
-    /// Whether hitches and episodes are tracked at all.
-    pub enabled: bool,
-    /// A gap at least this many times the stream's running median is a hitch (with `min_gap`).
-    pub gap_ratio: f64,
-    /// No gap shorter than this is a ratio hitch.
-    pub min_gap: Duration,
-    /// Fewest streams inside a hitch at once for an episode.
-    pub min_streams: usize,
-    /// Least share of the upstream's streams past their first token inside a hitch at once.
-    pub min_share: f64,
-    /// Requests received this long before an episode began are its arrivals.
-    pub lookback: Duration,
-}
-
-impl Default for BatchSettings {
-    fn default() -> Self {
-        BatchSettings {
-            enabled: true,
-            gap_ratio: 4.0,
-            min_gap: Duration::from_millis(20),
-            min_streams: 2,
-            min_share: 0.5,
-            lookback: Duration::from_secs(2),
-        }
-    }
-}
-
-// === impl BatchSettings ===
-
-impl BatchSettings {
-    /// `lookback` in nanoseconds.
-    pub fn lookback_nanos(&self) -> i64 {
-        i64::try_from(self.lookback.as_nanos()).unwrap_or(i64::MAX)
-    }
-
-    /// `min_gap` in nanoseconds.
-    pub fn min_gap_nanos(&self) -> i64 {
-        i64::try_from(self.min_gap.as_nanos()).unwrap_or(i64::MAX)
-    }
-
-    /// How often an upstream's streams are swept: half of `min_gap`, between 5 and 25 ms, so a
-    /// silence past a threshold is seen within half the shortest hitch. Each sweep reads every
-    /// active stream's beat (two loads from a line another core writes), so it is not made
-    /// finer: at 1,000 streams, 100 sweeps a second are 100,000 such reads.
-    pub fn sweep_interval(&self) -> Duration {
-        (self.min_gap / 2).clamp(Duration::from_millis(5), Duration::from_millis(25))
-    }
-}
+pub use crate::config::BatchSettings;

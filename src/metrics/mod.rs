@@ -162,7 +162,7 @@ pub struct MetricsConfig {
     /// histograms). A `[buckets]` list that differs from the default is kept either way.
     pub classic: ClassicPreset,
     /// `metrics.names` (issue 32): `metronome`, `otel` or `both`; see `otlp::names`.
-    pub names: crate::otlp::config::Names,
+    pub names: Names,
 }
 
 impl Default for MetricsConfig {
@@ -171,9 +171,23 @@ impl Default for MetricsConfig {
             flush_interval: "1s".into(),
             native: NativeConfig::default(),
             classic: ClassicPreset::default(),
-            names: crate::otlp::config::Names::default(),
+            names: Names::default(),
         }
     }
+}
+
+/// `metrics.names`: which names the histograms with a GenAI semconv meaning are published under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Names {
+    /// metronome's own names only (the default): DESIGN.md's contract.
+    #[default]
+    Metronome,
+    /// On OTLP the semconv names (`gen_ai.server.time_to_first_token`, ...) and `metronome.` for
+    /// the rest; on /metrics the semconv histograms' Prometheus translation beside the contract.
+    Otel,
+    /// Both names on OTLP; on /metrics the same as `otel`.
+    Both,
 }
 
 /// The classic buckets' preset (`metrics.classic`).

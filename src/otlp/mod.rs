@@ -5,7 +5,6 @@
 //! decided at its end ([`traces`]) and sent by [`span_export`] from a bounded queue. The messages are the official OTLP protobufs
 //! (`opentelemetry-proto`), sent as `http/protobuf` by [`transport`].
 
-pub mod config;
 #[cfg(feature = "otlp")]
 pub mod metrics;
 pub mod names;
@@ -19,7 +18,7 @@ pub mod traces;
 pub mod transport;
 
 #[cfg(feature = "otlp")]
-pub use exporter::spawn;
+pub use exporter::{spawn, ExportSources};
 
 #[cfg(feature = "otlp")]
 mod exporter {
@@ -31,11 +30,28 @@ mod exporter {
     use tokio::sync::watch;
     use tokio::task::JoinHandle;
 
-    use super::config::OtlpConfig;
     use super::metrics::{request, Times};
     use super::names::Naming;
     use super::transport::{Signal, Transport};
-    use crate::proxy::ProxyState;
+    use crate::batch::BatchDetector;
+    use crate::config::otlp::OtlpConfig;
+    use crate::config::Config;
+    use crate::metrics::Metrics;
+
+    /// What the exporter reads: the configuration, the metric families, the span queue and the
+    /// batch detector (for each span's episodes). Not the whole proxy state, so OTLP sits below
+    /// the proxy that starts it.
+    #[derive(Clone)]
+    pub struct ExportSources {
+        /// The configuration the proxy started with (`[otlp]`, `metrics.names`, the routes).
+        pub config: Arc<Config>,
+        /// The families `/metrics` encodes.
+        pub metrics: Arc<Metrics>,
+        /// The span queue, when `[otlp] traces = true`.
+        pub spans: Option<Arc<super::traces::SpanSink>>,
+        /// Batch-wide hitches, for the spans' episode events.
+        pub batch: Arc<BatchDetector>,
+    }
 
     fn unix_nanos() -> u64 {
         SystemTime::now()
@@ -44,7 +60,7 @@ mod exporter {
     }
 
     /// `metronome_otlp_exports_total{signal,result}`: exports by whether the receiver took them.
-    fn exports_counter(state: &ProxyState) -> Option<IntCounterVec> {
+    fn exports_counter(state: &ExportSources) -> Option<IntCounterVec> {
         let counter = IntCounterVec::new(
             Opts::new(
                 "metronome_otlp_exports_total",
@@ -64,7 +80,7 @@ mod exporter {
 
     /// Starts the metrics exporter when `[otlp]` is configured: it exports every interval, and
     /// once more when `stop` turns true (so the last streams of a drain are not lost).
-    pub fn spawn(state: &Arc<ProxyState>, stop: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
+    pub fn spawn(state: ExportSources, stop: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
         let config: OtlpConfig = state.config.otlp.clone()?;
         let tls = match crate::tls::client_config(None, None) {
             Ok(tls) => tls,
@@ -73,7 +89,7 @@ mod exporter {
                 return None;
             }
         };
-        let exports = exports_counter(state)?;
+        let exports = exports_counter(&state)?;
         let transport = Transport::new(&config, tls);
         let resource = super::resource::resource(&config.service_name);
         let naming = Naming::new(
@@ -82,7 +98,7 @@ mod exporter {
                 .ok()
                 .as_deref(),
         );
-        let traces = state.registry.spans().and_then(|sink| {
+        let traces = state.spans.as_ref().and_then(|sink| {
             Some(super::span_export::SpanExporter {
                 receiver: sink.take_receiver()?,
                 sink: sink.clone(),
@@ -94,7 +110,6 @@ mod exporter {
             })
         });
         let traces = traces.map(|exporter| tokio::spawn(exporter.run(stop.clone())));
-        let state = state.clone();
         let metrics = tokio::spawn(async move {
             let start = unix_nanos();
             let mut stop = stop;

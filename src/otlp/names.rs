@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use super::config::Names;
 use crate::config::Config;
 use crate::format::Format;
+use crate::metrics::Names;
 
 /// Bucket advice of `gen_ai.server.time_to_first_token`.
 pub const TTFT_ADVICE: &[f64] = &[

@@ -56,7 +56,7 @@ impl SemconvCollector {
     /// none (`metrics.names = "metronome"`).
     pub fn new(naming: &Naming, families: &[HistogramFamily]) -> prometheus::Result<Option<Self>> {
         let mut translated = Vec::new();
-        if naming.names() == crate::otlp::config::Names::Metronome {
+        if naming.names() == crate::metrics::Names::Metronome {
             return Ok(None);
         }
         for family in families {
@@ -159,8 +159,8 @@ impl Collector for SemconvCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Names;
     use crate::metrics::{Buckets, Metrics, ModelLabels};
-    use crate::otlp::config::Names;
     use std::time::Duration;
 
     #[test]

@@ -320,8 +320,9 @@ impl SpanExporter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::otlp::config::Names;
-    use crate::otlp::traces::{SpanContext, StallEvent};
+    use crate::metrics::Names;
+    use crate::otlp::traces::StallEvent;
+    use crate::trace_context::SpanContext;
 
     #[test]
     fn a_stalled_stream_becomes_a_server_span_with_its_stall_events() {

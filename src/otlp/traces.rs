@@ -1,5 +1,5 @@
-//! One span per stream (`[otlp] traces = true`): the W3C trace context continued from the
-//! client and injected upstream, and the tail decision at the stream's end.
+//! One span per stream (`[otlp] traces = true`): the tail decision at the stream's end and the
+//! bounded queue to the exporter (the W3C trace context itself is `crate::trace_context`).
 //!
 //! Per request: a `traceparent` parsed and one written (two random IDs). Per stream, at its
 //! end and only when it is kept: what the span needs is copied into a bounded queue, which
@@ -9,105 +9,11 @@
 use crate::poison::LockExt;
 use std::sync::{Arc, Mutex};
 
-use http::{HeaderMap, HeaderValue};
 use prometheus::{IntCounterVec, Opts};
-use rand::RngCore;
 
 use crate::metrics::Metrics;
-use crate::timeline::FinishedStream;
-
-/// A span's place in its trace: what a `traceparent` carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpanContext {
-    /// The trace (the client's, or a new one).
-    pub trace_id: [u8; 16],
-    /// metronome's span for the stream.
-    pub span_id: [u8; 8],
-    /// The client's span, when it sent a `traceparent`.
-    pub parent: Option<[u8; 8]>,
-    /// Whether the trace is sampled: the parent's flag, or true for a new trace.
-    pub sampled: bool,
-}
-
-fn hex<const N: usize>(text: &str) -> Option<[u8; N]> {
-    if text.len() != 2 * N {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
-/// Lowercase hex of `bytes`.
-pub fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-// === impl SpanContext ===
-
-impl SpanContext {
-    /// The context of a new span under `traceparent` (`00-trace-parent-flags`); a new trace
-    /// when there is none or it is malformed (all-zero IDs included).
-    pub fn continue_from(traceparent: Option<&str>) -> Self {
-        let mut rng = rand::thread_rng();
-        let mut span_id = [0u8; 8];
-        while span_id == [0; 8] {
-            rng.fill_bytes(&mut span_id);
-        }
-        let parsed = traceparent.and_then(|t| {
-            let mut parts = t.trim().split('-');
-            let version = parts.next()?;
-            let (trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?);
-            if version.len() != 2 || version == "ff" || (version == "00" && parts.next().is_some())
-            {
-                return None;
-            }
-            let trace: [u8; 16] = hex(trace).filter(|t| *t != [0; 16])?;
-            let parent: [u8; 8] = hex(parent).filter(|p| *p != [0; 8])?;
-            let flags: [u8; 1] = hex(flags)?;
-            Some((trace, parent, flags[0] & 1 == 1))
-        });
-        match parsed {
-            Some((trace_id, parent, sampled)) => SpanContext {
-                trace_id,
-                span_id,
-                parent: Some(parent),
-                sampled,
-            },
-            None => {
-                let mut trace_id = [0u8; 16];
-                while trace_id == [0; 16] {
-                    rng.fill_bytes(&mut trace_id);
-                }
-                SpanContext {
-                    trace_id,
-                    span_id,
-                    parent: None,
-                    sampled: true,
-                }
-            }
-        }
-    }
-
-    /// The `traceparent` naming this span as the parent (what the upstream gets).
-    pub fn traceparent(&self) -> String {
-        format!(
-            "00-{}-{}-{:02x}",
-            to_hex(&self.trace_id),
-            to_hex(&self.span_id),
-            u8::from(self.sampled)
-        )
-    }
-
-    /// Puts this span's `traceparent` on the upstream request, in place of the client's.
-    pub fn inject(&self, headers: &mut HeaderMap) {
-        if let Ok(value) = HeaderValue::from_str(&self.traceparent()) {
-            headers.insert("traceparent", value);
-        }
-    }
-}
+use crate::timeline::{FinishedSink, FinishedStream};
+use crate::trace_context::SpanContext;
 
 /// A gap longer than the stall threshold, as a span event.
 #[derive(Debug, Clone, PartialEq)]
@@ -237,10 +143,12 @@ impl SpanSink {
     pub fn take_receiver(&self) -> Option<tokio::sync::mpsc::Receiver<EndedStream>> {
         self.receiver.lock_or_recover().take()
     }
+}
 
+impl FinishedSink for SpanSink {
     /// The tail decision for a stream that ended: kept when its trace is sampled, it stalled or
     /// it failed; then queued, or dropped and counted when the queue is full.
-    pub fn offer(&self, stream: &FinishedStream) {
+    fn offer(&self, stream: &FinishedStream) {
         let Some(context) = stream.span else {
             return;
         };
@@ -274,39 +182,70 @@ impl SpanSink {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::timeline::tests as timeline;
+    use crate::timeline::{
+        EgressStamps, IngressFrame, IngressTimeline, StreamFrames, StreamRegistry,
+    };
 
     #[test]
-    fn a_client_traceparent_is_continued_with_a_new_span() {
-        let incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let c = SpanContext::continue_from(Some(incoming));
-        assert_eq!(to_hex(&c.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
-        assert_eq!(
-            c.parent.map(|p| to_hex(&p)).as_deref(),
-            Some("00f067aa0ba902b7")
+    fn finished_streams_feed_a_bounded_span_queue_that_drops_and_counts() {
+        let metrics = Arc::new(
+            crate::metrics::Metrics::new(
+                &crate::metrics::Buckets::default(),
+                crate::metrics::ModelLabels::new(&[], 8),
+                Duration::from_millis(200),
+            )
+            .unwrap(),
         );
-        assert!(c.sampled);
-        let out = c.traceparent();
-        assert!(out.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
-        assert!(out.ends_with("-01"));
-        assert_ne!(&out[36..52], "00f067aa0ba902b7");
-        let unsampled = SpanContext::continue_from(Some(&incoming.replace("-01", "-00")));
-        assert!(!unsampled.sampled && unsampled.traceparent().ends_with("-00"));
+        let sink = SpanSink::new(metrics, 1).unwrap();
+        let registry = StreamRegistry::new(4, 16).with_sink(Some(sink.clone()));
+        let sampled = SpanContext::continue_from(None);
+        let unsampled = SpanContext {
+            sampled: false,
+            ..sampled
+        };
+        let with = |id: &str, span: SpanContext, outcome: &'static str| FinishedStream {
+            span: Some(span),
+            outcome,
+            ..timeline::finished(id)
+        };
+        registry.finished(with("unsampled", unsampled, "complete"));
+        registry.finished(with("first", sampled, "complete"));
+        registry.finished(with("queue-full", sampled, "complete"));
+        registry.finished(with("failed", unsampled, "upstream_error"));
+        let mut queue = sink.take_receiver().unwrap();
+        assert_eq!(&*queue.try_recv().unwrap().stream_id, "first");
+        assert!(queue.try_recv().is_err());
+        // The unsampled stream was not kept; the two kept ones behind a full queue were dropped.
+        assert_eq!(sink.dropped.with_label_values(&["queue_full"]).get(), 2);
     }
 
     #[test]
-    fn a_malformed_or_absent_traceparent_starts_a_sampled_trace() {
-        for bad in [
-            None,
-            Some("garbage"),
-            Some("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
-            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"),
-            Some("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
-        ] {
-            let c = SpanContext::continue_from(bad);
-            assert_eq!(c.parent, None, "{bad:?}");
-            assert!(c.sampled);
-            assert_ne!(c.trace_id, [0; 16]);
+    fn stall_events_are_the_long_gaps_between_token_frames() {
+        let mut ingress = IngressTimeline::default();
+        for (at, tokens) in [(0, 1), (10_000, 1), (20_000, 0), (710_000, 1)] {
+            ingress.push(IngressFrame {
+                ingress_us: at,
+                bytes: 10,
+                events: 1,
+                token_events: tokens,
+            });
         }
+        let stream = FinishedStream {
+            frames: StreamFrames::new(ingress, EgressStamps::default()),
+            ..timeline::finished("s")
+        };
+        let stalls = stalls(&stream, 200_000);
+        assert_eq!(
+            stalls,
+            [StallEvent {
+                point: "ingress",
+                start_us: 10_000,
+                length_us: 700_000
+            }]
+        );
     }
 }

@@ -15,7 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::config::{OtlpConfig, Protocol};
+use crate::config::otlp::{OtlpConfig, Protocol};
 
 /// Why an export did not reach the receiver.
 #[derive(Debug, thiserror::Error)]

@@ -25,8 +25,8 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::clock::{FrameStamp, Tick};
-use crate::ledger::StreamLedger;
+use crate::metering::clock::{FrameStamp, Tick};
+use crate::metering::ledger::StreamLedger;
 
 /// A frame handed to the serving connection, waiting for its bytes to reach the socket.
 #[derive(Debug)]

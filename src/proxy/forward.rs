@@ -21,9 +21,9 @@ use super::refusal::Refusal;
 use super::router::Route;
 use super::upstream::UpstreamError;
 use super::{ProxyState, UpstreamClient};
-use crate::clock::Tick;
 use crate::format::{Accounting, Format};
-use crate::ledger::{StreamInfo, StreamLedger};
+use crate::metering::clock::Tick;
+use crate::metering::ledger::{StreamInfo, StreamLedger};
 use crate::metrics::status_class;
 use crate::scan::Framing;
 
@@ -53,9 +53,9 @@ pub async fn handle(
         // A beacon is a request like any other: it takes a place under `limits.max_requests`
         // (a flood of them otherwise took a core outside every limit).
         let Ok(_permit) = state.requests_in_flight.clone().try_acquire_owned() else {
-            return Ok(crate::beacon::overloaded(&state));
+            return Ok(super::beacon::overloaded(&state));
         };
-        return Ok(crate::beacon::answer(request, &state).await);
+        return Ok(super::beacon::answer(request, &state).await);
     }
     let route = state
         .router()
@@ -109,8 +109,8 @@ async fn forward(
     }
     let mut upstream_request = upstream_request(request, &route.upstream, connection, body_limit)?;
     // `[otlp] traces`: the stream's span continues the client's trace; the upstream's nests in it.
-    let span = state.registry.spans().map(|_| {
-        let span = crate::otlp::traces::SpanContext::continue_from(traceparent.as_deref());
+    let span = state.spans.as_ref().map(|_| {
+        let span = crate::trace_context::SpanContext::continue_from(traceparent.as_deref());
         span.inject(upstream_request.headers_mut());
         span
     });

@@ -41,10 +41,10 @@ use super::egress_clock::{EgressClock, Standby};
 use super::upstream::UpstreamFailure;
 use super::BoxError;
 use crate::batch::StreamProbe;
-use crate::clock::{FrameStamp, Tick};
 use crate::format::Accounting;
-use crate::ledger::{IngressEnd, StreamLedger};
-use crate::meter::IngressMeter;
+use crate::metering::clock::{FrameStamp, Tick};
+use crate::metering::ledger::{IngressEnd, StreamLedger};
+use crate::metering::meter::IngressMeter;
 use crate::scan::{Framing, Scanner};
 
 /// A frame read from the upstream, stamped and scanned.

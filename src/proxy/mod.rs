@@ -9,6 +9,7 @@
 //! - [`body`] and [`headers`] are the small pieces those share;
 //! - [`serve`] is `metronome serve`: runtime, signals, and serving until SIGTERM.
 
+pub mod beacon;
 pub mod body;
 pub mod egress_clock;
 pub mod forward;
@@ -116,6 +117,31 @@ pub struct ProxyState {
     pub live_streams: Arc<crate::live::LiveStreams>,
     /// Batch-wide hitches and episodes per upstream (`[batch]`, issue 29).
     pub batch: Arc<crate::batch::BatchDetector>,
+    /// The span queue, when traces are on (`[otlp] traces = true`): the forwarder makes each
+    /// stream's span context, the registry offers each finished stream, the exporter drains it.
+    pub spans: Option<Arc<crate::otlp::traces::SpanSink>>,
+}
+
+impl crate::admin::AdminView for ProxyState {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn registry(&self) -> &StreamRegistry {
+        &self.registry
+    }
+
+    fn batch(&self) -> &crate::batch::BatchDetector {
+        &self.batch
+    }
+
+    fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    fn live_config(&self) -> Arc<Config> {
+        ProxyState::live_config(self)
+    }
 }
 
 /// Warns at startup when an `https://` upstream will be verified against the system trust store
@@ -185,7 +211,11 @@ impl ProxyState {
         let registry = Arc::new(
             StreamRegistry::new(config.timeline.max_streams, config.timeline.max_frames)
                 .with_frame_sizes(config.timeline.frame_sizes)
-                .with_spans(spans),
+                .with_sink(
+                    spans
+                        .clone()
+                        .map(|s| s as Arc<dyn crate::timeline::FinishedSink>),
+                ),
         );
         let requests_in_flight = Arc::new(tokio::sync::Semaphore::new(config.limits.max_requests));
         let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
@@ -194,6 +224,7 @@ impl ProxyState {
             crate::batch::BatchDetector::new(config.batch, metrics.clone(), &config.upstream)?;
         Ok(ProxyState {
             batch,
+            spans,
             tls: listener_tls,
             requests_in_flight,
             connections,
@@ -406,7 +437,14 @@ impl ProxyHandle {
             .flush_interval
             .map(|interval| tokio::spawn(state.live_streams.clone().run(interval)));
         #[cfg(feature = "otlp")]
-        let otlp_task = crate::otlp::spawn(&state, admin_rx.clone());
+        let sources = crate::otlp::ExportSources {
+            config: state.config.clone(),
+            metrics: state.metrics.clone(),
+            spans: state.spans.clone(),
+            batch: state.batch.clone(),
+        };
+        #[cfg(feature = "otlp")]
+        let otlp_task = crate::otlp::spawn(sources, admin_rx.clone());
         let admin_task = tokio::spawn(crate::admin::serve(
             admin_listener,
             state.clone(),

@@ -12,9 +12,9 @@ use crate::poison::LockExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::clock::{FrameStamp, Tick};
 use crate::format::{FinishReason, Format};
-use crate::meter::FrameCounts;
+use crate::metering::clock::{FrameStamp, Tick};
+use crate::metering::meter::FrameCounts;
 use crate::metrics::{
     BucketCounts, Exemplar, LocalHistogram, Metrics, NativeCounts, Outcome, Point,
 };
@@ -503,7 +503,7 @@ pub struct StreamInfo {
     /// The latency objectives the request carried (`x-llm-d-slo-*`), judged at the stream's end.
     pub slo: Option<crate::slo::StreamSlo>,
     /// metronome's span for the stream, when traces are on.
-    pub span: Option<crate::otlp::traces::SpanContext>,
+    pub span: Option<crate::trace_context::SpanContext>,
 }
 
 /// Everything known about one metered stream; recorded exactly once, when the last holder drops it.

@@ -13,11 +13,11 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
-use crate::clock::Tick;
-use crate::ledger::PointLedger;
+use super::body::{ClientBody, ProxyBody};
+use super::ProxyState;
+use crate::metering::clock::Tick;
+use crate::metering::ledger::PointLedger;
 use crate::metrics::Point;
-use crate::proxy::body::{ClientBody, ProxyBody};
-use crate::proxy::ProxyState;
 use crate::timeline::BeaconClaim;
 
 /// The most gaps one beacon may carry.
@@ -194,7 +194,7 @@ fn record(beacon: &Beacon, state: &ProxyState, route: &str, model: &str) {
     }
     // Without a TTFT the first event's time is unknown: its gaps count, its TTFT does not.
     point.record(
-        &crate::ledger::Target {
+        &crate::metering::ledger::Target {
             metrics,
             route,
             model,

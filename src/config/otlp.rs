@@ -1,7 +1,7 @@
 //! `[otlp]`: where and how OTLP metrics (and spans) are sent, as written and as validated.
 //!
-//! Always compiled, so a file with an `[otlp]` section is understood (and refused with a reason)
-//! by a build without the `otlp` feature too.
+//! Part of the configuration, so a file with an `[otlp]` section is understood (and refused with a
+//! reason) by a build without the `otlp` feature too.
 
 use std::time::Duration;
 
@@ -42,20 +42,6 @@ impl Default for RawOtlp {
             traces_queue: 4096,
         }
     }
-}
-
-/// `metrics.names`: which names the histograms with a GenAI semconv meaning are published under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Names {
-    /// metronome's own names only (the default): DESIGN.md's contract.
-    #[default]
-    Metronome,
-    /// On OTLP the semconv names (`gen_ai.server.time_to_first_token`, ...) and `metronome.` for
-    /// the rest; on /metrics the semconv histograms' Prometheus translation beside the contract.
-    Otel,
-    /// Both names on OTLP; on /metrics the same as `otel`.
-    Both,
 }
 
 /// The wire protocol of the exports.

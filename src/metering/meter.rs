@@ -3,9 +3,9 @@
 //!
 //! Kept apart from the reader task so that the benchmark measures exactly what the proxy runs.
 
-use crate::clock::Tick;
 use crate::format::Accounting;
-use crate::ledger::IngressLedger;
+use crate::metering::clock::Tick;
+use crate::metering::ledger::IngressLedger;
 use crate::metrics::Metrics;
 use crate::scan::{Event, EventSink, Scanner};
 use crate::timeline::IngressFrame;

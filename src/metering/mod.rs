@@ -1,0 +1,17 @@
+//! The per-frame core: what runs for every frame a metered stream forwards, below the proxy that
+//! drives it.
+//!
+//! - [`meter`]: the work at ingress: scan, classify, update the ledger.
+//! - [`ledger`]: fixed-size per-stream state, recorded exactly once at the end of a stream.
+//! - [`clock`]: the monotonic stamps every frame gets at ingress and egress.
+//!
+//! The gap sketch (`crate::sketch`) and the cache hints (`crate::prefetch`) are per-frame work too
+//! but stay leaves at the crate root: the token formats, the histograms and the timelines use
+//! them, and those sit below this module.
+//!
+//! Architecture Invariant: nothing here depends on the proxy, the admin listener or an exporter;
+//! they depend on this.
+
+pub mod clock;
+pub mod ledger;
+pub mod meter;
