@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use metronome::format::Accounting;
-use metronome::metering::clock::Tick;
+use metronome::metering::clock::{FrameStamp, Tick};
 use metronome::metering::ledger::EgressLedger;
 use metronome::metering::meter::IngressMeter;
 use metronome::metrics::{Buckets, Metrics, ModelLabels};
@@ -41,15 +41,13 @@ fn bench(c: &mut Criterion) {
             for (seq, frame) in frames.iter().enumerate() {
                 let at = Tick::now();
                 let counts = meter.frame(black_box(frame), at, &metrics);
-                egress.frame(
-                    at,
-                    seq as u64,
-                    at,
-                    counts.events,
-                    counts.token_events,
-                    counts.seq.map(|s| (s, started)),
-                    &metrics,
-                );
+                let stamp = FrameStamp {
+                    ingress: at,
+                    events: counts.events,
+                    token_events: counts.token_events,
+                    seq: counts.seq,
+                };
+                egress.frame(at, seq as u64, &stamp, started, &metrics);
             }
             black_box(meter.ledger().counted_tokens)
         })

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use crate::format::{FinishReason, Format};
 use crate::metering::clock::{FrameStamp, Tick};
-use crate::metering::meter::FrameCounts;
 use crate::metrics::{
     BucketCounts, Exemplar, LocalHistogram, Metrics, NativeCounts, Outcome, Point,
 };
@@ -381,6 +380,17 @@ impl IngressLedger {
     }
 }
 
+/// What one frame held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FrameCounts {
+    /// Events the frame completed.
+    pub events: u32,
+    /// Of those, token events.
+    pub token_events: u32,
+    /// The frame's place in the stream's timeline, when it is kept there.
+    pub seq: Option<u32>,
+}
+
 /// What the egress clock learned about a stream.
 #[derive(Debug, Default, Clone)]
 pub struct EgressLedger {
@@ -407,21 +417,24 @@ pub struct EgressLedger {
 // === impl EgressLedger ===
 
 impl EgressLedger {
-    /// A frame read at `ingress` reached the client socket at `at`, in socket write `write_seq`.
-    /// `timeline` is the frame's place in the stream's timeline, when it is kept there.
-    #[allow(clippy::too_many_arguments)]
+    /// A frame stamped `stamp` at ingress reached the client socket at `at`, in socket write
+    /// `write_seq`; `received` is when the stream began (the timeline's origin).
     #[inline]
     pub fn frame(
         &mut self,
         at: Tick,
         write_seq: u64,
-        ingress: Tick,
-        events: u32,
-        token_events: u32,
-        timeline: Option<(u32, Tick)>,
+        stamp: &FrameStamp,
+        received: Tick,
         metrics: &Metrics,
     ) {
-        if let Some((seq, received)) = timeline {
+        let FrameStamp {
+            ingress,
+            events,
+            token_events,
+            seq,
+        } = *stamp;
+        if let Some(seq) = seq {
             // The same reading of the ingress stamp as the ingress timeline keeps.
             self.stamps.set(
                 seq,
@@ -607,15 +620,7 @@ impl StreamLedger {
     /// A frame reached the client socket at `at`, in socket write `write_seq`.
     pub fn egress_frame(&self, at: Tick, write_seq: u64, stamp: &FrameStamp) {
         let mut egress = self.egress.lock_or_recover();
-        egress.frame(
-            at,
-            write_seq,
-            stamp.ingress,
-            stamp.events,
-            stamp.token_events,
-            stamp.seq.map(|seq| (seq, self.info.received)),
-            &self.metrics,
-        );
+        egress.frame(at, write_seq, stamp, self.info.received, &self.metrics);
     }
 
     /// Asks for the cache lines the egress clock will touch when this stream's next frame
@@ -715,136 +720,150 @@ impl StreamLedger {
 
 impl Drop for StreamLedger {
     fn drop(&mut self) {
-        // Owned handles (a reference count each, once per stream): the registry's record below
-        // takes `self` mutably before the last counts.
-        let metrics_handle = self.metrics.clone();
-        let metrics = &*metrics_handle;
-        let route_label = self.info.route.clone();
-        let route = &*route_label;
+        self.record();
+    }
+}
+
+/// What the end of a stream is recorded with: the labels, the exemplar and the lent handles,
+/// owned so that the ledger can be taken mutably while they are read.
+struct Ending {
+    metrics: Arc<Metrics>,
+    route: Arc<str>,
+    model: Arc<str>,
+    id: Arc<str>,
+    traceparent: Option<String>,
+}
+
+// === impl Ending ===
+
+impl Ending {
+    /// Where the stream's figures go.
+    fn target(&self, received: Tick) -> Target<'_> {
+        Target {
+            metrics: &self.metrics,
+            route: &self.route,
+            model: &self.model,
+            received,
+            with_ttft: true,
+            stream: Exemplar {
+                stream_id: &self.id,
+                trace_id: self
+                    .traceparent
+                    .as_deref()
+                    .and_then(crate::metrics::trace_id),
+                value: 0.0,
+            },
+        }
+    }
+}
+
+impl StreamLedger {
+    /// Records the stream, exactly once (from `Drop`): the ingress figures, the egress figures,
+    /// the latency objectives, the duration, the registry's entry and the access log, and last
+    /// the counts of the stream itself.
+    fn record(&mut self) {
         let mut ingress = self.ingress.get_mut_or_recover().take().map(|boxed| *boxed);
         let frames_stamped = self.egress.get_mut_or_recover().frames_stamped;
         let outcome = self.outcome(ingress.as_ref(), frames_stamped);
-        let model_label = ingress
-            .as_ref()
-            .and_then(|(l, _)| l.model.clone())
-            .unwrap_or_else(|| metrics.models.resolve(None));
-        let model = &*model_label;
-        let id_label = self.info.id.clone();
-        let traceparent = self.info.traceparent.clone();
-        let stream = Exemplar {
-            stream_id: &id_label,
-            trace_id: traceparent.as_deref().and_then(crate::metrics::trace_id),
-            value: 0.0,
+        let ending = Ending {
+            metrics: self.metrics.clone(),
+            route: self.info.route.clone(),
+            model: ingress
+                .as_ref()
+                .and_then(|(l, _)| l.model.clone())
+                .unwrap_or_else(|| self.metrics.models.resolve(None)),
+            id: self.info.id.clone(),
+            traceparent: self.info.traceparent.clone(),
         };
-        let to = Target {
-            metrics,
-            route,
-            model,
-            received: self.info.received,
-            with_ttft: true,
-            stream,
-        };
-
-        if let Some((ledger, _)) = &mut ingress {
-            ledger.point.record(&to, Point::Ingress);
-            let bounds = metrics.tokens_per_event.bounds();
-            metrics
-                .tokens_per_event
-                .merge(&[route, model], &ledger.tokens_per_event.to_local(bounds));
-            let (tokens, source) = ledger.output_tokens();
-            if tokens > 0 {
-                metrics
-                    .output_tokens
-                    .with_label_values(&[route, model, source])
-                    .inc_by(tokens);
-            }
-            if let Some(prompt) = ledger.prompt_tokens.filter(|n| *n > 0) {
-                metrics
-                    .prompt_tokens
-                    .with_label_values(&[route, model])
-                    .inc_by(prompt);
-            }
-            if let Some(prompt) = ledger.prompt_tokens {
-                let labels = [route, model, "input"];
-                metrics.request_tokens.observe(&labels, prompt as f64);
-            }
-            if tokens > 0 || ledger.usage_tokens.is_some() {
-                let labels = [route, model, "output"];
-                metrics.request_tokens.observe(&labels, tokens as f64);
-            }
-            if let Some((first, last)) = ledger.point.token_span() {
-                if tokens >= 2 {
-                    let tpot =
-                        last.saturating_duration_since(first).as_secs_f64() / (tokens - 1) as f64;
-                    metrics.tpot.observe(&[route, model], tpot);
-                }
-            }
-            if ledger.unparsed_events > 0 {
-                metrics
-                    .unparsed_events
-                    .with_label_values(&[route, "invalid"])
-                    .inc_by(ledger.unparsed_events);
-            }
-            if ledger.oversize_events > 0 {
-                metrics
-                    .unparsed_events
-                    .with_label_values(&[route, "oversize"])
-                    .inc_by(ledger.oversize_events);
-            }
+        let to = ending.target(self.info.received);
+        let mut ingress_ledger = ingress.as_mut().map(|(l, _)| l);
+        if let Some(ledger) = &mut ingress_ledger {
+            record_ingress(ledger, &to);
         }
+        self.record_egress(ingress_ledger.as_deref(), &to);
+        self.judge_slo(ingress_ledger.as_deref(), outcome, &to);
+        let metrics = to.metrics;
+        metrics
+            .request_duration
+            .observe(&[to.route], Tick::now().secs_since(self.info.received));
+        metrics.streams_active.with_label_values(&[to.route]).dec();
+        let format = ingress_ledger
+            .as_ref()
+            .and_then(|l| l.format)
+            .unwrap_or(Format::Unknown);
+        let finish = ingress_ledger.as_ref().and_then(|l| l.finish);
+        let finished = self.finished(ingress_ledger, ending.model.clone(), outcome);
+        self.log(&finished, format);
+        self.registry.finished(finished);
+        drop(self.in_flight.take());
 
+        // The two counts of the stream itself go last, after its figures, its place in
+        // `/streams` and its place among the requests in flight. A scrape gathers the families
+        // one after another (in no fixed order) while streams are recorded, so one scrape can
+        // hold part of a stream; anything that starts after a scrape saw these counts finds all
+        // of the stream.
+        let finish = outcome.finish_label(finish);
+        metrics
+            .streams
+            .with_label_values(&[to.route, to.model, outcome.as_str(), finish])
+            .inc();
+        metrics
+            .stream_format
+            .with_label_values(&[to.route, format.name()])
+            .inc();
+    }
+
+    /// The egress point's figures: the events that completed at the body's end, the gaps and the
+    /// proxy delays not yet merged.
+    fn record_egress(&mut self, ingress: Option<&IngressLedger>, to: &Target<'_>) {
         let egress = self.egress.get_mut_or_recover();
-        let (completed_at_end, delivered) = match &ingress {
-            Some((ledger, _)) => (
+        let (completed_at_end, delivered) = match ingress {
+            Some(ledger) => (
                 ledger.completed_at_end,
                 egress.frames_stamped >= ledger.frames_total,
             ),
             None => (FrameCounts::default(), false),
         };
-        egress.finish(completed_at_end, delivered, metrics);
-        egress.point.record(&to, Point::Egress);
-        egress.flush_delays(metrics, route, &stream);
+        egress.finish(completed_at_end, delivered, to.metrics);
+        egress.point.record(to, Point::Egress);
+        egress.flush_delays(to.metrics, to.route, &to.stream);
+    }
 
-        if let Some(slo) = &self.info.slo {
-            let tokens = ingress.as_ref().map_or(0, |(l, _)| l.output_tokens().0);
-            let delivered = crate::slo::Delivered {
-                complete: outcome == Outcome::Complete,
-                ttft: egress.point.ttft(self.info.received),
-                tpot: egress
-                    .point
-                    .token_span()
-                    .filter(|_| tokens >= 2)
-                    .map(|(first, last)| {
-                        let gaps = u32::try_from(tokens - 1).unwrap_or(u32::MAX);
-                        last.saturating_duration_since(first) / gaps
-                    }),
-            };
-            for verdict in slo.judge(&delivered) {
-                metrics
-                    .slo_streams
-                    .with_label_values(&[route, model, verdict.objective, verdict.result()])
-                    .inc();
-            }
+    /// Judges the latency objectives the request carried against what the client was delivered.
+    fn judge_slo(&mut self, ingress: Option<&IngressLedger>, outcome: Outcome, to: &Target<'_>) {
+        let Some(slo) = &self.info.slo else {
+            return;
+        };
+        let egress = self.egress.get_mut_or_recover();
+        let tokens = ingress.map_or(0, |l| l.output_tokens().0);
+        let delivered = crate::slo::Delivered {
+            complete: outcome == Outcome::Complete,
+            ttft: egress.point.ttft(self.info.received),
+            tpot: egress
+                .point
+                .token_span()
+                .filter(|_| tokens >= 2)
+                .map(|(first, last)| {
+                    let gaps = u32::try_from(tokens - 1).unwrap_or(u32::MAX);
+                    last.saturating_duration_since(first) / gaps
+                }),
+        };
+        for verdict in slo.judge(&delivered) {
+            to.metrics
+                .slo_streams
+                .with_label_values(&[to.route, to.model, verdict.objective, verdict.result()])
+                .inc();
         }
-        metrics
-            .request_duration
-            .observe(&[route], Tick::now().secs_since(self.info.received));
-        metrics.streams_active.with_label_values(&[route]).dec();
-        let format = ingress
-            .as_ref()
-            .and_then(|(l, _)| l.format)
-            .unwrap_or(Format::Unknown);
-        let finished = self.finished(
-            ingress.as_mut().map(|(l, _)| l),
-            model_label.clone(),
-            outcome,
-        );
+    }
+
+    /// The debug event and the access-log line of a recorded stream.
+    fn log(&self, finished: &FinishedStream, format: Format) {
         tracing::debug!(
             stream_id = &*finished.id,
             route = &*finished.route,
             model = &*finished.model,
             format = format.name(),
-            outcome = outcome.as_str(),
+            outcome = finished.outcome,
             traceparent = finished.traceparent.as_deref(),
             request_id = finished.request_id.as_deref(),
             "stream recorded"
@@ -858,22 +877,57 @@ impl Drop for StreamLedger {
             outcome: finished.outcome,
             stream_id: Some(&finished.id),
         });
-        self.registry.finished(finished);
-        drop(self.in_flight.take());
+    }
+}
 
-        // The two counts of the stream itself go last, after its figures, its place in
-        // `/streams` and its place among the requests in flight. A scrape gathers the families one after another (in no fixed order) while
-        // streams are recorded, so one scrape can hold part of a stream; anything that starts
-        // after a scrape saw these counts finds all of the stream.
-        let finish = outcome.finish_label(ingress.as_ref().and_then(|(l, _)| l.finish));
+/// The ingress point's figures: its gaps, tokens per event, token counts, TPOT and the events
+/// that could not be read.
+fn record_ingress(ledger: &mut IngressLedger, to: &Target<'_>) {
+    let (metrics, route, model) = (to.metrics, to.route, to.model);
+    ledger.point.record(to, Point::Ingress);
+    let bounds = metrics.tokens_per_event.bounds();
+    metrics
+        .tokens_per_event
+        .merge(&[route, model], &ledger.tokens_per_event.to_local(bounds));
+    let (tokens, source) = ledger.output_tokens();
+    if tokens > 0 {
         metrics
-            .streams
-            .with_label_values(&[route, model, outcome.as_str(), finish])
-            .inc();
+            .output_tokens
+            .with_label_values(&[route, model, source])
+            .inc_by(tokens);
+    }
+    if let Some(prompt) = ledger.prompt_tokens.filter(|n| *n > 0) {
         metrics
-            .stream_format
-            .with_label_values(&[route, format.name()])
-            .inc();
+            .prompt_tokens
+            .with_label_values(&[route, model])
+            .inc_by(prompt);
+    }
+    if let Some(prompt) = ledger.prompt_tokens {
+        metrics
+            .request_tokens
+            .observe(&[route, model, "input"], prompt as f64);
+    }
+    if tokens > 0 || ledger.usage_tokens.is_some() {
+        metrics
+            .request_tokens
+            .observe(&[route, model, "output"], tokens as f64);
+    }
+    if let Some((first, last)) = ledger.point.token_span() {
+        if tokens >= 2 {
+            let tpot = last.saturating_duration_since(first).as_secs_f64() / (tokens - 1) as f64;
+            metrics.tpot.observe(&[route, model], tpot);
+        }
+    }
+    for (count, kind) in [
+        (ledger.unparsed_events, "invalid"),
+        (ledger.oversize_events, "oversize"),
+    ] {
+        if count > 0 {
+            metrics
+                .unparsed_events
+                .with_label_values(&[route, kind])
+                .inc_by(count);
+        }
     }
 }
 
@@ -1064,7 +1118,13 @@ mod tests {
                 _ => Duration::from_nanos(((x >> 12) % 2_000_000_000) >> ((x >> 4) % 30)),
             };
             let ingress = Tick::from_instant(at.to_instant() - delay);
-            egress.frame(at, write, ingress, 1, 1, None, &metrics);
+            let stamp = FrameStamp {
+                ingress,
+                events: 1,
+                token_events: 1,
+                seq: None,
+            };
+            egress.frame(at, write, &stamp, at, &metrics);
             each.observe(&bounds, at.secs_since(ingress));
         }
         assert_eq!(egress.proxy_delay.count(), each.count());

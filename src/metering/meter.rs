@@ -5,7 +5,7 @@
 
 use crate::format::Accounting;
 use crate::metering::clock::Tick;
-use crate::metering::ledger::IngressLedger;
+use crate::metering::ledger::{FrameCounts, IngressLedger};
 use crate::metrics::Metrics;
 use crate::scan::{Event, EventSink, Scanner};
 use crate::timeline::IngressFrame;
@@ -20,17 +20,6 @@ pub struct IngressMeter {
     received: Tick,
     /// Frames kept in the timeline.
     max_frames: usize,
-}
-
-/// What one frame held.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FrameCounts {
-    /// Events the frame completed.
-    pub events: u32,
-    /// Of those, token events.
-    pub token_events: u32,
-    /// The frame's place in the stream's timeline, when it is kept there.
-    pub seq: Option<u32>,
 }
 
 // === impl IngressMeter ===
