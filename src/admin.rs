@@ -211,7 +211,7 @@ async fn check_upstream(state: View, checked: watch::Sender<UpstreamCheck>) {
         let config = state.live_config();
         let readiness = &config.readiness;
         if readiness.check_upstream {
-            let now = match probe_upstream(&config.upstream, readiness).await {
+            let now = match probe_upstream(&config.server.upstream, readiness).await {
                 Ok(()) => UpstreamCheck::Up,
                 Err(reason) => UpstreamCheck::Down(reason),
             };
@@ -219,10 +219,10 @@ async fn check_upstream(state: View, checked: watch::Sender<UpstreamCheck>) {
             if before != now {
                 match &now {
                     UpstreamCheck::Up => {
-                        tracing::info!(upstream = %config.upstream, "upstream answers: ready")
+                        tracing::info!(upstream = %config.server.upstream, "upstream answers: ready")
                     }
                     UpstreamCheck::Down(reason) => tracing::warn!(
-                        upstream = %config.upstream,
+                        upstream = %config.server.upstream,
                         %reason,
                         "upstream check failed: /readyz answers 503"
                     ),

@@ -513,42 +513,12 @@ impl fmt::Display for Upstream {
 /// The validated configuration the proxy runs with.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Proxy listener address.
-    pub listen: SocketAddr,
-    /// Admin listener address.
-    pub admin: SocketAddr,
-    /// Upstream of requests that match no route, and of routes without their own.
-    pub upstream: Upstream,
-    /// How long SIGTERM waits for in-flight streams.
-    pub drain_grace: Duration,
-    /// How the proxy listener's connections are spread over threads.
-    pub threading: Threading,
-    /// Which HTTP/1.1 client plain-http upstreams go through.
-    pub upstream_client: crate::config::ClientKind,
-    /// Which HTTP/1.1 server serves client connections that speak HTTP/1.x.
-    pub http1_server: crate::config::ServerKind,
-    /// Threads serving the proxy listener; `None`: one per CPU this process may use.
-    pub workers: Option<std::num::NonZeroUsize>,
-    /// Connecting to the upstream.
-    pub connect_timeout: Duration,
-    /// From sending the request to the upstream's response head.
-    pub first_byte_timeout: Duration,
-    /// Longest silence between two upstream frames of a stream.
-    pub idle_timeout: Duration,
-    /// When false, every response is passed through unmetered (to measure what metering costs).
-    pub metering_enabled: bool,
-    /// Response content types that are metered (compared without parameters, case-insensitive).
-    pub stream_content_types: Vec<String>,
-    /// A gap longer than this is a stall.
-    pub stall_threshold: Duration,
-    /// Bound on the partial event a scanner carries.
-    pub max_event_bytes: usize,
-    /// Bound on bytes waiting between the ingress reader and the egress body.
-    pub buffer_bytes: usize,
-    /// Bound on frames waiting between the ingress reader and the egress body.
-    pub buffer_frames: usize,
-    /// Response header carrying the stream ID; `None` when turned off.
-    pub stream_id_header: Option<http::HeaderName>,
+    /// `[server]`: the listeners, the default upstream and how connections are served.
+    pub server: ServerConfig,
+    /// `[timeouts]`: how long each wait may last.
+    pub timeouts: TimeoutsConfig,
+    /// `[metering]`: what is metered and the bounds of metering it.
+    pub metering: MeteringConfig,
     /// Bounds on the `model` label.
     pub models: ModelsConfig,
     /// Histogram buckets (with `metrics.classic`'s preset applied).
@@ -568,25 +538,76 @@ pub struct Config {
     pub upstream_tls: UpstreamTls,
     /// Overload limits.
     pub limits: LimitsConfig,
-    /// How long a client may take to finish the TLS handshake.
-    pub tls_handshake_timeout: Duration,
-    /// How long a client connection may wait for its next request (and take to send a request
-    /// head) before metronome closes it: longer than the keep-alive timeout of whatever sits in
-    /// front, so that metronome never closes a connection the client is about to reuse.
-    pub client_idle_timeout: Duration,
-    /// How long an idle upstream connection waits in the pool for its next request: shorter than
-    /// the upstream's own keep-alive timeout, so that metronome never sends a request on a
-    /// connection the upstream is closing (the request would fail with a 502).
-    pub upstream_idle_timeout: Duration,
-    /// How long a plain-TCP client may take to send the first bytes that tell HTTP/1 from
-    /// HTTP/2 (`timeouts.sniff`, issue 26); bounded by `client_idle_timeout` too.
-    pub sniff_timeout: Duration,
     /// Routes, in the order they are tried.
     pub routes: Vec<RouteConfig>,
     /// The upstream check behind `/readyz`.
     pub readiness: ReadinessConfig,
     /// `[batch]`: batch-wide hitches and episodes (issue 29).
     pub batch: BatchSettings,
+}
+
+/// `[server]`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Proxy listener address.
+    pub listen: SocketAddr,
+    /// Admin listener address.
+    pub admin: SocketAddr,
+    /// Upstream of requests that match no route, and of routes without their own.
+    pub upstream: Upstream,
+    /// How long SIGTERM waits for in-flight streams.
+    pub drain_grace: Duration,
+    /// How the proxy listener's connections are spread over threads.
+    pub threading: Threading,
+    /// Which HTTP/1.1 client plain-http upstreams go through.
+    pub upstream_client: ClientKind,
+    /// Which HTTP/1.1 server serves client connections that speak HTTP/1.x.
+    pub http1_server: ServerKind,
+    /// Threads serving the proxy listener; `None`: one per CPU this process may use.
+    pub workers: Option<std::num::NonZeroUsize>,
+}
+
+/// `[timeouts]`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimeoutsConfig {
+    /// Connecting to the upstream.
+    pub connect: Duration,
+    /// From sending the request to the upstream's response head.
+    pub first_byte: Duration,
+    /// Longest silence between two upstream frames of a stream.
+    pub idle: Duration,
+    /// How long a client may take to finish the TLS handshake.
+    pub tls_handshake: Duration,
+    /// How long a client connection may wait for its next request (and take to send a request
+    /// head) before metronome closes it: longer than the keep-alive timeout of whatever sits in
+    /// front, so that metronome never closes a connection the client is about to reuse.
+    pub client_idle: Duration,
+    /// How long an idle upstream connection waits in the pool for its next request: shorter than
+    /// the upstream's own keep-alive timeout, so that metronome never sends a request on a
+    /// connection the upstream is closing (the request would fail with a 502).
+    pub upstream_idle: Duration,
+    /// How long a plain-TCP client may take to send the first bytes that tell HTTP/1 from
+    /// HTTP/2 (`timeouts.sniff`, issue 26); bounded by `client_idle` too.
+    pub sniff: Duration,
+}
+
+/// `[metering]`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeteringConfig {
+    /// When false, every response is passed through unmetered (to measure what metering costs).
+    pub enabled: bool,
+    /// Response content types that are metered (compared without parameters, case-insensitive).
+    pub content_types: Vec<String>,
+    /// A gap longer than this is a stall.
+    pub stall_threshold: Duration,
+    /// Bound on the partial event a scanner carries.
+    pub max_event_bytes: usize,
+    /// Bound on bytes waiting between the ingress reader and the egress body.
+    pub buffer_bytes: usize,
+    /// Bound on frames waiting between the ingress reader and the egress body.
+    pub buffer_frames: usize,
+    /// Response header carrying the stream ID; `None` when turned off.
+    pub stream_id_header: Option<http::HeaderName>,
 }
 
 /// How the proxy listener's connections are spread over threads (`server.threading`).
@@ -641,7 +662,8 @@ impl Config {
     /// The number of proxy threads: `server.workers`, or one per CPU this process may use (its
     /// CPU affinity and cgroup quota, as the standard library reads them).
     pub fn worker_threads(&self) -> usize {
-        self.workers
+        self.server
+            .workers
             .map(std::num::NonZeroUsize::get)
             .unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
@@ -887,9 +909,9 @@ pub fn check_config_command(file: &Path) -> ExitCode {
     match Config::load(file) {
         Ok(config) => {
             println!("OK: {}", file.display());
-            println!("  proxy listener  {}", config.listen);
-            println!("  admin listener  {}", config.admin);
-            println!("  default upstream {}", config.upstream);
+            println!("  proxy listener  {}", config.server.listen);
+            println!("  admin listener  {}", config.server.admin);
+            println!("  default upstream {}", config.server.upstream);
             for route in &config.routes {
                 println!(
                     "  route {:<16} {} {:?} {} -> {} (format {})",
@@ -933,14 +955,18 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         let config = Config::default();
-        assert_eq!(config.listen.port(), 8080);
-        assert_eq!(config.admin.port(), 9464);
+        assert_eq!(config.server.listen.port(), 8080);
+        assert_eq!(config.server.admin.port(), 9464);
         // Issue 26: the unauthenticated admin listener is private unless configured otherwise,
         // and frame sizes (a token-length side channel) are opt-in.
-        assert!(config.admin.ip().is_loopback(), "{}", config.admin);
+        assert!(
+            config.server.admin.ip().is_loopback(),
+            "{}",
+            config.server.admin
+        );
         assert!(!config.timeline.frame_sizes);
-        assert_eq!(config.sniff_timeout, Duration::from_secs(5));
-        assert_eq!(config.stall_threshold, Duration::from_millis(200));
+        assert_eq!(config.timeouts.sniff, Duration::from_secs(5));
+        assert_eq!(config.metering.stall_threshold, Duration::from_millis(200));
         assert_eq!(config.buckets, Buckets::default());
     }
 
@@ -955,10 +981,10 @@ mod tests {
     fn the_kubernetes_sidecar_config_is_valid() {
         let text = include_str!("../deploy/kubernetes/base/metronome.toml");
         let config = Config::from_toml(text).unwrap();
-        assert_eq!(config.upstream.to_string(), "http://127.0.0.1:8000");
+        assert_eq!(config.server.upstream.to_string(), "http://127.0.0.1:8000");
         assert_eq!(config.readiness.path.unwrap().as_str(), "/health");
         // terminationGracePeriodSeconds (330) covers the preStop sleep (10 s) and the drain.
-        assert!(config.drain_grace + Duration::from_secs(10) < Duration::from_secs(330));
+        assert!(config.server.drain_grace + Duration::from_secs(10) < Duration::from_secs(330));
     }
 
     #[test]
@@ -999,14 +1025,17 @@ mod tests {
     #[test]
     fn threads_default_to_one_event_loop_per_cpu_and_are_checked() {
         let config = Config::default();
-        assert_eq!(config.threading, Threading::PerCore);
-        assert_eq!(config.http1_server, crate::config::ServerKind::Native);
-        assert_eq!(config.workers, None);
+        assert_eq!(config.server.threading, Threading::PerCore);
+        assert_eq!(
+            config.server.http1_server,
+            crate::config::ServerKind::Native
+        );
+        assert_eq!(config.server.workers, None);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(config.worker_threads(), cpus);
 
         let config = Config::from_toml("[server]\nworkers = 3\nthreading = \"shared\"\n").unwrap();
-        assert_eq!(config.threading, Threading::Shared);
+        assert_eq!(config.server.threading, Threading::Shared);
         assert_eq!(config.worker_threads(), 3);
 
         let e =
@@ -1084,7 +1113,7 @@ mod tests {
     #[test]
     fn durations_take_the_go_and_kubernetes_spelling() {
         let config = Config::from_toml("[server]\ndrain_grace = \"1m30s\"\n").unwrap();
-        assert_eq!(config.drain_grace, Duration::from_secs(90));
+        assert_eq!(config.server.drain_grace, Duration::from_secs(90));
     }
 
     #[test]
@@ -1242,8 +1271,8 @@ path = "/d"
             ..ServeArgs::default()
         };
         let config = Config::from_args(&args).unwrap();
-        assert_eq!(config.listen.port(), 2222);
-        assert_eq!(config.upstream.base_path, "/base");
+        assert_eq!(config.server.listen.port(), 2222);
+        assert_eq!(config.server.upstream.base_path, "/base");
     }
 
     // --- Issue 27: [metrics] ---

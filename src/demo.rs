@@ -80,19 +80,17 @@ async fn demo(args: &DemoArgs) -> Result<(), DemoError> {
     );
     let sim = sim::spawn(TcpListener::bind("127.0.0.1:0").await?, sim_config)?;
 
-    let mut config = Config {
-        listen: LOOPBACK_ANY_PORT,
-        admin: LOOPBACK_ANY_PORT,
-        drain_grace: Duration::from_secs(2),
-        ..Config::default()
-    };
-    config.upstream = Upstream::parse(&sim.url()).map_err(DemoError::Sim)?;
+    let mut config = Config::default();
+    config.server.listen = LOOPBACK_ANY_PORT;
+    config.server.admin = LOOPBACK_ANY_PORT;
+    config.server.drain_grace = Duration::from_secs(2);
+    config.server.upstream = Upstream::parse(&sim.url()).map_err(DemoError::Sim)?;
     config.routes = vec![RouteConfig {
         name: "chat".into(),
         path: "/v1/chat/completions".into(),
         match_kind: PathMatch::Exact,
         method: None,
-        upstream: config.upstream.clone(),
+        upstream: config.server.upstream.clone(),
         format: None,
     }];
     let proxy = ProxyHandle::start(config).await?;

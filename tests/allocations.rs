@@ -342,7 +342,7 @@ fn allocations_per_stream(api: &Api, metering: bool, transport: Transport) -> u6
     let frames = (0..total).map(|n| chunk(&(api.event)(n))).collect();
     let (upstream_addr, upstream) = upstream(api.content_type, frames);
     let proxy = runtime.block_on(proxy_with(upstream_addr, |c| {
-        c.metering_enabled = metering;
+        c.metering.enabled = metering;
         c.tls = tls;
         // The live flush every 50 ms: its first flush (which makes the stream's series) falls
         // in the warm-up, and some 40 more in the counted frames, which must allocate nothing

@@ -761,8 +761,8 @@ async fn per_core_workers_reuse_their_pooled_upstream_connections() {
     const STREAMS: usize = 12;
     let upstream = Upstream::openai_chat().tokens(3).start().await;
     let proxy = proxy_with(upstream.addr, |c| {
-        c.threading = metronome::config::Threading::PerCore;
-        c.workers = std::num::NonZeroUsize::new(2);
+        c.server.threading = metronome::config::Threading::PerCore;
+        c.server.workers = std::num::NonZeroUsize::new(2);
         // No background readiness check: its connections would count too.
         c.readiness.check_upstream = false;
     })
@@ -800,8 +800,8 @@ async fn idle_upstream_connections_are_reused_within_upstream_idle_and_closed_af
     // One worker: every worker has a pool of its own, and the two streams' client connections
     // could otherwise be accepted by two workers.
     let proxy = proxy_with(upstream.addr, |c| {
-        c.upstream_idle_timeout = Duration::from_millis(1500);
-        c.workers = std::num::NonZeroUsize::new(1);
+        c.timeouts.upstream_idle = Duration::from_millis(1500);
+        c.server.workers = std::num::NonZeroUsize::new(1);
     })
     .await;
     for _ in 0..2 {

@@ -298,7 +298,7 @@ async fn a_route_format_overrides_detection() {
                 path: "/v1/messages".into(),
                 match_kind: PathMatch::Exact,
                 method: None,
-                upstream: config.upstream.clone(),
+                upstream: config.server.upstream.clone(),
                 format: Some(Format::OpenAi),
             })
         },

@@ -96,9 +96,9 @@ async fn one_byte_clients_leave_no_descriptor_and_no_cpu_behind() {
     const HOLDING: usize = 50;
     let upstream = Upstream::openai_chat().tokens(3).start().await;
     let proxy = proxy_with(upstream.addr, |config| {
-        config.http1_server = ServerKind::Native;
-        config.sniff_timeout = Duration::from_secs(1);
-        config.client_idle_timeout = Duration::from_secs(300);
+        config.server.http1_server = ServerKind::Native;
+        config.timeouts.sniff = Duration::from_secs(1);
+        config.timeouts.client_idle = Duration::from_secs(300);
         config.limits.max_connections = 1000;
     })
     .await;
@@ -187,7 +187,7 @@ async fn http2_clients_that_send_the_preface_slowly_are_served() {
     let expected = Bytes::from(upstream.expected_bytes());
     let upstream = upstream.start().await;
     let proxy = proxy_with(upstream.addr, |config| {
-        config.sniff_timeout = Duration::from_secs(5);
+        config.timeouts.sniff = Duration::from_secs(5);
     })
     .await;
     let mut clients = Vec::new();

@@ -152,11 +152,11 @@ async fn proxy_through(path: Path, answer: &'static [u8], pki: &Pki) -> ProxyHan
     proxy_with(upstream, move |c: &mut Config| {
         c.readiness.check_upstream = false;
         match path {
-            Path::Native => c.upstream_client = ClientKind::Native,
-            Path::Hyper => c.upstream_client = ClientKind::Hyper,
+            Path::Native => c.server.upstream_client = ClientKind::Native,
+            Path::Hyper => c.server.upstream_client = ClientKind::Hyper,
             Path::HyperTls => {
                 let url = format!("https://localhost:{}", upstream.port());
-                c.upstream = UpstreamUrl::parse(&url).unwrap();
+                c.server.upstream = UpstreamUrl::parse(&url).unwrap();
                 c.routes.clear();
                 c.upstream_tls.ca = Some(ca);
             }
@@ -261,7 +261,7 @@ async fn an_unreachable_upstreams_502_names_neither_its_address_nor_the_os_error
         };
         let proxy = proxy_with(closed, |c| {
             c.readiness.check_upstream = false;
-            c.upstream_client = kind;
+            c.server.upstream_client = kind;
         })
         .await;
         let got = stream_chat(proxy.proxy_addr).await;

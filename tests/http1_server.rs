@@ -44,7 +44,7 @@ async fn proxy(
     adjust: impl FnOnce(&mut Config),
 ) -> ProxyHandle {
     proxy_with(upstream, |config| {
-        config.http1_server = kind;
+        config.server.http1_server = kind;
         adjust(config);
     })
     .await
@@ -1323,7 +1323,7 @@ async fn a_shutdown_closes_idle_connections_and_lets_a_stream_finish(kind: Serve
 /// not before the timeout.
 async fn an_idle_connection_is_closed_after_the_timeout(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |c| c.client_idle_timeout = ms(300)).await;
+    let proxy = proxy(kind, upstream.addr, |c| c.timeouts.client_idle = ms(300)).await;
 
     // Silent from the start.
     let mut wire = Wire::connect(proxy.proxy_addr).await;
@@ -1367,7 +1367,7 @@ async fn a_stream_longer_than_the_idle_timeout_is_not_cut(kind: ServerKind) {
         })
         .collect();
     let upstream = Upstream::sse_frames(&frames, ms(150)).start().await;
-    let proxy = proxy(kind, upstream.addr, |c| c.client_idle_timeout = ms(300)).await;
+    let proxy = proxy(kind, upstream.addr, |c| c.timeouts.client_idle = ms(300)).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     let start = Instant::now();
     wire.send(post(CHAT, "{}", "")).await;

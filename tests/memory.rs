@@ -132,7 +132,7 @@ async fn one_event_of_100_mb_without_a_line_end_passes_in_bounded_memory() {
     frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
     let upstream = Upstream::sse_frames(&frames, Duration::ZERO).start().await;
     let proxy = proxy_to(upstream.addr).await;
-    let max_event_bytes = proxy.state.config.max_event_bytes;
+    let max_event_bytes = proxy.state.config.metering.max_event_bytes;
     assert_eq!(max_event_bytes, 64 * 1024, "the default bound");
 
     let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
@@ -194,7 +194,7 @@ async fn a_client_that_stops_reading_stops_the_upstream_with_a_small_buffer_boun
     let frames = vec![event.clone(); FRAMES];
     let total = event.len() * FRAMES;
     let upstream = Upstream::sse_frames(&frames, Duration::ZERO).start().await;
-    let proxy = proxy_with(upstream.addr, |c| c.buffer_bytes = 16 * 1024).await;
+    let proxy = proxy_with(upstream.addr, |c| c.metering.buffer_bytes = 16 * 1024).await;
 
     // A client with a 16 KiB receive buffer that reads the head, then nothing for a while.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();

@@ -144,9 +144,9 @@ async fn a_slow_client_shows_as_proxy_delay_while_ingress_keeps_the_upstream_cad
         .start()
         .await;
     let proxy = proxy_with(upstream.addr, |c| {
-        c.buffer_bytes = 64 * 1024 * 1024;
-        c.buffer_frames = 4096;
-        c.max_event_bytes = 128 * 1024;
+        c.metering.buffer_bytes = 64 * 1024 * 1024;
+        c.metering.buffer_frames = 4096;
+        c.metering.max_event_bytes = 128 * 1024;
     })
     .await;
 
@@ -294,7 +294,7 @@ async fn an_unreachable_upstream_gets_a_502_with_a_json_body() {
 #[tokio::test]
 async fn a_slow_upstream_head_gets_a_504() {
     let upstream = Upstream::openai_chat().head_delay(ms(3000)).start().await;
-    let proxy = proxy_with(upstream.addr, |c| c.first_byte_timeout = ms(300)).await;
+    let proxy = proxy_with(upstream.addr, |c| c.timeouts.first_byte = ms(300)).await;
     let got = stream_chat(proxy.proxy_addr).await;
     assert_eq!(got.status, 504);
     let body: serde_json::Value = serde_json::from_slice(&got.bytes()).unwrap();
@@ -332,7 +332,7 @@ async fn an_upstream_that_goes_silent_times_out() {
         .then(Step::Hang)
         .start()
         .await;
-    let proxy = proxy_with(upstream.addr, |c| c.idle_timeout = ms(300)).await;
+    let proxy = proxy_with(upstream.addr, |c| c.timeouts.idle = ms(300)).await;
     // A timer that never fires would leave the client waiting for ever: bound the wait, so that
     // fails the test rather than hanging it.
     let got = tokio::time::timeout(Duration::from_secs(30), stream_chat(proxy.proxy_addr))
@@ -510,7 +510,7 @@ async fn with_metering_off_streams_pass_through_unmeasured() {
     let upstream = Upstream::openai_chat().tokens(5).every(ms(2));
     let expected = upstream.expected_bytes();
     let upstream = upstream.start().await;
-    let proxy = proxy_with(upstream.addr, |c| c.metering_enabled = false).await;
+    let proxy = proxy_with(upstream.addr, |c| c.metering.enabled = false).await;
     let got = stream_chat(proxy.proxy_addr).await;
     assert_eq!(got.bytes(), expected);
     assert!(!got.headers.contains_key("x-metronome-stream-id"));
@@ -563,7 +563,7 @@ async fn an_idle_client_connection_is_closed_after_client_idle_and_kept_before()
 
     // timeouts.client_idle = 1s: a connection idle for longer is closed by the proxy.
     let proxy = proxy_with(upstream.addr, |c| {
-        c.client_idle_timeout = Duration::from_secs(1)
+        c.timeouts.client_idle = Duration::from_secs(1)
     })
     .await;
     let (_sender, conn) = keep_alive_connection(&proxy).await;

@@ -150,7 +150,7 @@ async fn what_needs_a_restart_is_reported_and_kept() {
         assert!(restart.contains(key), "{key} missing in {restart}");
     }
     let after = proxy.state.live_config();
-    assert_eq!(after.idle_timeout, before.idle_timeout);
+    assert_eq!(after.timeouts.idle, before.timeouts.idle);
     assert_eq!(after.buckets, before.buckets);
     assert_eq!(after.models, before.models);
     proxy.shutdown().await;
@@ -159,7 +159,7 @@ async fn what_needs_a_restart_is_reported_and_kept() {
 #[tokio::test]
 async fn a_broken_file_is_refused_counted_and_changes_nothing() {
     let upstream = Upstream::openai_chat().start().await;
-    let proxy = proxy_with(upstream.addr, |c| c.stall_threshold = ms(300)).await;
+    let proxy = proxy_with(upstream.addr, |c| c.metering.stall_threshold = ms(300)).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("metronome.toml");
     std::fs::write(

@@ -438,7 +438,7 @@ async fn https_and_mtls_upstreams() {
         let ca = ca.clone();
         let (cc, ck) = (client_cert.clone(), client_key.clone());
         move |c: &mut metronome::config::Config| {
-            c.upstream =
+            c.server.upstream =
                 metronome::config::Upstream::parse(&format!("https://localhost:{port}")).unwrap();
             c.routes.clear();
             c.upstream_tls.ca = Some(ca);
@@ -582,7 +582,7 @@ async fn connections_over_the_limit_get_503_and_close() {
     let upstream = Upstream::json("{}").start().await;
     let proxy = proxy_with(upstream.addr, |c| {
         c.limits.max_connections = 2;
-        c.workers = std::num::NonZeroUsize::new(4);
+        c.server.workers = std::num::NonZeroUsize::new(4);
     })
     .await;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

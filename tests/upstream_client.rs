@@ -201,7 +201,7 @@ async fn proxy(
     proxy_with(upstream.addr, |c| {
         c.readiness.check_upstream = false;
         // One worker, so one pool: which connection a request comes on does not matter.
-        c.workers = std::num::NonZeroUsize::new(1);
+        c.server.workers = std::num::NonZeroUsize::new(1);
         adjust(c);
     })
     .await
@@ -433,7 +433,7 @@ async fn hyper_is_still_there_when_asked_for() {
     let expected = upstream.expected_bytes();
     let upstream = upstream.start().await;
     let proxy = proxy_with(upstream.addr, |c| {
-        c.upstream_client = ClientKind::Hyper;
+        c.server.upstream_client = ClientKind::Hyper;
     })
     .await;
     assert!(proxy.state.upstream_client().native().is_none());

@@ -13,9 +13,9 @@ fuzz_target!(|data: &[u8]| {
     };
     match Config::from_toml(text) {
         Ok(config) => {
-            assert!((256..=16 * 1024 * 1024).contains(&config.max_event_bytes));
-            assert!((1024..=256 * 1024 * 1024).contains(&config.buffer_bytes));
-            assert!((1..=1 << 20).contains(&config.buffer_frames));
+            assert!((256..=16 * 1024 * 1024).contains(&config.metering.max_event_bytes));
+            assert!((1024..=256 * 1024 * 1024).contains(&config.metering.buffer_bytes));
+            assert!((1..=1 << 20).contains(&config.metering.buffer_frames));
             assert!(config
                 .routes
                 .iter()
@@ -23,11 +23,11 @@ fuzz_target!(|data: &[u8]| {
             // Every duration becomes a deadline `now + duration` somewhere.
             let now = std::time::Instant::now();
             for d in [
-                config.drain_grace,
-                config.connect_timeout,
-                config.first_byte_timeout,
-                config.idle_timeout,
-                config.stall_threshold,
+                config.server.drain_grace,
+                config.timeouts.connect,
+                config.timeouts.first_byte,
+                config.timeouts.idle,
+                config.metering.stall_threshold,
             ] {
                 assert!(
                     now.checked_add(d).is_some(),

@@ -34,19 +34,7 @@ fn timeout(key: &str, text: &str, problem: &mut Problem<'_>) -> Option<Duration>
         .ok()
 }
 
-/// `[server]`, validated.
-struct Server {
-    listen: SocketAddr,
-    admin: SocketAddr,
-    upstream: Upstream,
-    drain_grace: Duration,
-    threading: Threading,
-    upstream_client: crate::config::ClientKind,
-    http1_server: crate::config::ServerKind,
-    workers: Option<std::num::NonZeroUsize>,
-}
-
-fn server(raw: &RawServer, problem: &mut Problem<'_>) -> Option<Server> {
+fn server(raw: &RawServer, problem: &mut Problem<'_>) -> Option<ServerConfig> {
     let listen = address("server.listen", &raw.listen, problem);
     let admin = address("server.admin", &raw.admin, problem);
     let upstream = Upstream::parse(&raw.upstream)
@@ -79,7 +67,7 @@ fn server(raw: &RawServer, problem: &mut Problem<'_>) -> Option<Server> {
             );
         }
     }
-    Some(Server {
+    Some(ServerConfig {
         listen: listen?,
         admin: admin?,
         upstream: upstream?,
@@ -93,18 +81,7 @@ fn server(raw: &RawServer, problem: &mut Problem<'_>) -> Option<Server> {
     })
 }
 
-/// `[timeouts]`, validated.
-struct Timeouts {
-    connect: Duration,
-    first_byte: Duration,
-    idle: Duration,
-    tls_handshake: Duration,
-    client_idle: Duration,
-    upstream_idle: Duration,
-    sniff: Duration,
-}
-
-fn timeouts(raw: &RawTimeouts, problem: &mut Problem<'_>) -> Option<Timeouts> {
+fn timeouts(raw: &RawTimeouts, problem: &mut Problem<'_>) -> Option<TimeoutsConfig> {
     let connect = timeout("timeouts.connect", &raw.connect, problem);
     let first_byte = timeout("timeouts.first_byte", &raw.first_byte, problem);
     let idle = timeout("timeouts.idle", &raw.idle, problem);
@@ -112,7 +89,7 @@ fn timeouts(raw: &RawTimeouts, problem: &mut Problem<'_>) -> Option<Timeouts> {
     let client_idle = timeout("timeouts.client_idle", &raw.client_idle, problem);
     let upstream_idle = timeout("timeouts.upstream_idle", &raw.upstream_idle, problem);
     let sniff = timeout("timeouts.sniff", &raw.sniff, problem);
-    Some(Timeouts {
+    Some(TimeoutsConfig {
         connect: connect?,
         first_byte: first_byte?,
         idle: idle?,
@@ -123,13 +100,7 @@ fn timeouts(raw: &RawTimeouts, problem: &mut Problem<'_>) -> Option<Timeouts> {
     })
 }
 
-/// What `[metering]` has beyond the values it takes as written.
-struct Metering {
-    stall_threshold: Duration,
-    stream_id_header: Option<http::HeaderName>,
-}
-
-fn metering(m: &RawMetering, problem: &mut Problem<'_>) -> Option<Metering> {
+fn metering(m: &RawMetering, problem: &mut Problem<'_>) -> Option<MeteringConfig> {
     let stall_threshold = timeout("metering.stall_threshold", &m.stall_threshold, problem);
     if m.content_types.is_empty() {
         problem(
@@ -177,8 +148,17 @@ fn metering(m: &RawMetering, problem: &mut Problem<'_>) -> Option<Metering> {
             .ok()
             .map(Some)
     };
-    Some(Metering {
+    Some(MeteringConfig {
+        enabled: m.enabled,
+        content_types: m
+            .content_types
+            .iter()
+            .map(|c| c.trim().to_ascii_lowercase())
+            .collect(),
         stall_threshold: stall_threshold?,
+        max_event_bytes: m.max_event_bytes,
+        buffer_bytes: m.buffer_bytes,
+        buffer_frames: m.buffer_frames,
         stream_id_header: stream_id_header?,
     })
 }
@@ -517,7 +497,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     );
     let batch = validate_batch(&raw.batch, &mut problem);
 
-    let (Some(server), Some(t), Some(metering), Some(readiness), Some(flush_interval)) =
+    let (Some(server), Some(timeouts), Some(metering), Some(readiness), Some(flush_interval)) =
         (server, timeouts, metering, readiness, flush_interval)
     else {
         return Err(ConfigError(problems));
@@ -525,30 +505,10 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     if !problems.is_empty() {
         return Err(ConfigError(problems));
     }
-    let m = raw.metering;
     Ok(Config {
-        listen: server.listen,
-        admin: server.admin,
-        upstream: server.upstream,
-        drain_grace: server.drain_grace,
-        threading: server.threading,
-        upstream_client: server.upstream_client,
-        http1_server: server.http1_server,
-        workers: server.workers,
-        connect_timeout: t.connect,
-        first_byte_timeout: t.first_byte,
-        idle_timeout: t.idle,
-        metering_enabled: m.enabled,
-        stream_content_types: m
-            .content_types
-            .iter()
-            .map(|c| c.trim().to_ascii_lowercase())
-            .collect(),
-        stall_threshold: metering.stall_threshold,
-        max_event_bytes: m.max_event_bytes,
-        buffer_bytes: m.buffer_bytes,
-        buffer_frames: m.buffer_frames,
-        stream_id_header: metering.stream_id_header,
+        server,
+        timeouts,
+        metering,
         models: raw.models,
         buckets: raw.buckets.with_preset(raw.metrics.classic),
         metrics: raw.metrics,
@@ -558,10 +518,6 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         tls,
         upstream_tls,
         limits: raw.limits,
-        tls_handshake_timeout: t.tls_handshake,
-        client_idle_timeout: t.client_idle,
-        upstream_idle_timeout: t.upstream_idle,
-        sniff_timeout: t.sniff,
         routes,
         readiness,
         batch,

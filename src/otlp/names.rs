@@ -182,7 +182,7 @@ impl Naming {
             }),
             routes: Arc::new(Routes {
                 named,
-                fallback: Some(facts(&config.upstream, None, "")),
+                fallback: Some(facts(&config.server.upstream, None, "")),
             }),
         }
     }

@@ -115,7 +115,7 @@ async fn forward(
         span
     });
     let sent = tokio::time::timeout(
-        config.first_byte_timeout,
+        config.timeouts.first_byte,
         connection.client.request(upstream_request),
     )
     .await;
@@ -125,7 +125,7 @@ async fn forward(
         Err(_elapsed) => {
             return Err(Refusal::NoHead {
                 upstream: route.upstream.clone(),
-                timeout: config.first_byte_timeout,
+                timeout: config.timeouts.first_byte,
             })
         }
     };
@@ -163,7 +163,7 @@ async fn forward(
     };
 
     let id = state.stream_ids.next();
-    if let Some(name) = &config.stream_id_header {
+    if let Some(name) = &config.metering.stream_id_header {
         if let Ok(value) = HeaderValue::from_str(&id) {
             parts.headers.insert(name.clone(), value);
         }
@@ -203,10 +203,10 @@ async fn forward(
     let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info, permit);
     let settings = MeterSettings {
         framing,
-        max_event_bytes: config.max_event_bytes,
-        buffer_bytes: config.buffer_bytes,
-        buffer_frames: config.buffer_frames,
-        idle_timeout: config.idle_timeout,
+        max_event_bytes: config.metering.max_event_bytes,
+        buffer_bytes: config.metering.buffer_bytes,
+        buffer_frames: config.metering.buffer_frames,
+        idle_timeout: config.timeouts.idle,
         client_http1,
         live: config.flush_interval.map(|_| state.live_streams.clone()),
     };
@@ -235,8 +235,8 @@ fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
 /// `None` passes it through unmetered.
 fn stream_framing(config: &crate::config::Config, headers: &http::HeaderMap) -> Option<Framing> {
     let essence = content_type_essence(headers)
-        .filter(|_| config.metering_enabled)
-        .filter(|essence| config.stream_content_types.iter().any(|c| c == essence))?;
+        .filter(|_| config.metering.enabled)
+        .filter(|essence| config.metering.content_types.iter().any(|c| c == essence))?;
     let encoded = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())

@@ -52,7 +52,7 @@ pub async fn serve(
     // next request and the reading of its head. One HTTP/2 connection may carry as many streams
     // as metronome takes requests (hyper's default is 200); `limits.max_requests` still bounds
     // them all together.
-    let header_read_timeout = state.config.client_idle_timeout;
+    let header_read_timeout = state.config.timeouts.client_idle;
     let max_buf_size = limits.max_header_bytes.max(8192);
     let max_header_list_size = u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX);
     let max_concurrent_streams = u32::try_from(limits.max_requests).unwrap_or(u32::MAX);
@@ -81,7 +81,7 @@ pub async fn serve(
         idle_timeout: header_read_timeout,
     };
     let builders = Arc::new(Builders {
-        http1_server: state.config.http1_server,
+        http1_server: state.config.server.http1_server,
         native,
         h1,
         h2,
@@ -138,8 +138,9 @@ pub async fn serve(
             tokio::spawn(async move {
                 let within = state
                     .config
-                    .sniff_timeout
-                    .min(state.config.client_idle_timeout);
+                    .timeouts
+                    .sniff
+                    .min(state.config.timeouts.client_idle);
                 let deadline = tokio::time::Instant::now() + within;
                 let protocol = match sniff(&stream, deadline).await {
                     Ok(protocol) => protocol,
@@ -159,7 +160,7 @@ pub async fn serve(
         let builders = builders.clone();
         tokio::spawn(async move {
             let handshake =
-                tokio::time::timeout(state.config.tls_handshake_timeout, acceptor.accept(io));
+                tokio::time::timeout(state.config.timeouts.tls_handshake, acceptor.accept(io));
             match handshake.await {
                 Ok(Ok(tls)) => {
                     let protocol = Protocol::from_alpn(tls.get_ref().1.alpn_protocol());
@@ -173,7 +174,7 @@ pub async fn serve(
         });
     }
     drop(listener);
-    let grace = state.config.drain_grace;
+    let grace = state.config.server.drain_grace;
     tokio::select! {
         _ = drain.shutdown() => tracing::debug!("all connections drained"),
         _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "drain grace over; closing the remaining connections"),

@@ -151,7 +151,7 @@ fn warn_if_https_meets_no_roots(config: &Config) {
     if config.upstream_tls.ca.is_some() {
         return;
     }
-    let https = std::iter::once(config.upstream.to_string())
+    let https = std::iter::once(config.server.upstream.to_string())
         .chain(config.routes.iter().map(|r| r.upstream.to_string()))
         .find(|u| u.starts_with("https://"));
     if let Some(upstream) = https {
@@ -172,7 +172,7 @@ impl ProxyState {
         let metrics = Metrics::with_native(
             &config.buckets,
             ModelLabels::new(&config.models.allow, config.models.max),
-            config.stall_threshold,
+            config.metering.stall_threshold,
             &config.metrics.native,
         )?;
         // `metrics.names = "otel" | "both"`: the GenAI semconv histograms on /metrics too.
@@ -220,8 +220,11 @@ impl ProxyState {
         let requests_in_flight = Arc::new(tokio::sync::Semaphore::new(config.limits.max_requests));
         let connections = Arc::new(tokio::sync::Semaphore::new(config.limits.max_connections));
         let config = Arc::new(config);
-        let batch =
-            crate::batch::BatchDetector::new(config.batch, metrics.clone(), &config.upstream)?;
+        let batch = crate::batch::BatchDetector::new(
+            config.batch,
+            metrics.clone(),
+            &config.server.upstream,
+        )?;
         Ok(ProxyState {
             batch,
             spans,
@@ -249,7 +252,7 @@ impl ProxyState {
     pub fn upstream_client(&self) -> UpstreamClient {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(self.config.connect_timeout));
+        connector.set_connect_timeout(Some(self.config.timeouts.connect));
         connector.enforce_http(false);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(self.upstream_tls.clone())
@@ -260,13 +263,13 @@ impl ProxyState {
         // connection, and every connection of a past burst stays open. An expired connection is
         // also never handed out (hyper-util checks on checkout).
         let hyper = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(self.config.upstream_idle_timeout)
+            .pool_idle_timeout(self.config.timeouts.upstream_idle)
             .pool_timer(TokioTimer::new())
             .build(connector);
-        let native = (self.config.upstream_client == ClientKind::Native).then(|| {
+        let native = (self.config.server.upstream_client == ClientKind::Native).then(|| {
             NativeClient::new(
-                self.config.connect_timeout,
-                self.config.upstream_idle_timeout,
+                self.config.timeouts.connect,
+                self.config.timeouts.upstream_idle,
             )
         });
         UpstreamClient::new(native, hyper)
@@ -396,8 +399,8 @@ fn bind_proxy_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListene
 impl ProxyHandle {
     /// Binds both listeners of `config` and starts serving.
     pub async fn start(config: Config) -> std::io::Result<Self> {
-        let proxy_listener = bind_proxy_listener(config.listen)?;
-        let admin_listener = TcpListener::bind(config.admin).await?;
+        let proxy_listener = bind_proxy_listener(config.server.listen)?;
+        let admin_listener = TcpListener::bind(config.server.admin).await?;
         let state = Arc::new(ProxyState::new(config).map_err(std::io::Error::other)?);
         Self::serve(proxy_listener, admin_listener, state)
     }
@@ -418,7 +421,7 @@ impl ProxyHandle {
         let (admin_shutdown, admin_rx) = watch::channel(false);
         let proxy_addr = proxy_listener.local_addr()?;
         let admin_addr = admin_listener.local_addr()?;
-        let proxy_task = match state.config.threading {
+        let proxy_task = match state.config.server.threading {
             Threading::PerCore => workers::spawn(
                 proxy_listener,
                 state.clone(),

@@ -45,7 +45,7 @@ pub enum Refusal {
         #[source]
         error: UpstreamError,
     },
-    /// The upstream sent no response head within `first_byte_timeout`.
+    /// The upstream sent no response head within `timeouts.first_byte`.
     #[error("upstream {upstream} sent no response head within {timeout:?}")]
     NoHead {
         /// Where the request went.

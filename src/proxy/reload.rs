@@ -60,144 +60,17 @@ pub fn reload(state: &ProxyState, args: &ServeArgs) -> Result<Reloaded, ConfigEr
 pub fn apply(state: &ProxyState, new: Config) -> Reloaded {
     let old = state.live_config();
     let mut done = Reloaded::default();
+    describe_applied(&old, &new, &mut done.applied);
+    describe_needs_restart(&old, &new, &mut done.needs_restart);
 
     let mut live = (*old).clone();
-    if new.upstream != old.upstream {
-        done.applied.push(format!(
-            "server.upstream: {} -> {}",
-            old.upstream, new.upstream
-        ));
-    }
-    describe_routes(&old, &new, &mut done.applied);
-    if new.stall_threshold != old.stall_threshold {
-        done.applied.push(format!(
-            "metering.stall_threshold: {:?} -> {:?}",
-            old.stall_threshold, new.stall_threshold
-        ));
-    }
-    if new.readiness != old.readiness {
-        done.applied.push(format!(
-            "readiness: {:?} -> {:?}",
-            old.readiness, new.readiness
-        ));
-    }
-    live.upstream = new.upstream.clone();
+    live.server.upstream = new.server.upstream.clone();
     live.routes = new.routes.clone();
-    live.stall_threshold = new.stall_threshold;
+    live.metering.stall_threshold = new.metering.stall_threshold;
     live.readiness = new.readiness.clone();
-
-    let mut fixed = |key: &str, changed: bool, was: String, wanted: String| {
-        if changed {
-            done.needs_restart.push(format!(
-                "{key}: {wanted} in the file, still {was} until a restart"
-            ));
-        }
-    };
-    fixed(
-        "server.listen",
-        new.listen != old.listen,
-        old.listen.to_string(),
-        new.listen.to_string(),
-    );
-    fixed(
-        "server.admin",
-        new.admin != old.admin,
-        old.admin.to_string(),
-        new.admin.to_string(),
-    );
-    fixed(
-        "server.threading",
-        new.threading != old.threading,
-        old.threading.name().into(),
-        new.threading.name().into(),
-    );
-    fixed(
-        "server.upstream_client",
-        new.upstream_client != old.upstream_client,
-        old.upstream_client.name().into(),
-        new.upstream_client.name().into(),
-    );
-    fixed(
-        "server.http1_server",
-        new.http1_server != old.http1_server,
-        old.http1_server.name().into(),
-        new.http1_server.name().into(),
-    );
-    fixed(
-        "server.workers",
-        new.workers != old.workers,
-        format!("{:?}", old.workers),
-        format!("{:?}", new.workers),
-    );
-    for (key, was, wanted) in [
-        ("server.drain_grace", old.drain_grace, new.drain_grace),
-        ("timeouts.connect", old.connect_timeout, new.connect_timeout),
-        (
-            "timeouts.first_byte",
-            old.first_byte_timeout,
-            new.first_byte_timeout,
-        ),
-        ("timeouts.idle", old.idle_timeout, new.idle_timeout),
-        (
-            "timeouts.upstream_idle",
-            old.upstream_idle_timeout,
-            new.upstream_idle_timeout,
-        ),
-    ] {
-        fixed(
-            key,
-            was != wanted,
-            format!("{was:?}"),
-            format!("{wanted:?}"),
-        );
-    }
-    fixed(
-        "metering.content_types",
-        new.stream_content_types != old.stream_content_types,
-        format!("{:?}", old.stream_content_types),
-        format!("{:?}", new.stream_content_types),
-    );
-    for (key, was, wanted) in [
-        (
-            "metering.max_event_bytes",
-            old.max_event_bytes,
-            new.max_event_bytes,
-        ),
-        ("metering.buffer_bytes", old.buffer_bytes, new.buffer_bytes),
-        (
-            "metering.buffer_frames",
-            old.buffer_frames,
-            new.buffer_frames,
-        ),
-    ] {
-        fixed(key, was != wanted, was.to_string(), wanted.to_string());
-    }
-    fixed(
-        "metering.stream_id_header",
-        new.stream_id_header != old.stream_id_header,
-        format!("{:?}", old.stream_id_header),
-        format!("{:?}", new.stream_id_header),
-    );
-    fixed(
-        "models",
-        new.models != old.models,
-        format!("{:?}", old.models),
-        format!("{:?}", new.models),
-    );
-    fixed(
-        "timeline",
-        new.timeline != old.timeline,
-        format!("{:?}", old.timeline),
-        format!("{:?}", new.timeline),
-    );
-    fixed(
-        "buckets",
-        new.buckets != old.buckets,
-        "the start buckets".into(),
-        "other buckets".into(),
-    );
-
-    state.metrics.set_stall_threshold(live.stall_threshold);
+    state
+        .metrics
+        .set_stall_threshold(live.metering.stall_threshold);
     state.set_live(std::sync::Arc::new(live));
 
     if done.applied.is_empty() && done.needs_restart.is_empty() {
@@ -210,6 +83,136 @@ pub fn apply(state: &ProxyState, new: Config) -> Reloaded {
         tracing::warn!(%change, "reload cannot change this; restart to apply it");
     }
     done
+}
+
+/// One sentence per change a reload applies at once: the default upstream, the routes, the
+/// stall threshold and the readiness check.
+fn describe_applied(old: &Config, new: &Config, applied: &mut Vec<String>) {
+    if new.server.upstream != old.server.upstream {
+        applied.push(format!(
+            "server.upstream: {} -> {}",
+            old.server.upstream, new.server.upstream
+        ));
+    }
+    describe_routes(old, new, applied);
+    if new.metering.stall_threshold != old.metering.stall_threshold {
+        applied.push(format!(
+            "metering.stall_threshold: {:?} -> {:?}",
+            old.metering.stall_threshold, new.metering.stall_threshold
+        ));
+    }
+    if new.readiness != old.readiness {
+        applied.push(format!(
+            "readiness: {:?} -> {:?}",
+            old.readiness, new.readiness
+        ));
+    }
+}
+
+/// One sentence per changed key that only a restart applies: what the file now says and what
+/// still runs.
+fn describe_needs_restart(old: &Config, new: &Config, needs_restart: &mut Vec<String>) {
+    let (was, wanted) = (&old.server, &new.server);
+    let mut keys: Vec<(&str, String, String)> = vec![
+        (
+            "server.listen",
+            was.listen.to_string(),
+            wanted.listen.to_string(),
+        ),
+        (
+            "server.admin",
+            was.admin.to_string(),
+            wanted.admin.to_string(),
+        ),
+        (
+            "server.threading",
+            was.threading.name().into(),
+            wanted.threading.name().into(),
+        ),
+        (
+            "server.upstream_client",
+            was.upstream_client.name().into(),
+            wanted.upstream_client.name().into(),
+        ),
+        (
+            "server.http1_server",
+            was.http1_server.name().into(),
+            wanted.http1_server.name().into(),
+        ),
+        (
+            "server.workers",
+            format!("{:?}", was.workers),
+            format!("{:?}", wanted.workers),
+        ),
+    ];
+    let (was_t, wanted_t) = (&old.timeouts, &new.timeouts);
+    for (key, was, wanted) in [
+        ("server.drain_grace", was.drain_grace, wanted.drain_grace),
+        ("timeouts.connect", was_t.connect, wanted_t.connect),
+        ("timeouts.first_byte", was_t.first_byte, wanted_t.first_byte),
+        ("timeouts.idle", was_t.idle, wanted_t.idle),
+        (
+            "timeouts.upstream_idle",
+            was_t.upstream_idle,
+            wanted_t.upstream_idle,
+        ),
+    ] {
+        keys.push((key, format!("{was:?}"), format!("{wanted:?}")));
+    }
+    let (was, wanted) = (&old.metering, &new.metering);
+    keys.push((
+        "metering.content_types",
+        format!("{:?}", was.content_types),
+        format!("{:?}", wanted.content_types),
+    ));
+    for (key, was, wanted) in [
+        (
+            "metering.max_event_bytes",
+            was.max_event_bytes,
+            wanted.max_event_bytes,
+        ),
+        (
+            "metering.buffer_bytes",
+            was.buffer_bytes,
+            wanted.buffer_bytes,
+        ),
+        (
+            "metering.buffer_frames",
+            was.buffer_frames,
+            wanted.buffer_frames,
+        ),
+    ] {
+        keys.push((key, was.to_string(), wanted.to_string()));
+    }
+    keys.push((
+        "metering.stream_id_header",
+        format!("{:?}", was.stream_id_header),
+        format!("{:?}", wanted.stream_id_header),
+    ));
+    keys.push((
+        "models",
+        format!("{:?}", old.models),
+        format!("{:?}", new.models),
+    ));
+    keys.push((
+        "timeline",
+        format!("{:?}", old.timeline),
+        format!("{:?}", new.timeline),
+    ));
+    if new.buckets != old.buckets {
+        keys.push((
+            "buckets",
+            "the start buckets".into(),
+            "other buckets".into(),
+        ));
+    }
+    for (key, was, wanted) in keys {
+        if was != wanted {
+            needs_restart.push(format!(
+                "{key}: {wanted} in the file, still {was} until a restart"
+            ));
+        }
+    }
 }
 
 /// One sentence per route added, removed or changed, or one for a new order.

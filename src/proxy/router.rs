@@ -48,7 +48,7 @@ impl Router {
             routes,
             fallback: Route {
                 name: Arc::from(OTHER_ROUTE),
-                upstream: Arc::new(config.upstream.clone()),
+                upstream: Arc::new(config.server.upstream.clone()),
                 format: None,
             },
         }

@@ -20,7 +20,7 @@ pub fn main(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match config.threading {
+    let runtime = match config.server.threading {
         // The workers have event loops of their own; this one only answers the admin listener.
         Threading::PerCore => tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -41,7 +41,7 @@ pub fn main(args: ServeArgs) -> ExitCode {
 
 /// Starts the listeners of `config` with the signal handlers already in place, then [`run`]s.
 async fn serve(config: Config, args: ServeArgs) -> ExitCode {
-    let (listen, admin) = (config.listen, config.admin);
+    let (listen, admin) = (config.server.listen, config.server.admin);
     // Signal handlers go in before the listeners answer: a SIGTERM or SIGHUP that comes right
     // after start must drain or reload, not kill the process with the default action.
     let terminated = termination();
@@ -58,8 +58,8 @@ async fn serve(config: Config, args: ServeArgs) -> ExitCode {
     tracing::info!(
         proxy = %handle.proxy_addr,
         admin = %handle.admin_addr,
-        upstream = %handle.state.config.upstream,
-        threading = handle.state.config.threading.name(),
+        upstream = %handle.state.config.server.upstream,
+        threading = handle.state.config.server.threading.name(),
         workers = handle.state.config.worker_threads(),
         "metronome serving"
     );
@@ -75,7 +75,7 @@ pub async fn run(
 ) {
     reload::reload_on_sighup(&handle.state, args, shutdown).await;
     tracing::info!(
-        grace = ?handle.state.config.drain_grace,
+        grace = ?handle.state.config.server.drain_grace,
         "draining in-flight streams"
     );
     handle.shutdown().await;
