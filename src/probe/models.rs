@@ -78,7 +78,7 @@ pub async fn discover_model(config: &ProbeConfig) -> Result<String, ModelError> 
     let response = tokio::time::timeout(config.timeout, client.request(request))
         .await
         .map_err(|_| request_error("no answer within the timeout".to_owned()))?
-        .map_err(|e| request_error(chain(&e)))?;
+        .map_err(|e| request_error(crate::error::Chain(&e).to_string()))?;
     let status = response.status();
     let body = tokio::time::timeout(
         config.timeout,
@@ -109,17 +109,6 @@ pub fn first_model(body: &[u8]) -> Option<String> {
         .as_array()?
         .iter()
         .find_map(|m| m.get("id")?.as_str().map(str::to_owned))
-}
-
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]
