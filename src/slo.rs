@@ -109,9 +109,7 @@ mod tests {
         map
     }
 
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
+    use crate::units::ms;
 
     #[test]
     fn objectives_come_from_the_llm_d_headers() {

@@ -63,6 +63,13 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
+/// Milliseconds, for unit tests' scripts that read like prose (tests/support has the same for
+/// the integration tests).
+#[cfg(test)]
+pub(crate) const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

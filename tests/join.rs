@@ -4,9 +4,6 @@
 //! The first test builds client records by hand, so every figure is exact; the others run real
 //! streams (the library and the binary) and assert directions and rough sizes.
 
-#[path = "probe/upstream.rs"]
-mod upstream;
-
 mod support;
 
 use std::collections::HashMap;
@@ -27,8 +24,8 @@ use metronome::probe::{
     Stop, StreamRecord, GAP_ROWS_CSV_HEADER,
 };
 use serde_json::{json, Value};
+use support::{ms, Upstream};
 use tokio::net::TcpListener;
-use upstream::{ms, Upstream};
 
 /// What the fixture admin listener answers for each stream ID (anything else is a 404).
 type Answers = HashMap<String, (u16, String)>;
@@ -73,18 +70,10 @@ fn answer(answers: &Answers, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 
 /// The admin listener on a runtime of its own thread (for the binary's test).
 fn admin_in_background(answers: Answers) -> SocketAddr {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            tx.send(admin(answers).await).unwrap();
-            std::future::pending::<()>().await;
-        });
-    });
-    rx.recv().unwrap()
+    support::in_background(|started| async move {
+        started.send(admin(answers).await).unwrap();
+        std::future::pending::<()>().await;
+    })
 }
 
 fn us(n: u64) -> Duration {

@@ -1,15 +1,14 @@
 //! The probe against a scripted streaming server on 127.0.0.1: cadence, stalls, clumps, errors,
 //! open loop. Durations are asserted with generous margins, counts exactly.
 
-#[path = "probe/upstream.rs"]
-mod upstream;
+mod support;
 
 use std::time::Duration;
 
 use metronome::probe::{
     measure, summarize, Load, ProbeConfig, ProbeRun, Report, Stop, StreamError,
 };
-use upstream::{ms, Upstream};
+use support::{ms, Upstream};
 
 fn config(url: &str, requests: u64, concurrency: usize) -> ProbeConfig {
     let mut config = ProbeConfig::new(url, "m").unwrap();
@@ -70,7 +69,7 @@ async fn one_stall_among_39_gaps_per_stream() {
     let server = Upstream::sse()
         .tokens(40)
         .every(ms(20))
-        .stall_at(20, ms(300))
+        .stall_before(21, ms(300))
         .start()
         .await;
     let (_, report) = probe(&config(&server.url(), 2, 2)).await;
@@ -119,7 +118,7 @@ async fn usage_total_is_preferred_over_counted_events() {
     let server = Upstream::sse()
         .tokens(10)
         .every(ms(10))
-        .usage(19)
+        .usage_tokens(19)
         .stream_id()
         .start()
         .await;
@@ -148,7 +147,7 @@ async fn usage_total_is_preferred_over_counted_events() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_count_as_errors_and_do_not_stop_the_run() {
-    let status = Upstream::sse().status(503).start().await;
+    let status = Upstream::sse().error_status(503).start().await;
     let (run, report) = probe(&config(&status.url(), 3, 2)).await;
     assert_eq!((report.requests, report.errors), (3, 3));
     assert!(run
@@ -162,7 +161,7 @@ async fn failures_count_as_errors_and_do_not_stop_the_run() {
     let error_event = Upstream::sse()
         .tokens(10)
         .every(ms(5))
-        .error_event_at(4)
+        .error_event_at(5)
         .start()
         .await;
     let (run, report) = probe(&config(&error_event.url(), 2, 1)).await;
@@ -202,7 +201,7 @@ async fn a_stream_over_its_timeout_fails_but_keeps_its_gaps() {
     let server = Upstream::sse()
         .tokens(10)
         .every(ms(10))
-        .stall_at(5, ms(5_000))
+        .stall_before(6, ms(5_000))
         .start()
         .await;
     let mut config = config(&server.url(), 1, 1);
@@ -406,7 +405,7 @@ async fn through_the_proxy_the_stream_id_is_kept() {
     let upstream = Upstream::sse()
         .tokens(20)
         .every(ms(20))
-        .stall_at(10, ms(300))
+        .stall_before(11, ms(300))
         .start()
         .await;
     let proxy_config = Config::from_toml(&format!(

@@ -2,13 +2,12 @@
 //! baselines and `probe compare`, the JUnit and Markdown reports, the workload's shape and the
 //! rate sweep. The built binary against the scripted upstream of tests/probe/upstream.rs.
 
-#[path = "probe/upstream.rs"]
-mod upstream;
+mod support;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use upstream::{ms, Running, Upstream};
+use support::{ms, RunningUpstream, Upstream};
 
 fn probe(args: &[&str]) -> Output {
     probe_with_env(args, &[])
@@ -43,7 +42,7 @@ fn read_json(path: &Path) -> serde_json::Value {
 }
 
 /// 10 token events 20 ms apart, the first after 30 ms: about 210 ms a stream.
-fn steady() -> Running {
+fn steady() -> RunningUpstream {
     Upstream::sse()
         .tokens(10)
         .every(ms(20))

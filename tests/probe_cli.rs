@@ -2,14 +2,13 @@
 //! exit codes (0 pass, 1 gate failed, 2 usage error, 3 the run failed), the gate lines and the
 //! report files.
 
-#[path = "probe/upstream.rs"]
-mod upstream;
+mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use upstream::{ms, Running, Upstream};
+use support::{ms, RunningUpstream, Upstream};
 
 fn probe(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_metronome"))
@@ -30,7 +29,7 @@ fn stderr(output: &Output) -> String {
 
 /// Probes `server` with two requests and `report_args` (the report files to write), and checks
 /// that the run exits 0: the report tests read those files afterwards.
-fn probe_two_requests_writing(server: &Running, report_args: &[&str]) {
+fn probe_two_requests_writing(server: &RunningUpstream, report_args: &[&str]) {
     let url = server.url();
     let output = probe(&[&["--url", url.as_str(), "-n", "2"][..], report_args].concat());
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
@@ -42,11 +41,11 @@ fn read_json(path: &Path) -> serde_json::Value {
 }
 
 /// A steady 20 ms upstream with one 300 ms stall per stream (19 gaps per stream).
-fn upstream() -> Running {
+fn upstream() -> RunningUpstream {
     Upstream::sse()
         .tokens(20)
         .every(ms(20))
-        .stall_at(10, ms(300))
+        .stall_before(11, ms(300))
         .start_in_background()
 }
 
@@ -179,7 +178,7 @@ fn a_refused_port_is_a_failed_run_exit_3() {
 #[test]
 fn a_404_server_is_a_failed_run_showing_its_error_body() {
     let server = Upstream::sse()
-        .status(404)
+        .error_status(404)
         .no_models()
         .start_in_background();
     let url = server.url();
@@ -465,7 +464,7 @@ fn detail_file_has_the_tail_in_microseconds() {
 
 #[test]
 fn no_data_is_null_in_json() {
-    let server = Upstream::sse().status(500).start_in_background();
+    let server = Upstream::sse().error_status(500).start_in_background();
     let dir = tempfile::tempdir().unwrap();
     let json_path = dir.path().join("report.json");
     // The report is written even when the run failed (exit 3).
@@ -492,21 +491,12 @@ fn no_data_is_null_in_json() {
 
 /// Starts `metronome sim` on a runtime of its own thread; returns its base URL.
 fn sim_in_background(config: metronome::sim::SimConfig) -> String {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let sim = metronome::sim::spawn(listener, config).unwrap();
-            tx.send(sim.url()).unwrap();
-            std::future::pending::<()>().await;
-        });
-    });
-    rx.recv().unwrap()
+    support::in_background(|started| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sim = metronome::sim::spawn(listener, config).unwrap();
+        started.send(sim.url()).unwrap();
+        std::future::pending::<()>().await;
+    })
 }
 
 #[test]

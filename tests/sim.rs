@@ -2,6 +2,8 @@
 //! body frame as it arrives, and assertions on exact counts and generous time margins (CI
 //! machines are loaded; a flaky test is a failing test).
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -11,12 +13,9 @@ use hyper_util::rt::TokioIo;
 use metronome::format::{Accounting, Classified};
 use metronome::scan::{scan_all, CollectedEvents, Framing, Scanner};
 use metronome::sim::{self, SimConfig, SimHandle};
+use support::ms;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 async fn start(config: SimConfig) -> SimHandle {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

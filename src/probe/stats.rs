@@ -439,9 +439,7 @@ mod tests {
     use super::*;
     use crate::probe::stream::{StreamError, StreamRecord};
 
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
+    use crate::units::ms;
 
     /// A stream whose token events arrive after the given gaps (first token at `ttft`).
     fn stream(index: u64, t0: Instant, ttft: Duration, gaps: &[Duration]) -> StreamRecord {

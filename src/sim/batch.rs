@@ -405,9 +405,7 @@ fn mul(d: Duration, n: u64) -> Duration {
 mod tests {
     use super::*;
 
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
+    use crate::units::ms;
 
     fn engine(chunk: u64) -> (Arc<BatchEngine>, Instant) {
         let t0 = Instant::now();
