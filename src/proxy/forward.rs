@@ -22,6 +22,7 @@ use super::router::Route;
 use super::upstream::UpstreamError;
 use super::{ProxyState, UpstreamClient};
 use crate::format::{Accounting, Format};
+use crate::http1::head::content_length;
 use crate::metering::clock::Tick;
 use crate::metering::ledger::{StreamInfo, StreamLedger};
 use crate::metrics::status_class;
@@ -223,12 +224,10 @@ async fn forward(
     Ok(Response::from_parts(parts, ProxyBody::Metered { body }))
 }
 
-/// The request's `Content-Length`, when it declares one that parses.
+/// The request's `Content-Length`, when it declares one that parses (read as the HTTP/1.1
+/// server reads it, which has refused one that does not).
 fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
+    content_length(headers).ok().flatten()
 }
 
 /// How a response splits into events, when metering is on and its content type is a stream's;

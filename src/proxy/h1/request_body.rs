@@ -17,8 +17,8 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::http1::decode::{BodyLength, Decoded, Decoder};
 use crate::proxy::metered::set_waker;
-use crate::proxy::upstream::decode::{BodyLength, Decoded, Decoder};
 use crate::proxy::BoxError;
 
 /// Why a request body ended before its end.

@@ -7,7 +7,6 @@
 //! go through hyper-util's pooled client. Either way the caller gets an [`UpstreamBody`] and, on
 //! failure, an [`UpstreamError`] that says which kind of failure it was.
 
-pub mod decode;
 pub mod native;
 pub mod pool;
 
@@ -25,7 +24,7 @@ use hyper_util::client::legacy::Client;
 
 use super::body::{BodyTooLarge, ClientBodyFailed, RequestBody};
 use crate::error;
-use decode::Incomplete;
+use crate::http1::decode::Incomplete;
 use native::{NativeBody, NativeBodyError, NativeClient};
 
 /// hyper-util's pooled client (http and https).

@@ -15,20 +15,21 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
 use super::pool::{Conn, Pool};
 use super::{UpstreamError, UpstreamFailure};
+use crate::http1::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
+use crate::http1::encode::{write_fields, ChunkSize, CHUNK_END, LAST_CHUNK};
+use crate::http1::head::{
+    content_length, ends_in_chunked, header_map, list_elements, version, InvalidField,
+};
+use crate::http1::MAX_HEADERS;
 use crate::proxy::body::{BodyTooLarge, ClientBodyFailed, RequestBody};
-use crate::proxy::headers::{content_length, list_elements};
-
-/// The most header fields a response head may have (as hyper).
-const MAX_HEADERS: usize = 100;
 /// The longest response head read.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// A connection's first read buffer: a few SSE frames of a chat stream (about 250 bytes each).
@@ -149,12 +150,7 @@ async fn write_request(
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in &parts.headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    write_fields(&mut out, &parts.headers);
     let declared = parts.headers.contains_key(header::CONTENT_LENGTH);
     let exact = body.size_hint().exact();
     let chunked = !declared && exact.is_none() && !body.is_end_stream();
@@ -207,11 +203,11 @@ async fn write_request(
                     continue;
                 }
                 if chunked {
-                    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                    out.extend_from_slice(ChunkSize::new(data.len()).as_bytes());
                 }
                 out.extend_from_slice(&data);
                 if chunked {
-                    out.extend_from_slice(b"\r\n");
+                    out.extend_from_slice(CHUNK_END);
                 }
                 if out.len() >= WRITE_BATCH {
                     io.write_all(&out).await.map_err(send)?;
@@ -221,7 +217,7 @@ async fn write_request(
         }
     }
     if chunked {
-        out.extend_from_slice(b"0\r\n\r\n");
+        out.extend_from_slice(LAST_CHUNK);
     }
     if !out.is_empty() {
         io.write_all(&out).await.map_err(send)?;
@@ -298,23 +294,15 @@ pub fn parse_head(
     let code = head.code.unwrap_or_default();
     let status =
         StatusCode::from_u16(code).map_err(|_| protocol(format!("invalid status code {code}")))?;
-    let http10 = head.version == Some(0);
+    let version = version(head.version);
+    let http10 = version == http::Version::HTTP_10;
     let mut response = Response::new(());
     *response.status_mut() = status;
-    *response.version_mut() = if http10 {
-        http::Version::HTTP_10
-    } else {
-        http::Version::HTTP_11
-    };
-    let headers = response.headers_mut();
-    headers.reserve(head.headers.len());
-    for field in head.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| protocol(format!("invalid header name {:?}", field.name)))?;
-        let value = HeaderValue::from_bytes(field.value)
-            .map_err(|_| protocol(format!("invalid value of header {}", field.name)))?;
-        headers.append(name, value);
-    }
+    *response.version_mut() = version;
+    *response.headers_mut() = header_map(head.headers).map_err(|field| match field {
+        InvalidField::Name(name) => protocol(format!("invalid header name {name:?}")),
+        InvalidField::Value(name) => protocol(format!("invalid value of header {name}")),
+    })?;
     let _ = buf.split_to(end);
     let length = body_length(status, head_only, response.headers()).map_err(protocol)?;
     if response.headers().contains_key(header::TRANSFER_ENCODING) {
@@ -344,10 +332,10 @@ fn body_length(
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
         // Chunked only as the last coding; any other last coding runs until close.
-        let last = list_elements(headers, header::TRANSFER_ENCODING).next_back();
-        return Ok(match last {
-            Some(c) if c.eq_ignore_ascii_case("chunked") => BodyLength::Chunked,
-            _ => BodyLength::UntilClose,
+        return Ok(if ends_in_chunked(headers) {
+            BodyLength::Chunked
+        } else {
+            BodyLength::UntilClose
         });
     }
     let length = content_length(headers)?;
