@@ -30,7 +30,7 @@ use crate::scan::Framing;
 
 /// What a request handler knows about the client connection it came on.
 #[derive(Debug, Clone)]
-pub struct Connection {
+pub struct ClientConnection {
     /// The client's address (for `X-Forwarded-For`).
     pub remote: SocketAddr,
     /// `http` or `https` (for `X-Forwarded-Proto`).
@@ -46,7 +46,7 @@ pub struct Connection {
 pub async fn handle(
     request: Request<ClientBody>,
     state: Arc<ProxyState>,
-    connection: Connection,
+    connection: ClientConnection,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let received = Instant::now();
     let beacon_path = &state.config.timeline.beacon_path;
@@ -84,7 +84,7 @@ pub async fn handle(
 async fn forward(
     request: Request<ClientBody>,
     state: &Arc<ProxyState>,
-    connection: &Connection,
+    connection: &ClientConnection,
     route: &Route,
     received: Instant,
 ) -> Result<Response<ProxyBody>, Refusal> {
@@ -273,7 +273,7 @@ fn unix_ms() -> u64 {
 fn upstream_request(
     request: Request<ClientBody>,
     upstream: &crate::config::Upstream,
-    connection: &Connection,
+    connection: &ClientConnection,
     body_limit: u64,
 ) -> Result<Request<RequestBody>, Refusal> {
     let (mut parts, body) = request.into_parts();

@@ -85,25 +85,25 @@ pub enum ConnectionError {
 }
 
 pin_project_lite::pin_project! {
-    /// One client connection served until it closes; [`Connection::graceful_shutdown`] lets the
+    /// One client connection served until it closes; [`ServerConnection::graceful_shutdown`] lets the
     /// request in progress finish, then closes.
-    pub struct Connection<F> {
+    pub struct ServerConnection<F> {
         #[pin]
         serving: F,
         stop: Arc<AtomicBool>,
     }
 }
 
-// === impl Connection ===
+// === impl ServerConnection ===
 
-impl<F: Future<Output = Result<(), ConnectionError>>> Connection<F> {
+impl<F: Future<Output = Result<(), ConnectionError>>> ServerConnection<F> {
     /// Asks the connection to close once its current response is out (at once when idle).
     pub fn graceful_shutdown(self: Pin<&mut Self>) {
         self.stop.store(true, Ordering::Release);
     }
 }
 
-impl<F: Future<Output = Result<(), ConnectionError>>> Future for Connection<F> {
+impl<F: Future<Output = Result<(), ConnectionError>>> Future for ServerConnection<F> {
     type Output = Result<(), ConnectionError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -117,14 +117,14 @@ pub fn serve<I, S, R>(
     io: I,
     settings: Settings,
     service: S,
-) -> Connection<impl Future<Output = Result<(), ConnectionError>>>
+) -> ServerConnection<impl Future<Output = Result<(), ConnectionError>>>
 where
     I: AsyncRead + AsyncWrite + Unpin,
     S: FnMut(Request<ClientBody>) -> R,
     R: Future<Output = Result<Response<ProxyBody>, Infallible>> + Unpin,
 {
     let stop = Arc::new(AtomicBool::new(false));
-    Connection {
+    ServerConnection {
         serving: serve_requests(io, settings, service, stop.clone()),
         stop,
     }

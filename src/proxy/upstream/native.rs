@@ -21,7 +21,7 @@ use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::pool::{Conn, Pool};
+use super::pool::{Pool, UpstreamConnection};
 use super::{UpstreamError, UpstreamFailure};
 use crate::http1::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
 use crate::http1::encode::{write_fields, ChunkSize, CHUNK_END, LAST_CHUNK};
@@ -46,17 +46,17 @@ const WRITE_BATCH: usize = 64 * 1024;
 
 /// Sends requests to plain-http upstreams over pooled HTTP/1.1 connections.
 #[derive(Debug, Clone)]
-pub struct NativeClient {
+pub struct Http1Client {
     pool: Pool,
     connect_timeout: Duration,
 }
 
-// === impl NativeClient ===
+// === impl Http1Client ===
 
-impl NativeClient {
+impl Http1Client {
     /// A client with its own pool (connections idle for `idle_timeout` are closed).
     pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Self {
-        NativeClient {
+        Http1Client {
             pool: Pool::new(idle_timeout),
             connect_timeout,
         }
@@ -67,7 +67,7 @@ impl NativeClient {
     pub async fn request(
         &self,
         request: Request<RequestBody>,
-    ) -> Result<Response<NativeBody>, UpstreamError> {
+    ) -> Result<Response<Http1ResponseBody>, UpstreamError> {
         let authority = authority(request.uri())?;
         let (mut parts, body) = request.into_parts();
         let head_only = parts.method == Method::HEAD;
@@ -87,7 +87,7 @@ impl NativeClient {
         let (response, length, keep_alive) = read_head(&mut conn, head_only).await?;
         // The head's last read may have filled the buffer with the first frames too.
         let filled = conn.buf.len() == conn.buf.capacity();
-        let body = NativeBody {
+        let body = Http1ResponseBody {
             filled,
             conn: Some(conn),
             decoder: Decoder::new(length),
@@ -99,7 +99,7 @@ impl NativeClient {
         Ok(response.map(|()| body))
     }
 
-    async fn connect(&self, authority: &str) -> Result<Conn, UpstreamError> {
+    async fn connect(&self, authority: &str) -> Result<UpstreamConnection, UpstreamError> {
         let io =
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority)).await {
                 Ok(Ok(io)) => io,
@@ -118,7 +118,7 @@ impl NativeClient {
             };
         // A token must not wait for Nagle, in either direction.
         let _ = io.set_nodelay(true);
-        Ok(Conn {
+        Ok(UpstreamConnection {
             io,
             buf: BytesMut::new(),
         })
@@ -229,7 +229,7 @@ async fn write_request(
 /// answer is a protocol error): the response
 /// without its body, the body's length, and whether the connection may be used again after it.
 async fn read_head(
-    conn: &mut Conn,
+    conn: &mut UpstreamConnection,
     head_only: bool,
 ) -> Result<(Response<()>, BodyLength, bool), UpstreamError> {
     loop {
@@ -356,7 +356,7 @@ fn poll_read(
 
 /// Why a response body from the native client failed.
 #[derive(Debug, thiserror::Error)]
-pub enum NativeBodyError {
+pub enum Http1ResponseBodyError {
     /// The upstream closed the connection before the body's end.
     #[error("connection closed before message completed: {0}")]
     Incomplete(#[from] Incomplete),
@@ -372,16 +372,16 @@ pub enum NativeBodyError {
 /// the connection goes back to the pool (when the upstream keeps it open and sent nothing after
 /// the body); dropped before its end, it closes the connection, so the upstream stops.
 #[derive(Debug)]
-pub struct NativeBody {
+pub struct Http1ResponseBody {
     /// `None` once the body ended or failed.
-    conn: Option<Conn>,
+    conn: Option<UpstreamConnection>,
     decoder: Decoder,
     /// The next read's buffer room.
     read_size: usize,
     /// Where the connection goes after a clean end; `None` when it cannot be used again.
     release: Option<(Pool, Arc<str>)>,
     /// An error to give on the next poll.
-    failed: Option<NativeBodyError>,
+    failed: Option<Http1ResponseBodyError>,
     /// The last read filled the buffer's room, so the socket may hold the rest of a chunk (two
     /// frames that came together, say): the next poll reads once more before decoding, so that
     /// a frame is not handed on in two parts.
@@ -390,9 +390,9 @@ pub struct NativeBody {
     read_error: Option<std::io::Error>,
 }
 
-// === impl NativeBody ===
+// === impl Http1ResponseBody ===
 
-impl NativeBody {
+impl Http1ResponseBody {
     /// The body has ended: the connection goes back to the pool if it can be used again.
     fn finish(&mut self) {
         let Some(conn) = self.conn.take() else { return };
@@ -410,9 +410,9 @@ impl NativeBody {
     /// from another task.
     fn fail(
         &mut self,
-        error: NativeBodyError,
+        error: Http1ResponseBodyError,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, NativeBodyError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Http1ResponseBodyError>>> {
         self.conn = None;
         self.failed = Some(error);
         cx.waker().wake_by_ref();
@@ -420,14 +420,14 @@ impl NativeBody {
     }
 }
 
-impl Body for NativeBody {
+impl Body for Http1ResponseBody {
     type Data = Bytes;
-    type Error = NativeBodyError;
+    type Error = Http1ResponseBodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, NativeBodyError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Http1ResponseBodyError>>> {
         let this = self.get_mut();
         if let Some(error) = this.failed.take() {
             return Poll::Ready(Some(Err(error)));
@@ -504,7 +504,7 @@ impl Body for NativeBody {
     }
 }
 
-impl Drop for NativeBody {
+impl Drop for Http1ResponseBody {
     fn drop(&mut self) {
         // The serving connection (native or hyper's) stops polling a body with a known length
         // once it has all its bytes: the upstream connection is still good for the next request.
