@@ -9,6 +9,8 @@
 //! - [`config`]: the TOML configuration, its defaults, validation and overrides.
 //! - [`proxy`]: the listener, router, forwarder and the metered body (ingress reader, egress body,
 //!   egress clock on the client socket).
+//! - [`http1`]: HTTP/1.1 on the wire for both roles (head fields, `content-length`, chunk-size
+//!   lines, the body decoder); below the proxy, which serves and sends HTTP/1.1 with it.
 //! - [`scan`]: the incremental SSE / NDJSON scanners; they read frames, never copy or change them.
 //! - [`format`]: token accounting per streaming API (which events carry tokens, and how many).
 //! - [`metering`]: the per-frame core: meter (scan, classify at ingress), ledger (per-stream state,
@@ -36,6 +38,7 @@ pub mod config_spans;
 pub mod demo;
 pub mod error;
 pub mod format;
+pub mod http1;
 pub mod live;
 pub mod logging;
 pub mod metering;

@@ -146,7 +146,7 @@ pub fn accountants() -> Vec<Accounting> {
 /// data is empty; it never panics. Input: 1 byte choosing the body's length (chunked, a length,
 /// or until close), 8 bytes of cut seed, then the wire.
 pub fn check_decoder(data: &[u8]) {
-    use metronome::proxy::upstream::decode::BodyLength;
+    use metronome::http1::decode::BodyLength;
     let Some(input) = ScanInput::parse(data) else {
         return;
     };
@@ -162,7 +162,7 @@ pub fn check_decoder(data: &[u8]) {
 
 /// The body's data, how it ended, and the bytes left after it.
 fn decode_frames(
-    length: metronome::proxy::upstream::decode::BodyLength,
+    length: metronome::http1::decode::BodyLength,
     frames: &[&[u8]],
 ) -> (Vec<u8>, String, Vec<u8>) {
     decode_frames_with(length, frames, false)
@@ -170,11 +170,11 @@ fn decode_frames(
 
 /// [`decode_frames`] with the upstream's (lenient) or a request body's (`strict`) decoder.
 fn decode_frames_with(
-    length: metronome::proxy::upstream::decode::BodyLength,
+    length: metronome::http1::decode::BodyLength,
     frames: &[&[u8]],
     strict: bool,
 ) -> (Vec<u8>, String, Vec<u8>) {
-    use metronome::proxy::upstream::decode::{Decoded, Decoder};
+    use metronome::http1::decode::{Decoded, Decoder};
     let mut decoder = if strict {
         Decoder::strict(length)
     } else {
@@ -215,8 +215,8 @@ fn decode_frames_with(
 /// The request head reader: never panics; an accepted head is within the input and the limit,
 /// the same when read from its own bytes alone, and never framed until close.
 pub fn check_request_head(data: &[u8]) {
+    use metronome::http1::decode::BodyLength;
     use metronome::proxy::h1::head::parse_request;
-    use metronome::proxy::upstream::decode::BodyLength;
     let Some((&choice, wire)) = data.split_first() else {
         return;
     };
@@ -242,7 +242,7 @@ pub fn check_request_head(data: &[u8]) {
 /// The request body decoder: the strict decoder reads the same however the wire is cut, and
 /// every chunk-size line it accepted ended in CRLF.
 pub fn check_request_body(data: &[u8]) {
-    use metronome::proxy::upstream::decode::BodyLength;
+    use metronome::http1::decode::BodyLength;
     let Some(input) = ScanInput::parse(data) else {
         return;
     };
@@ -260,7 +260,7 @@ pub fn check_request_body(data: &[u8]) {
 
 /// Walks a chunked wire as the strict decoder reads it and checks each accepted size line.
 fn check_strict_lines(mut wire: &[u8]) {
-    use metronome::proxy::upstream::decode::size_line;
+    use metronome::http1::decode::size_line;
     while let Ok(Some((size, used))) = size_line(wire, true) {
         assert!(wire[..used].ends_with(b"\r\n"), "a size line without CRLF");
         assert!(
@@ -311,7 +311,7 @@ pub fn check_response_head(data: &[u8]) {
 
 /// Native framing against httparse on the same bytes.
 pub fn check_framing_differential(data: &[u8]) {
-    use metronome::proxy::upstream::decode::size_line;
+    use metronome::http1::decode::size_line;
     // Chunk-size lines: what the strict reader accepts, httparse reads as the same size and
     // length. (The reverse does not hold, by design: httparse takes an empty size as 0, a NUL
     // in an extension, and a bare LF inside one.)

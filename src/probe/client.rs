@@ -56,7 +56,7 @@ pub struct ProbeRun {
 }
 
 /// What every stream task needs, shared.
-struct Shared {
+struct ProbeShared {
     /// One pool for the whole run, so closed-loop workers reuse their connections as a real
     /// client would.
     client: HttpClient,
@@ -89,7 +89,7 @@ pub async fn measure_counting(
     let client = build_client(config)?;
     // Fail on an unbuildable request once, up front, rather than in every stream.
     build_request(config, 0).map_err(|e| ProbeError::InvalidRequest(e.to_string()))?;
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(ProbeShared {
         client,
         config: config.clone(),
         sent,
@@ -175,7 +175,7 @@ fn build_request(config: &ProbeConfig, index: u64) -> Result<Request<Full<Bytes>
 
 /// `concurrency` workers, each starting its next stream as soon as its previous one ends.
 fn closed_loop(
-    shared: &Arc<Shared>,
+    shared: &Arc<ProbeShared>,
     concurrency: usize,
     started: Instant,
     tx: &mpsc::UnboundedSender<StreamRecord>,
@@ -201,7 +201,7 @@ fn closed_loop(
 
 /// Starts stream `i` at `started + i / rate`, however the earlier ones are doing.
 async fn open_loop(
-    shared: Arc<Shared>,
+    shared: Arc<ProbeShared>,
     rate: f64,
     max_in_flight: Option<usize>,
     started: Instant,
@@ -238,7 +238,7 @@ fn may_start(stop: Stop, index: u64, at: Instant, started: Instant) -> bool {
 }
 
 /// Runs one stream to its end (or its timeout) and returns its record.
-async fn run_stream(shared: &Shared, index: u64, scheduled: Instant) -> StreamRecord {
+async fn run_stream(shared: &ProbeShared, index: u64, scheduled: Instant) -> StreamRecord {
     let mut record = StreamRecord::new(index, scheduled);
     let request = match build_request(&shared.config, index) {
         Ok(request) => request,
@@ -268,7 +268,7 @@ async fn run_stream(shared: &Shared, index: u64, scheduled: Instant) -> StreamRe
 }
 
 async fn read_stream(
-    shared: &Shared,
+    shared: &ProbeShared,
     request: Request<Full<Bytes>>,
     record: &mut StreamRecord,
 ) -> Result<(), StreamError> {

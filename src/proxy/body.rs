@@ -196,7 +196,7 @@ pin_project_lite::pin_project! {
         /// Read by hyper's server (HTTP/2, and HTTP/1.x under `server.http1_server = "hyper"`).
         Hyper { #[pin] body: hyper::body::Incoming },
         /// Read by metronome's own HTTP/1.1 server ([`super::h1`]).
-        Native { #[pin] body: super::h1::request_body::NativeRequestBody },
+        Native { #[pin] body: super::h1::request_body::Http1RequestBody },
     }
 }
 

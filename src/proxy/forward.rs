@@ -22,6 +22,7 @@ use super::router::Route;
 use super::upstream::UpstreamError;
 use super::{ProxyState, UpstreamClient};
 use crate::format::{Accounting, Format};
+use crate::http1::head::content_length;
 use crate::metering::clock::Tick;
 use crate::metering::ledger::{StreamInfo, StreamLedger};
 use crate::metrics::status_class;
@@ -29,7 +30,7 @@ use crate::scan::Framing;
 
 /// What a request handler knows about the client connection it came on.
 #[derive(Debug, Clone)]
-pub struct Connection {
+pub struct ClientConnection {
     /// The client's address (for `X-Forwarded-For`).
     pub remote: SocketAddr,
     /// `http` or `https` (for `X-Forwarded-Proto`).
@@ -45,7 +46,7 @@ pub struct Connection {
 pub async fn handle(
     request: Request<ClientBody>,
     state: Arc<ProxyState>,
-    connection: Connection,
+    connection: ClientConnection,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let received = Instant::now();
     let beacon_path = &state.config.timeline.beacon_path;
@@ -83,7 +84,7 @@ pub async fn handle(
 async fn forward(
     request: Request<ClientBody>,
     state: &Arc<ProxyState>,
-    connection: &Connection,
+    connection: &ClientConnection,
     route: &Route,
     received: Instant,
 ) -> Result<Response<ProxyBody>, Refusal> {
@@ -223,12 +224,10 @@ async fn forward(
     Ok(Response::from_parts(parts, ProxyBody::Metered { body }))
 }
 
-/// The request's `Content-Length`, when it declares one that parses.
+/// The request's `Content-Length`, when it declares one that parses (read as the HTTP/1.1
+/// server reads it, which has refused one that does not).
 fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
+    content_length(headers).ok().flatten()
 }
 
 /// How a response splits into events, when metering is on and its content type is a stream's;
@@ -274,7 +273,7 @@ fn unix_ms() -> u64 {
 fn upstream_request(
     request: Request<ClientBody>,
     upstream: &crate::config::Upstream,
-    connection: &Connection,
+    connection: &ClientConnection,
     body_limit: u64,
 ) -> Result<Request<RequestBody>, Refusal> {
     let (mut parts, body) = request.into_parts();

@@ -4,6 +4,8 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use crate::http1::head::{content_length, list_elements};
+
 /// Headers that are always hop-by-hop.
 const HOP_BY_HOP: [&str; 7] = [
     "connection",
@@ -14,42 +16,6 @@ const HOP_BY_HOP: [&str; 7] = [
     "transfer-encoding",
     "upgrade",
 ];
-
-/// The elements of a comma-separated header (`Connection`, `Transfer-Encoding`), over all its
-/// fields, trimmed, empty ones skipped; a field that is not text is skipped.
-pub fn list_elements(
-    headers: &HeaderMap,
-    name: HeaderName,
-) -> impl DoubleEndedIterator<Item = &str> {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-}
-
-/// The message's `content-length` (RFC 9110 §8.6): `None` without one; an error when a value is
-/// not digits, or the values (several fields, or a comma list) differ. Both HTTP/1.1 ends read it
-/// this way: the native client from upstream responses, the native server from client requests.
-pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, &'static str> {
-    let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|b| *b == b',') {
-            let part = part.trim_ascii();
-            if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
-                return Err("content-length is not a number");
-            }
-            let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-            if length.is_some_and(|l| l != n) {
-                return Err("content-length values differ");
-            }
-            length = Some(n);
-        }
-    }
-    Ok(length)
-}
 
 /// Removes request fields whose name has an underscore (`Transfer_Encoding`, `Content_Length`):
 /// servers that map `_` and `-` to one key (CGI, some frameworks) would read them as framing.

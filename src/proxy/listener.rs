@@ -29,7 +29,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::body::{ClientBody, ProxyBody};
 use super::egress_clock::{EgressClock, EgressIo};
-use super::forward::{handle, Connection};
+use super::forward::{handle, ClientConnection};
 use super::h1;
 use super::joined_writes::JoinedWrites;
 use super::{ProxyState, UpstreamClient};
@@ -125,7 +125,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let clock = Arc::new(EgressClock::new());
-        let connection = Connection {
+        let connection = ClientConnection {
             remote,
             scheme: if acceptor.is_some() { "https" } else { "http" },
             clock: clock.clone(),
@@ -210,7 +210,7 @@ impl Builders {
         io: I,
         watcher: Arc<Drain>,
         state: Arc<ProxyState>,
-        connection: Connection,
+        connection: ClientConnection,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -283,11 +283,11 @@ where
     }
 }
 
-impl<F: Future<Output = Result<(), h1::ConnectionError>>> Serving for h1::Connection<F> {
+impl<F: Future<Output = Result<(), h1::ConnectionError>>> Serving for h1::ServerConnection<F> {
     type Error = h1::ConnectionError;
 
     fn graceful_shutdown(self: Pin<&mut Self>) {
-        h1::Connection::graceful_shutdown(self);
+        h1::ServerConnection::graceful_shutdown(self);
     }
 }
 

@@ -120,7 +120,7 @@ enum Reading {
 /// Everything about one stream's upstream side, shared by the egress body, the reader task and
 /// the connection's egress clock. Each takes the lock for the length of one poll, so it is never
 /// contended while the client keeps up (only the egress body takes it).
-struct Shared {
+struct StreamShared {
     state: Mutex<State>,
     ledger: Arc<StreamLedger>,
     clock: Arc<EgressClock>,
@@ -164,9 +164,9 @@ struct State {
     probe: Option<StreamProbe>,
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for StreamShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
+        f.debug_struct("StreamShared")
             .field("inline", &self.inline)
             .finish_non_exhaustive()
     }
@@ -193,7 +193,7 @@ where
     );
     let inline = settings.client_http1;
     let now = Instant::now();
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(StreamShared {
         state: Mutex::new(State {
             upstream: Some(Box::pin(upstream.map_err(Into::into))),
             meter: Some(meter),
@@ -248,9 +248,9 @@ enum Read {
     Ended,
 }
 
-// === impl Shared ===
+// === impl StreamShared ===
 
-impl Shared {
+impl StreamShared {
     fn lock(&self) -> Option<MutexGuard<'_, State>> {
         // A poisoned lock means a reader task panicked mid-frame.
         self.state.lock().ok()
@@ -386,7 +386,7 @@ impl Shared {
     }
 }
 
-impl crate::live::Flush for Shared {
+impl crate::live::Flush for StreamShared {
     /// Lends the ingress ledger, under the lock each poll takes, to the stream ledger's flush.
     /// Once the ingress side has ended its ledger is the stream ledger's, recorded at the end.
     fn flush(&self) {
@@ -397,7 +397,7 @@ impl crate::live::Flush for Shared {
     }
 }
 
-impl Standby for Shared {
+impl Standby for StreamShared {
     /// The client's socket refused a write: the connection will not poll the egress body until
     /// it drains,
     /// so the reader task reads the upstream meanwhile.
@@ -423,7 +423,7 @@ impl Standby for Shared {
 
 /// The reader task: reads the upstream while it is its turn, queueing frames up to the buffer's
 /// bound, and ends with the upstream or when the client goes away.
-async fn read_ahead(shared: Arc<Shared>) {
+async fn read_ahead(shared: Arc<StreamShared>) {
     let _exit = WakeEgressOnExit(shared.clone());
     poll_fn(|cx| {
         let Some(mut guard) = shared.lock() else {
@@ -469,7 +469,7 @@ async fn read_ahead(shared: Arc<Shared>) {
 /// Wakes the egress body when the reader task ends, however it ends. Should the task panic (the
 /// lock is then poisoned) or be cancelled, the egress body sees it at once and aborts the response
 /// (`ReaderGone`) instead of waiting for a frame that will never come.
-struct WakeEgressOnExit(Arc<Shared>);
+struct WakeEgressOnExit(Arc<StreamShared>);
 
 impl Drop for WakeEgressOnExit {
     fn drop(&mut self) {
@@ -491,7 +491,7 @@ pub(crate) fn set_waker(slot: &mut Option<Waker>, cx: &Context<'_>) {
 /// The client's response body of a metered stream: the upstream's frames, untouched.
 #[derive(Debug)]
 pub struct EgressBody {
-    shared: Arc<Shared>,
+    shared: Arc<StreamShared>,
     ended: bool,
 }
 

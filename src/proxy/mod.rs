@@ -46,7 +46,7 @@ use crate::timeline::StreamRegistry;
 use crate::tls;
 use body::ProxyBody;
 use router::Router;
-use upstream::native::NativeClient;
+use upstream::native::Http1Client;
 pub use upstream::UpstreamClient;
 
 /// Why the proxy could not start.
@@ -267,7 +267,7 @@ impl ProxyState {
             .pool_timer(TokioTimer::new())
             .build(connector);
         let native = (self.config.server.upstream_client == ClientKind::Native).then(|| {
-            NativeClient::new(
+            Http1Client::new(
                 self.config.timeouts.connect,
                 self.config.timeouts.upstream_idle,
             )

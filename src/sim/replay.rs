@@ -21,7 +21,7 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::time::{Instant, Sleep};
 
-use super::server::Shared;
+use super::server::SimShared;
 use super::stats::StreamGuard;
 use super::timeline::Record;
 use crate::timeline_json::StreamTimeline;
@@ -350,7 +350,7 @@ fn pad(out: &mut BytesMut, missing: usize) {
 /// The response body of one replayed stream: each frame at its offset from the request's arrival.
 #[derive(Debug)]
 pub(crate) struct ReplayBody {
-    shared: Arc<Shared>,
+    shared: Arc<SimShared>,
     replay: Arc<Replay>,
     /// Counts the stream active until dropped, then completed or cancelled.
     guard: StreamGuard,
@@ -373,7 +373,7 @@ pub(crate) struct ReplayBody {
 impl ReplayBody {
     /// A body that starts replaying from `start`.
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        shared: Arc<SimShared>,
         replay: Arc<Replay>,
         guard: StreamGuard,
         start: Instant,

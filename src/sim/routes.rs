@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::cadence::StreamCadence;
 use super::replay::ReplayBody;
 use super::request::{self, GenRequest};
-use super::server::Shared;
+use super::server::SimShared;
 use super::shapes::{Api, Finish, Wire};
 use super::stats::StreamGuard;
 use super::stream::{micros, SimBody, SimStream};
@@ -29,7 +29,7 @@ pub const STREAM_HEADER: &str = "x-sim-stream";
 
 /// Answers one request.
 pub(crate) async fn handle(
-    shared: Arc<Shared>,
+    shared: Arc<SimShared>,
     req: Request<hyper::body::Incoming>,
 ) -> Result<Response<SimBody>, Infallible> {
     let start = Instant::now();
@@ -90,7 +90,7 @@ pub(crate) async fn handle(
 
 /// Starts a generation: a stream body, or (not streamed) the whole answer after its time.
 async fn generate(
-    shared: Arc<Shared>,
+    shared: Arc<SimShared>,
     api: Api,
     request: GenRequest,
     start: Instant,
@@ -181,7 +181,7 @@ fn event_stream(body: SimBody, seq: u64) -> Response<SimBody> {
 
 /// Waits out every decode step, then answers with the whole output in one JSON document.
 async fn whole_answer(
-    shared: &Shared,
+    shared: &SimShared,
     wire: Wire,
     mut cadence: StreamCadence,
     mut guard: StreamGuard,
@@ -250,7 +250,7 @@ async fn whole_answer(
 }
 
 /// `GET /v1/models`: the one configured model.
-fn models(shared: &Shared) -> Response<SimBody> {
+fn models(shared: &SimShared) -> Response<SimBody> {
     let body = json!({
         "object": "list",
         "data": [{

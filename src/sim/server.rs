@@ -23,7 +23,7 @@ const MAX_H2_STREAMS: u32 = 16 * 1024;
 
 /// What every connection and stream of one server shares; read-only apart from atomics.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct SimShared {
     /// The configuration, fixed for the server's life.
     pub config: SimConfig,
     /// The counters the caller may watch.
@@ -71,7 +71,7 @@ pub async fn serve_with_stats(
         };
         BatchEngine::new(settings, tokio::time::Instant::now())
     });
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(SimShared {
         batch,
         config,
         stats,
@@ -145,7 +145,7 @@ pub async fn serve_with_stats(
 async fn connection(
     builder: Arc<auto::Builder<TokioExecutor>>,
     stream: TcpStream,
-    shared: Arc<Shared>,
+    shared: Arc<SimShared>,
     mut close: watch::Receiver<bool>,
 ) {
     // Each frame must reach the socket when it is written, not when Nagle decides.

@@ -21,7 +21,7 @@ use tokio::time::{Instant, Sleep};
 use super::batch::{BatchSeat, SeatWake};
 use super::cadence::{Step, StreamCadence};
 use super::replay::ReplayBody;
-use super::server::Shared;
+use super::server::SimShared;
 use super::shapes::Wire;
 use super::stats::StreamGuard;
 use super::timeline::Record;
@@ -79,7 +79,7 @@ enum Phase {
 /// The state of one generated stream.
 #[derive(Debug)]
 pub(crate) struct SimStream {
-    shared: Arc<Shared>,
+    shared: Arc<SimShared>,
     wire: Wire,
     cadence: StreamCadence,
     /// Counts the stream active until dropped, then completed or cancelled.
@@ -154,7 +154,7 @@ impl Body for SimBody {
 impl SimStream {
     /// A stream that starts generating from `start`, the request's arrival.
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        shared: Arc<SimShared>,
         wire: Wire,
         mut cadence: StreamCadence,
         guard: StreamGuard,

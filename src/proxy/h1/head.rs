@@ -1,21 +1,22 @@
 //! Message heads for the native HTTP/1.1 server: a client's request head read out of the
 //! connection's buffer (RFC 9112 §2–§6), and the response head written for it.
 //!
-//! Parsing is httparse's; this module turns its result into `http` types, decides how long the
-//! request body is (§6.3, refusing the ambiguous cases that enable request smuggling), whether
+//! Parsing is httparse's, and turning its fields into `http` types is the shared wire layer's
+//! ([`crate::http1::head`]); this module decides how long the request body is (§6.3, refusing the ambiguous cases that enable request smuggling), whether
 //! the connection stays open (§9.3), and how the response body is framed.
 
 use std::cell::RefCell;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version};
+use http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri, Version};
 
-use crate::proxy::headers::{content_length, list_elements};
+use crate::http1::decode::BodyLength;
+use crate::http1::encode::write_fields;
+use crate::http1::head::{
+    content_length, ends_in_chunked, header_map, list_elements, version, InvalidField,
+};
+use crate::http1::MAX_HEADERS;
 use crate::proxy::request_form::{self, FormError};
-use crate::proxy::upstream::decode::BodyLength;
-
-/// The most header fields a request head may have (as hyper).
-pub const MAX_HEADERS: usize = 100;
 
 /// A request head, parsed.
 #[derive(Debug)]
@@ -92,18 +93,11 @@ pub fn parse_request(
         .unwrap_or_default()
         .parse()
         .map_err(|e| HeadError::Malformed(format!("request target: {e}")))?;
-    let version = match request.version {
-        Some(0) => Version::HTTP_10,
-        _ => Version::HTTP_11,
-    };
-    let mut headers = HeaderMap::with_capacity(request.headers.len());
-    for field in request.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| HeadError::Malformed(format!("header name {:?}", field.name)))?;
-        let value = HeaderValue::from_bytes(field.value)
-            .map_err(|_| HeadError::Malformed(format!("value of header {:?}", field.name)))?;
-        headers.append(name, value);
-    }
+    let version = version(request.version);
+    let headers = header_map(request.headers).map_err(|field| match field {
+        InvalidField::Name(name) => HeadError::Malformed(format!("header name {name:?}")),
+        InvalidField::Value(name) => HeadError::Malformed(format!("value of header {name:?}")),
+    })?;
     request_form::check(&method, &uri, version, &headers)?;
     let body = body_length(version, &headers)?;
     let keep_alive = keeps_alive(version, &headers);
@@ -141,12 +135,12 @@ fn body_length(version: Version, headers: &HeaderMap) -> Result<BodyLength, Head
                 "a request may not have both transfer-encoding and content-length",
             ));
         }
-        let last = list_elements(headers, header::TRANSFER_ENCODING).last();
-        return match last {
-            Some(coding) if coding.eq_ignore_ascii_case("chunked") => Ok(BodyLength::Chunked),
-            _ => Err(HeadError::BodyLength(
+        return if ends_in_chunked(headers) {
+            Ok(BodyLength::Chunked)
+        } else {
+            Err(HeadError::BodyLength(
                 "a request's transfer-encoding must end with chunked",
-            )),
+            ))
         };
     }
     let length = content_length(headers).map_err(HeadError::BodyLength)?;
@@ -205,10 +199,8 @@ pub fn frame_response(
     keep_alive: bool,
 ) -> ResponseFraming {
     headers.remove(header::TRANSFER_ENCODING);
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
+    // A length that does not parse is not the handler's to keep: the body frames itself.
+    let declared = content_length(headers).ok().flatten();
     if status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
@@ -274,15 +266,12 @@ pub fn write_response_head(
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
-    for (name, value) in headers {
-        if name == header::CONNECTION {
-            continue;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    write_fields(
+        out,
+        headers
+            .iter()
+            .filter(|(name, _)| *name != header::CONNECTION),
+    );
     if !keep_alive {
         out.extend_from_slice(b"connection: close\r\n");
     } else if request_version == Version::HTTP_10 {

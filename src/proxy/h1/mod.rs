@@ -85,25 +85,25 @@ pub enum ConnectionError {
 }
 
 pin_project_lite::pin_project! {
-    /// One client connection served until it closes; [`Connection::graceful_shutdown`] lets the
+    /// One client connection served until it closes; [`ServerConnection::graceful_shutdown`] lets the
     /// request in progress finish, then closes.
-    pub struct Connection<F> {
+    pub struct ServerConnection<F> {
         #[pin]
         serving: F,
         stop: Arc<AtomicBool>,
     }
 }
 
-// === impl Connection ===
+// === impl ServerConnection ===
 
-impl<F: Future<Output = Result<(), ConnectionError>>> Connection<F> {
+impl<F: Future<Output = Result<(), ConnectionError>>> ServerConnection<F> {
     /// Asks the connection to close once its current response is out (at once when idle).
     pub fn graceful_shutdown(self: Pin<&mut Self>) {
         self.stop.store(true, Ordering::Release);
     }
 }
 
-impl<F: Future<Output = Result<(), ConnectionError>>> Future for Connection<F> {
+impl<F: Future<Output = Result<(), ConnectionError>>> Future for ServerConnection<F> {
     type Output = Result<(), ConnectionError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -117,14 +117,14 @@ pub fn serve<I, S, R>(
     io: I,
     settings: Settings,
     service: S,
-) -> Connection<impl Future<Output = Result<(), ConnectionError>>>
+) -> ServerConnection<impl Future<Output = Result<(), ConnectionError>>>
 where
     I: AsyncRead + AsyncWrite + Unpin,
     S: FnMut(Request<ClientBody>) -> R,
     R: Future<Output = Result<Response<ProxyBody>, Infallible>> + Unpin,
 {
     let stop = Arc::new(AtomicBool::new(false));
-    Connection {
+    ServerConnection {
         serving: serve_requests(io, settings, service, stop.clone()),
         stop,
     }
@@ -132,7 +132,7 @@ where
 
 /// The connection's life: one request after another.
 async fn serve_requests<I, S, R>(
-    mut io: I,
+    io: I,
     settings: Settings,
     mut service: S,
     stop: Arc<AtomicBool>,
@@ -142,85 +142,13 @@ where
     S: FnMut(Request<ClientBody>) -> R,
     R: Future<Output = Result<Response<ProxyBody>, Infallible>> + Unpin,
 {
-    let mut buf = BytesMut::new();
-    let mut writer = Writer::new();
-    loop {
-        let head = match read_head(&mut io, &mut buf, &settings, &stop).await {
-            Ok(Some(head)) => head,
-            Ok(None) => return Ok(()),
-            Err(HeadRead::Io(e)) => return Err(e.into()),
-            Err(HeadRead::Refused(error)) => {
-                let answer = head::error_response(&error);
-                let _ = io.write_all(&answer).await;
-                let _ = io.shutdown().await;
-                return Err(ConnectionError::Head(error));
-            }
-        };
-        let exchange = Exchange {
-            method: head.method.clone(),
-            version: head.version,
-            keep_alive: head.keep_alive,
-        };
-        let (body, mut feeder) = request_body::channel(head.body, head.expects_continue);
-        let mut request = Request::new(ClientBody::Native { body });
-        *request.method_mut() = head.method;
-        *request.uri_mut() = head.uri;
-        *request.version_mut() = head.version;
-        *request.headers_mut() = head.headers;
-        let mut handling = service(request);
-
-        // The handler runs until the response head; meanwhile the request body is fed to it and
-        // a client that goes away drops it (and with it the upstream request).
-        let mut body_whole = feeder.is_none();
-        let response = poll_fn(|cx| {
-            if let Poll::Ready(Ok(response)) = Pin::new(&mut handling).poll(cx) {
-                return Poll::Ready(Ok(response));
-            }
-            poll_client(cx, &mut io, &mut buf, &mut feeder, &mut body_whole).map(Err)
-        })
-        .await?;
-        drop(handling);
-
-        let (mut parts, body) = response.into_parts();
-        let framed = head::frame_response(
-            parts.status,
-            &exchange.method,
-            exchange.version,
-            &mut parts.headers,
-            body.size_hint().exact(),
-            exchange.keep_alive && !stop.load(Ordering::Acquire),
-        );
-        let mut text = Vec::with_capacity(256);
-        head::write_response_head(
-            &mut text,
-            parts.status,
-            &parts.headers,
-            exchange.version,
-            framed.keep_alive,
-        );
-        drop(parts);
-        if body_whole && buf.is_empty() {
-            // Nothing more to read for this request: hold no buffer while the response streams.
-            buf = BytesMut::new();
-        }
-        writer.start(text, framed.framing);
-        let mut body = (framed.framing != Framing::None).then_some(body);
-        stream_body(
-            &mut io,
-            &mut writer,
-            &mut body,
-            &mut buf,
-            &mut feeder,
-            &mut body_whole,
-        )
-        .await?;
-        drop(body);
-        // A body still unread leaves the connection where no next request can be found.
-        if !framed.keep_alive || !body_whole || stop.load(Ordering::Acquire) {
-            let _ = io.shutdown().await;
-            return Ok(());
+    let mut connection = ConnectionState::new(io, settings, stop);
+    while let Some(head) = connection.next_head().await? {
+        if !connection.serve_one(head, &mut service).await? {
+            break;
         }
     }
+    Ok(())
 }
 
 /// What the response is framed by, from its request.
@@ -236,53 +164,295 @@ enum HeadRead {
     Refused(HeadError),
 }
 
-/// Reads the next request head, within the idle timeout. `None`: the client closed between
-/// requests, the timeout passed, or a shutdown asked the idle connection to close.
-async fn read_head<I: AsyncRead + Unpin>(
-    io: &mut I,
-    buf: &mut BytesMut,
-    settings: &Settings,
-    stop: &AtomicBool,
-) -> Result<Option<head::RequestHead>, HeadRead> {
-    let deadline = tokio::time::sleep(settings.idle_timeout);
-    tokio::pin!(deadline);
-    // How much of `buf` is known to hold no head's end. A head that trickles in is parsed only
-    // once its end may be there: parsing it whole after every read would cost the square of its
-    // length (by arithmetic, not measured: a 64 KiB head sent a byte at a time would be 65,536
-    // parses of 32 KiB on average, about 2 GB).
-    let mut searched: usize = 0;
-    poll_fn(|cx| loop {
-        let may_be_whole = head_may_end(&buf[searched.saturating_sub(2)..])
-            || buf.len() >= settings.max_head_bytes;
-        searched = buf.len();
-        if may_be_whole {
-            match head::parse_request(buf, settings.max_head_bytes) {
-                Ok(Some((head, len))) => {
-                    buf.advance(len);
-                    return Poll::Ready(Ok(Some(head)));
-                }
-                Ok(None) => {}
-                Err(e) => return Poll::Ready(Err(HeadRead::Refused(e))),
+/// One client connection's state, kept from request to request: the socket, the bytes read and
+/// not yet used, the response's pieces, and the request body being fed while there is one.
+struct ConnectionState<I> {
+    io: I,
+    /// Bytes read and not yet used: a head, a body, a pipelined request.
+    buf: BytesMut,
+    writer: Writer,
+    settings: Settings,
+    /// Set by [`ServerConnection::graceful_shutdown`].
+    stop: Arc<AtomicBool>,
+    /// Feeds the current request's body to its handler; `None` once it is whole or abandoned.
+    feeder: Option<Feeder>,
+    /// The current request's body has been read to its end, so the next request can be found.
+    body_whole: bool,
+}
+
+// === impl ConnectionState ===
+
+impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
+    fn new(io: I, settings: Settings, stop: Arc<AtomicBool>) -> Self {
+        ConnectionState {
+            io,
+            buf: BytesMut::new(),
+            writer: Writer::new(),
+            settings,
+            stop,
+            feeder: None,
+            body_whole: true,
+        }
+    }
+
+    /// Whether a graceful shutdown was asked for.
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// The next request head, `None` when the connection is over between requests; a head that
+    /// cannot be served is answered (and the connection closed) here.
+    async fn next_head(&mut self) -> Result<Option<head::RequestHead>, ConnectionError> {
+        match self.read_head().await {
+            Ok(head) => Ok(head),
+            Err(HeadRead::Io(e)) => Err(e.into()),
+            Err(HeadRead::Refused(error)) => {
+                let answer = head::error_response(&error);
+                let _ = self.io.write_all(&answer).await;
+                let _ = self.io.shutdown().await;
+                Err(ConnectionError::Head(error))
             }
         }
-        if stop.load(Ordering::Acquire) && buf.is_empty() {
-            return Poll::Ready(Ok(None));
+    }
+
+    /// Serves one request through `service`: whether the connection may read another (when it
+    /// may not, it is shut down here).
+    async fn serve_one<S, R>(
+        &mut self,
+        head: head::RequestHead,
+        service: &mut S,
+    ) -> Result<bool, ConnectionError>
+    where
+        S: FnMut(Request<ClientBody>) -> R,
+        R: Future<Output = Result<Response<ProxyBody>, Infallible>> + Unpin,
+    {
+        let exchange = Exchange {
+            method: head.method.clone(),
+            version: head.version,
+            keep_alive: head.keep_alive,
+        };
+        let (body, feeder) = request_body::channel(head.body, head.expects_continue);
+        self.feeder = feeder;
+        let mut request = Request::new(ClientBody::Native { body });
+        *request.method_mut() = head.method;
+        *request.uri_mut() = head.uri;
+        *request.version_mut() = head.version;
+        *request.headers_mut() = head.headers;
+        let mut handling = service(request);
+
+        // The handler runs until the response head; meanwhile the request body is fed to it and
+        // a client that goes away drops it (and with it the upstream request).
+        self.body_whole = self.feeder.is_none();
+        let response = poll_fn(|cx| {
+            if let Poll::Ready(Ok(response)) = Pin::new(&mut handling).poll(cx) {
+                return Poll::Ready(Ok(response));
+            }
+            self.poll_client(cx).map(Err)
+        })
+        .await?;
+        drop(handling);
+
+        let (mut parts, body) = response.into_parts();
+        let framed = head::frame_response(
+            parts.status,
+            &exchange.method,
+            exchange.version,
+            &mut parts.headers,
+            body.size_hint().exact(),
+            exchange.keep_alive && !self.stopping(),
+        );
+        let mut text = Vec::with_capacity(256);
+        head::write_response_head(
+            &mut text,
+            parts.status,
+            &parts.headers,
+            exchange.version,
+            framed.keep_alive,
+        );
+        drop(parts);
+        if self.body_whole && self.buf.is_empty() {
+            // Nothing more to read for this request: hold no buffer while the response streams.
+            self.buf = BytesMut::new();
         }
-        if buf.capacity() - buf.len() < READ_SIZE / 2 {
-            buf.reserve(READ_SIZE);
+        self.writer.start(text, framed.framing);
+        let mut body = (framed.framing != Framing::None).then_some(body);
+        self.stream_body(&mut body).await?;
+        drop(body);
+        // A body still unread leaves the connection where no next request can be found.
+        let next = framed.keep_alive && self.body_whole && !self.stopping();
+        if !next {
+            let _ = self.io.shutdown().await;
         }
-        match tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf) {
-            Poll::Ready(Ok(0)) => return Poll::Ready(Ok(None)),
-            Poll::Ready(Ok(_)) => continue,
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(HeadRead::Io(e))),
-            Poll::Pending => {}
+        self.feeder = None;
+        Ok(next)
+    }
+
+    /// Reads the next request head, within the idle timeout. `None`: the client closed between
+    /// requests, the timeout passed, or a shutdown asked the idle connection to close.
+    async fn read_head(&mut self) -> Result<Option<head::RequestHead>, HeadRead> {
+        let deadline = tokio::time::sleep(self.settings.idle_timeout);
+        tokio::pin!(deadline);
+        let max_head_bytes = self.settings.max_head_bytes;
+        // How much of `buf` is known to hold no head's end. A head that trickles in is parsed
+        // only once its end may be there: parsing it whole after every read would cost the
+        // square of its length (by arithmetic, not measured: a 64 KiB head sent a byte at a time
+        // would be 65,536 parses of 32 KiB on average, about 2 GB).
+        let mut searched: usize = 0;
+        poll_fn(|cx| loop {
+            let buf = &mut self.buf;
+            let may_be_whole =
+                head_may_end(&buf[searched.saturating_sub(2)..]) || buf.len() >= max_head_bytes;
+            searched = buf.len();
+            if may_be_whole {
+                match head::parse_request(buf, max_head_bytes) {
+                    Ok(Some((head, len))) => {
+                        buf.advance(len);
+                        return Poll::Ready(Ok(Some(head)));
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Poll::Ready(Err(HeadRead::Refused(e))),
+                }
+            }
+            if self.stop.load(Ordering::Acquire) && buf.is_empty() {
+                return Poll::Ready(Ok(None));
+            }
+            if buf.capacity() - buf.len() < READ_SIZE / 2 {
+                buf.reserve(READ_SIZE);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, buf) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Ok(None)),
+                Poll::Ready(Ok(_)) => continue,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(HeadRead::Io(e))),
+                Poll::Pending => {}
+            }
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ok(None));
+            }
+            return Poll::Pending;
+        })
+        .await
+    }
+
+    /// Watches the client's side while a request is handled or its response streams: feeds the
+    /// request body while there is one, and otherwise notices the client's close. Ready only
+    /// with the error that ends the exchange.
+    fn poll_client(&mut self, cx: &mut Context<'_>) -> Poll<ConnectionError> {
+        if let Some(feeding) = &mut self.feeder {
+            match feeding.poll_feed(cx, &mut self.io, &mut self.buf, READ_SIZE) {
+                Poll::Ready(Ok(Fed::Complete)) => {
+                    self.feeder = None;
+                    self.body_whole = true;
+                }
+                Poll::Ready(Ok(Fed::Abandoned)) => {
+                    // Nobody reads the rest; the connection closes after the response.
+                    self.feeder = None;
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(request_body::RequestBodyError::Closed)) => {
+                    self.feeder = None;
+                    return Poll::Ready(ConnectionError::ClientGone);
+                }
+                Poll::Ready(Err(request_body::RequestBodyError::Invalid(_))) => {
+                    // The handler gets the error through the body and answers it (the upstream
+                    // request fails); the connection closes after that answer.
+                    self.feeder = None;
+                    return Poll::Pending;
+                }
+                Poll::Pending => return Poll::Pending,
+            }
         }
-        if deadline.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Ok(None));
+        if !self.body_whole {
+            // An abandoned body's bytes would be read as the next request: read nothing more.
+            return Poll::Pending;
         }
-        return Poll::Pending;
-    })
-    .await
+        poll_closed(cx, &mut self.io, &mut self.buf)
+    }
+
+    /// Writes the response head and its body, frame by frame as the body yields them, while
+    /// watching the client's side.
+    async fn stream_body(&mut self, body: &mut Option<ProxyBody>) -> Result<(), ConnectionError> {
+        // Set once the body failed: the frames before the failure still go out, then the
+        // connection closes without the body's end, so the client sees the response cut.
+        let mut failed: Option<ConnectionError> = None;
+        // Polls since the client's side was last looked at (see `PROBE_EVERY`).
+        let mut unprobed = 0u8;
+        poll_fn(|cx| loop {
+            // Frames are taken only while none wait for the socket: a client that reads slowly
+            // holds the body back here (and its reader task reads ahead, within its bound;
+            // `metered`).
+            let mut body_pending = false;
+            let mut frames = 0;
+            if let (Some(streaming), None, 0) = (body.as_mut(), &failed, self.writer.queued_bytes())
+            {
+                let writer = &mut self.writer;
+                loop {
+                    if writer.length_reached() {
+                        // A body of declared length is over once its bytes are: it is not asked
+                        // for its end (as hyper does not).
+                        *body = None;
+                        break;
+                    }
+                    match Pin::new(&mut *streaming).poll_frame(cx) {
+                        Poll::Ready(Some(Ok(frame))) => {
+                            if let Ok(data) = frame.into_data() {
+                                if let Err(e) = writer.data(data) {
+                                    failed = Some(e.into());
+                                    *body = None;
+                                    break;
+                                }
+                            }
+                            frames += 1;
+                            if frames == MAX_BATCH_FRAMES
+                                || writer.queued_bytes() >= MAX_BATCH_BYTES
+                            {
+                                break;
+                            }
+                        }
+                        Poll::Ready(Some(Err(e))) => {
+                            failed = Some(ConnectionError::Body(e));
+                            *body = None;
+                            break;
+                        }
+                        Poll::Ready(None) => {
+                            if let Err(e) = writer.end() {
+                                failed = Some(e.into());
+                            }
+                            *body = None;
+                            break;
+                        }
+                        Poll::Pending => {
+                            body_pending = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            match self.writer.poll_write(cx, &mut self.io) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return self.poll_client(cx).map(Err),
+            }
+            if let Some(e) = failed.take() {
+                return Poll::Ready(Err(e));
+            }
+            if body.is_none() {
+                return Poll::Ready(Ok(()));
+            }
+            if body_pending {
+                // The body will wake the task with its next frame. A poll that wrote frames skips
+                // the client's side most times: it was woken by the upstream, and the client's
+                // close is seen by the probe of a poll without frames (its wake is one), by the
+                // next probe within `PROBE_EVERY` frames, or by the write after it.
+                if frames > 0 && self.feeder.is_none() && unprobed + 1 < PROBE_EVERY {
+                    unprobed += 1;
+                    return Poll::Pending;
+                }
+                unprobed = 0;
+                return self.poll_client(cx).map(Err);
+            }
+        })
+        .await
+    }
 }
 
 /// Whether `bytes` hold what ends a head: an empty line, after CRLF or a bare LF (which
@@ -290,47 +460,6 @@ async fn read_head<I: AsyncRead + Unpin>(
 fn head_may_end(bytes: &[u8]) -> bool {
     memchr::memmem::find(bytes, b"\n\r\n").is_some()
         || memchr::memmem::find(bytes, b"\n\n").is_some()
-}
-
-/// Watches the client's side while a request is handled or its response streams: feeds the
-/// request body while there is one, and otherwise notices the client's close. Ready only with
-/// the error that ends the exchange.
-fn poll_client<I: AsyncRead + AsyncWrite + Unpin>(
-    cx: &mut Context<'_>,
-    io: &mut I,
-    buf: &mut BytesMut,
-    feeder: &mut Option<Feeder>,
-    body_whole: &mut bool,
-) -> Poll<ConnectionError> {
-    if let Some(feeding) = feeder {
-        match feeding.poll_feed(cx, io, buf, READ_SIZE) {
-            Poll::Ready(Ok(Fed::Complete)) => {
-                *feeder = None;
-                *body_whole = true;
-            }
-            Poll::Ready(Ok(Fed::Abandoned)) => {
-                // Nobody reads the rest; the connection closes after the response.
-                *feeder = None;
-                return Poll::Pending;
-            }
-            Poll::Ready(Err(request_body::RequestBodyError::Closed)) => {
-                *feeder = None;
-                return Poll::Ready(ConnectionError::ClientGone);
-            }
-            Poll::Ready(Err(request_body::RequestBodyError::Invalid(_))) => {
-                // The handler gets the error through the body and answers it (the upstream
-                // request fails); the connection closes after that answer.
-                *feeder = None;
-                return Poll::Pending;
-            }
-            Poll::Pending => return Poll::Pending,
-        }
-    }
-    if !*body_whole {
-        // An abandoned body's bytes would be read as the next request: read nothing more.
-        return Poll::Pending;
-    }
-    poll_closed(cx, io, buf)
 }
 
 /// Reads what the client sends while its request is served: a close (or a reset) ends the
@@ -356,94 +485,6 @@ fn poll_closed<I: AsyncRead + Unpin>(
         }
     }
     Poll::Pending
-}
-
-/// Writes the response head and its body, frame by frame as the body yields them, while
-/// watching the client's side.
-async fn stream_body<I: AsyncRead + AsyncWrite + Unpin>(
-    io: &mut I,
-    writer: &mut Writer,
-    body: &mut Option<ProxyBody>,
-    buf: &mut BytesMut,
-    feeder: &mut Option<Feeder>,
-    body_whole: &mut bool,
-) -> Result<(), ConnectionError> {
-    // Set once the body failed: the frames before the failure still go out, then the
-    // connection closes without the body's end, so the client sees the response cut.
-    let mut failed: Option<ConnectionError> = None;
-    // Polls since the client's side was last looked at (see `PROBE_EVERY`).
-    let mut unprobed = 0u8;
-    poll_fn(|cx| loop {
-        // Frames are taken only while none wait for the socket: a client that reads slowly holds
-        // the body back here (and its reader task reads ahead, within its bound; `metered`).
-        let mut body_pending = false;
-        let mut frames = 0;
-        if let (Some(streaming), None, 0) = (body.as_mut(), &failed, writer.queued_bytes()) {
-            loop {
-                if writer.length_reached() {
-                    // A body of declared length is over once its bytes are: it is not asked
-                    // for its end (as hyper does not).
-                    *body = None;
-                    break;
-                }
-                match Pin::new(&mut *streaming).poll_frame(cx) {
-                    Poll::Ready(Some(Ok(frame))) => {
-                        if let Ok(data) = frame.into_data() {
-                            if let Err(e) = writer.data(data) {
-                                failed = Some(e.into());
-                                *body = None;
-                                break;
-                            }
-                        }
-                        frames += 1;
-                        if frames == MAX_BATCH_FRAMES || writer.queued_bytes() >= MAX_BATCH_BYTES {
-                            break;
-                        }
-                    }
-                    Poll::Ready(Some(Err(e))) => {
-                        failed = Some(ConnectionError::Body(e));
-                        *body = None;
-                        break;
-                    }
-                    Poll::Ready(None) => {
-                        if let Err(e) = writer.end() {
-                            failed = Some(e.into());
-                        }
-                        *body = None;
-                        break;
-                    }
-                    Poll::Pending => {
-                        body_pending = true;
-                        break;
-                    }
-                }
-            }
-        }
-        match writer.poll_write(cx, io) {
-            Poll::Ready(Ok(())) => {}
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
-            Poll::Pending => return poll_client(cx, io, buf, feeder, body_whole).map(Err),
-        }
-        if let Some(e) = failed.take() {
-            return Poll::Ready(Err(e));
-        }
-        if body.is_none() {
-            return Poll::Ready(Ok(()));
-        }
-        if body_pending {
-            // The body will wake the task with its next frame. A poll that wrote frames skips the
-            // client's side most times: it was woken by the upstream, and the client's close is
-            // seen by the probe of a poll without frames (its wake is one), by the next probe
-            // within `PROBE_EVERY` frames, or by the write after it.
-            if frames > 0 && feeder.is_none() && unprobed + 1 < PROBE_EVERY {
-                unprobed += 1;
-                return Poll::Pending;
-            }
-            unprobed = 0;
-            return poll_client(cx, io, buf, feeder, body_whole).map(Err);
-        }
-    })
-    .await
 }
 
 #[cfg(test)]
@@ -476,7 +517,7 @@ mod tests {
     #[tokio::test]
     async fn a_head_that_trickles_in_is_read_whole() {
         let text = b"POST /v1/chat/completions HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}";
-        let (mut peer, mut io) = tokio::io::duplex(4096);
+        let (mut peer, io) = tokio::io::duplex(4096);
         let writer = tokio::spawn(async move {
             for byte in text {
                 peer.write_all(&[*byte]).await.unwrap();
@@ -488,18 +529,18 @@ mod tests {
             max_head_bytes: 8192,
             idle_timeout: Duration::from_secs(10),
         };
-        let mut buf = BytesMut::new();
-        let stop = AtomicBool::new(false);
-        let head = read_head(&mut io, &mut buf, &settings, &stop).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut connection = ConnectionState::new(io, settings, stop.clone());
+        let head = connection.read_head().await;
         let head = head.ok().flatten().expect("a head");
         assert_eq!(head.uri, "/v1/chat/completions");
         let _peer = writer.await.unwrap();
 
-        let (mut peer, mut io) = tokio::io::duplex(16384);
+        let (mut peer, io) = tokio::io::duplex(16384);
         peer.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
         peer.write_all(&[b'x'; 9000]).await.unwrap();
-        let mut buf = BytesMut::new();
-        let refused = read_head(&mut io, &mut buf, &settings, &stop).await;
+        let mut connection = ConnectionState::new(io, settings, stop);
+        let refused = connection.read_head().await;
         assert!(matches!(
             refused,
             Err(HeadRead::Refused(HeadError::TooLarge(8192)))

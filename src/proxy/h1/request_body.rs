@@ -1,6 +1,6 @@
 //! A client's request body on the native HTTP/1.1 server: the connection decodes it off its
 //! socket ([`Feeder`]) and hands it, one piece at a time, to whoever sends it upstream
-//! ([`NativeRequestBody`]), which may be the connection's own task (metronome's upstream client)
+//! ([`Http1RequestBody`]), which may be the connection's own task (metronome's upstream client)
 //! or another (hyper-util's, for https upstreams).
 //!
 //! One piece is held at a time: the connection reads the socket again only once the last piece
@@ -17,8 +17,8 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::http1::decode::{BodyLength, Decoded, Decoder};
 use crate::proxy::metered::set_waker;
-use crate::proxy::upstream::decode::{BodyLength, Decoded, Decoder};
 use crate::proxy::BoxError;
 
 /// Why a request body ended before its end.
@@ -49,29 +49,29 @@ struct Slot {
     connection: Option<Waker>,
 }
 
-type Shared = Arc<Mutex<Slot>>;
+type SharedSlot = Arc<Mutex<Slot>>;
 
-fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Slot> {
+fn lock(shared: &SharedSlot) -> std::sync::MutexGuard<'_, Slot> {
     shared.lock_or_recover()
 }
 
 /// The request body as the request handler gets it.
 #[derive(Debug)]
-pub struct NativeRequestBody {
+pub struct Http1RequestBody {
     /// `None`: the request has no body.
-    shared: Option<Shared>,
+    shared: Option<SharedSlot>,
 }
 
-// === impl NativeRequestBody ===
+// === impl Http1RequestBody ===
 
-impl NativeRequestBody {
+impl Http1RequestBody {
     /// The body of a request that has none.
     pub fn empty() -> Self {
-        NativeRequestBody { shared: None }
+        Http1RequestBody { shared: None }
     }
 }
 
-impl Body for NativeRequestBody {
+impl Body for Http1RequestBody {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -129,7 +129,7 @@ impl Body for NativeRequestBody {
     }
 }
 
-impl Drop for NativeRequestBody {
+impl Drop for Http1RequestBody {
     fn drop(&mut self) {
         if let Some(shared) = &self.shared {
             let mut slot = lock(shared);
@@ -156,7 +156,7 @@ pub enum Fed {
 /// The connection's end: decodes the body out of the connection's read buffer and socket.
 #[derive(Debug)]
 pub struct Feeder {
-    shared: Shared,
+    shared: SharedSlot,
     decoder: Decoder,
     /// `100 Continue` still to be written (the bytes of it not yet written).
     continue_left: usize,
@@ -166,9 +166,9 @@ pub struct Feeder {
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// A request body of `length` and the connection's end of it; `None` for a request without one.
-pub fn channel(length: BodyLength, expects_continue: bool) -> (NativeRequestBody, Option<Feeder>) {
+pub fn channel(length: BodyLength, expects_continue: bool) -> (Http1RequestBody, Option<Feeder>) {
     let remaining = match length {
-        BodyLength::Empty | BodyLength::Length(0) => return (NativeRequestBody::empty(), None),
+        BodyLength::Empty | BodyLength::Length(0) => return (Http1RequestBody::empty(), None),
         BodyLength::Length(n) => Some(n),
         BodyLength::Chunked | BodyLength::UntilClose => None,
     };
@@ -182,7 +182,7 @@ pub fn channel(length: BodyLength, expects_continue: bool) -> (NativeRequestBody
         continue_left: if expects_continue { CONTINUE.len() } else { 0 },
     };
     (
-        NativeRequestBody {
+        Http1RequestBody {
             shared: Some(shared),
         },
         Some(feeder),

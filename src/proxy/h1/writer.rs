@@ -4,7 +4,7 @@
 //!
 //! This is the part of hyper's server a streamed frame passes through, without its queue of
 //! boxed buffers and its formatter: a frame's chunk-size line is a few bytes on the writer's own
-//! array, the frame's `Bytes` are the very ones the upstream read, and nothing is copied or
+//! array (`http1::encode::ChunkSize`, which the upstream client writes request chunks with too), the frame's `Bytes` are the very ones the upstream read, and nothing is copied or
 //! allocated per frame (the list of pieces is kept for the connection's life).
 
 // IoSlice reinterpretation; each block says why it is sound.
@@ -19,6 +19,7 @@ use bytes::Bytes;
 use tokio::io::AsyncWrite;
 
 use super::head::Framing;
+use crate::http1::encode::{ChunkSize, CHUNK_END, LAST_CHUNK};
 
 /// The most pieces one vectored write takes (Linux takes up to 1,024; each frame is at most 3).
 const MAX_SLICES: usize = 48;
@@ -31,7 +32,7 @@ enum Piece {
     /// A body frame's bytes.
     Data(Bytes),
     /// A chunk-size line: hexadecimal digits and CRLF.
-    Size { line: [u8; 18], len: u8 },
+    Size(ChunkSize),
     /// Framing text: a chunk's CRLF, the last chunk.
     Text(&'static [u8]),
 }
@@ -43,24 +44,8 @@ impl Piece {
         match self {
             Piece::Head(head) => head,
             Piece::Data(data) => data,
-            Piece::Size { line, len } => &line[..usize::from(*len)],
+            Piece::Size(line) => line.as_bytes(),
             Piece::Text(text) => text,
-        }
-    }
-
-    /// The chunk-size line for a chunk of `n` bytes.
-    fn size(n: usize) -> Piece {
-        let mut line = [0u8; 18];
-        let digits = (usize::BITS - n.leading_zeros()).div_ceil(4).max(1) as usize;
-        for (i, slot) in line[..digits].iter_mut().enumerate() {
-            let nibble = (n >> (4 * (digits - 1 - i))) & 0xF;
-            *slot = b"0123456789ABCDEF"[nibble];
-        }
-        line[digits] = b'\r';
-        line[digits + 1] = b'\n';
-        Piece::Size {
-            line,
-            len: (digits + 2) as u8,
         }
     }
 }
@@ -132,9 +117,9 @@ impl Writer {
             }
             Framing::Chunked => {
                 self.queued += data.len();
-                self.pieces.push(Piece::size(data.len()));
+                self.pieces.push(Piece::Size(ChunkSize::new(data.len())));
                 self.pieces.push(Piece::Data(data));
-                self.pieces.push(Piece::Text(b"\r\n"));
+                self.pieces.push(Piece::Text(CHUNK_END));
             }
             Framing::UntilClose => {
                 self.queued += data.len();
@@ -152,7 +137,7 @@ impl Writer {
     /// Queues the body's end (the last chunk under chunked coding).
     pub fn end(&mut self) -> Result<(), FramingError> {
         match self.framing {
-            Framing::Chunked => self.pieces.push(Piece::Text(b"0\r\n\r\n")),
+            Framing::Chunked => self.pieces.push(Piece::Text(LAST_CHUNK)),
             Framing::Length(_) if self.remaining > 0 => return Err(FramingError::TooShort),
             _ => {}
         }
@@ -296,21 +281,6 @@ mod tests {
         assert!(writer.poll_write(&mut cx, io).is_ready());
         assert!(writer.is_empty());
         assert_eq!(writer.queued_bytes(), 0);
-    }
-
-    #[test]
-    fn chunk_size_lines_are_uppercase_hex() {
-        for (n, text) in [
-            (1, "1\r\n"),
-            (15, "F\r\n"),
-            (16, "10\r\n"),
-            (255, "FF\r\n"),
-            (4096, "1000\r\n"),
-            (0x1234_ABCD, "1234ABCD\r\n"),
-        ] {
-            assert_eq!(Piece::size(n).bytes(), text.as_bytes(), "{n}");
-        }
-        assert_eq!(Piece::size(usize::MAX).bytes().len(), 16 + 2);
     }
 
     #[test]

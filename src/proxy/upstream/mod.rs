@@ -7,7 +7,6 @@
 //! go through hyper-util's pooled client. Either way the caller gets an [`UpstreamBody`] and, on
 //! failure, an [`UpstreamError`] that says which kind of failure it was.
 
-pub mod decode;
 pub mod native;
 pub mod pool;
 
@@ -25,8 +24,8 @@ use hyper_util::client::legacy::Client;
 
 use super::body::{BodyTooLarge, ClientBodyFailed, RequestBody};
 use crate::error;
-use decode::Incomplete;
-use native::{NativeBody, NativeBodyError, NativeClient};
+use crate::http1::decode::Incomplete;
+use native::{Http1Client, Http1ResponseBody, Http1ResponseBodyError};
 
 /// hyper-util's pooled client (http and https).
 pub type HyperClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
@@ -35,7 +34,7 @@ pub type HyperClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
     /// For http:// upstreams, unless hyper is asked for.
-    native: Option<NativeClient>,
+    native: Option<Http1Client>,
     /// For https:// upstreams (and all of them without `native`).
     hyper: HyperClient,
 }
@@ -45,12 +44,12 @@ pub struct UpstreamClient {
 impl UpstreamClient {
     /// A client that sends plain-http requests through `native` when given, and everything else
     /// through `hyper`.
-    pub fn new(native: Option<NativeClient>, hyper: HyperClient) -> Self {
+    pub fn new(native: Option<Http1Client>, hyper: HyperClient) -> Self {
         UpstreamClient { native, hyper }
     }
 
     /// The native client, when plain-http upstreams use it.
-    pub fn native(&self) -> Option<&NativeClient> {
+    pub fn native(&self) -> Option<&Http1Client> {
         self.native.as_ref()
     }
 
@@ -209,7 +208,7 @@ pin_project_lite::pin_project! {
     #[derive(Debug)]
     pub enum UpstreamBody {
         /// Read off its connection by metronome's HTTP/1.1 client.
-        Native { #[pin] body: NativeBody },
+        Native { #[pin] body: Http1ResponseBody },
         /// Handed over by hyper's connection task.
         Hyper { #[pin] body: hyper::body::Incoming },
     }
@@ -220,7 +219,7 @@ pin_project_lite::pin_project! {
 pub enum UpstreamBodyError {
     /// From the native client.
     #[error("{0}")]
-    Native(#[from] NativeBodyError),
+    Native(#[from] Http1ResponseBodyError),
     /// From hyper.
     #[error("{0}")]
     Hyper(#[from] hyper::Error),

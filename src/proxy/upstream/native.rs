@@ -15,20 +15,21 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
-use super::pool::{Conn, Pool};
+use super::pool::{Pool, UpstreamConnection};
 use super::{UpstreamError, UpstreamFailure};
+use crate::http1::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
+use crate::http1::encode::{write_fields, ChunkSize, CHUNK_END, LAST_CHUNK};
+use crate::http1::head::{
+    content_length, ends_in_chunked, header_map, list_elements, version, InvalidField,
+};
+use crate::http1::MAX_HEADERS;
 use crate::proxy::body::{BodyTooLarge, ClientBodyFailed, RequestBody};
-use crate::proxy::headers::{content_length, list_elements};
-
-/// The most header fields a response head may have (as hyper).
-const MAX_HEADERS: usize = 100;
 /// The longest response head read.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// A connection's first read buffer: a few SSE frames of a chat stream (about 250 bytes each).
@@ -45,17 +46,17 @@ const WRITE_BATCH: usize = 64 * 1024;
 
 /// Sends requests to plain-http upstreams over pooled HTTP/1.1 connections.
 #[derive(Debug, Clone)]
-pub struct NativeClient {
+pub struct Http1Client {
     pool: Pool,
     connect_timeout: Duration,
 }
 
-// === impl NativeClient ===
+// === impl Http1Client ===
 
-impl NativeClient {
+impl Http1Client {
     /// A client with its own pool (connections idle for `idle_timeout` are closed).
     pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Self {
-        NativeClient {
+        Http1Client {
             pool: Pool::new(idle_timeout),
             connect_timeout,
         }
@@ -66,7 +67,7 @@ impl NativeClient {
     pub async fn request(
         &self,
         request: Request<RequestBody>,
-    ) -> Result<Response<NativeBody>, UpstreamError> {
+    ) -> Result<Response<Http1ResponseBody>, UpstreamError> {
         let authority = authority(request.uri())?;
         let (mut parts, body) = request.into_parts();
         let head_only = parts.method == Method::HEAD;
@@ -86,7 +87,7 @@ impl NativeClient {
         let (response, length, keep_alive) = read_head(&mut conn, head_only).await?;
         // The head's last read may have filled the buffer with the first frames too.
         let filled = conn.buf.len() == conn.buf.capacity();
-        let body = NativeBody {
+        let body = Http1ResponseBody {
             filled,
             conn: Some(conn),
             decoder: Decoder::new(length),
@@ -98,7 +99,7 @@ impl NativeClient {
         Ok(response.map(|()| body))
     }
 
-    async fn connect(&self, authority: &str) -> Result<Conn, UpstreamError> {
+    async fn connect(&self, authority: &str) -> Result<UpstreamConnection, UpstreamError> {
         let io =
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority)).await {
                 Ok(Ok(io)) => io,
@@ -117,7 +118,7 @@ impl NativeClient {
             };
         // A token must not wait for Nagle, in either direction.
         let _ = io.set_nodelay(true);
-        Ok(Conn {
+        Ok(UpstreamConnection {
             io,
             buf: BytesMut::new(),
         })
@@ -149,12 +150,7 @@ async fn write_request(
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in &parts.headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    write_fields(&mut out, &parts.headers);
     let declared = parts.headers.contains_key(header::CONTENT_LENGTH);
     let exact = body.size_hint().exact();
     let chunked = !declared && exact.is_none() && !body.is_end_stream();
@@ -207,11 +203,11 @@ async fn write_request(
                     continue;
                 }
                 if chunked {
-                    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                    out.extend_from_slice(ChunkSize::new(data.len()).as_bytes());
                 }
                 out.extend_from_slice(&data);
                 if chunked {
-                    out.extend_from_slice(b"\r\n");
+                    out.extend_from_slice(CHUNK_END);
                 }
                 if out.len() >= WRITE_BATCH {
                     io.write_all(&out).await.map_err(send)?;
@@ -221,7 +217,7 @@ async fn write_request(
         }
     }
     if chunked {
-        out.extend_from_slice(b"0\r\n\r\n");
+        out.extend_from_slice(LAST_CHUNK);
     }
     if !out.is_empty() {
         io.write_all(&out).await.map_err(send)?;
@@ -233,7 +229,7 @@ async fn write_request(
 /// answer is a protocol error): the response
 /// without its body, the body's length, and whether the connection may be used again after it.
 async fn read_head(
-    conn: &mut Conn,
+    conn: &mut UpstreamConnection,
     head_only: bool,
 ) -> Result<(Response<()>, BodyLength, bool), UpstreamError> {
     loop {
@@ -298,23 +294,15 @@ pub fn parse_head(
     let code = head.code.unwrap_or_default();
     let status =
         StatusCode::from_u16(code).map_err(|_| protocol(format!("invalid status code {code}")))?;
-    let http10 = head.version == Some(0);
+    let version = version(head.version);
+    let http10 = version == http::Version::HTTP_10;
     let mut response = Response::new(());
     *response.status_mut() = status;
-    *response.version_mut() = if http10 {
-        http::Version::HTTP_10
-    } else {
-        http::Version::HTTP_11
-    };
-    let headers = response.headers_mut();
-    headers.reserve(head.headers.len());
-    for field in head.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| protocol(format!("invalid header name {:?}", field.name)))?;
-        let value = HeaderValue::from_bytes(field.value)
-            .map_err(|_| protocol(format!("invalid value of header {}", field.name)))?;
-        headers.append(name, value);
-    }
+    *response.version_mut() = version;
+    *response.headers_mut() = header_map(head.headers).map_err(|field| match field {
+        InvalidField::Name(name) => protocol(format!("invalid header name {name:?}")),
+        InvalidField::Value(name) => protocol(format!("invalid value of header {name}")),
+    })?;
     let _ = buf.split_to(end);
     let length = body_length(status, head_only, response.headers()).map_err(protocol)?;
     if response.headers().contains_key(header::TRANSFER_ENCODING) {
@@ -344,10 +332,10 @@ fn body_length(
     }
     if headers.contains_key(header::TRANSFER_ENCODING) {
         // Chunked only as the last coding; any other last coding runs until close.
-        let last = list_elements(headers, header::TRANSFER_ENCODING).next_back();
-        return Ok(match last {
-            Some(c) if c.eq_ignore_ascii_case("chunked") => BodyLength::Chunked,
-            _ => BodyLength::UntilClose,
+        return Ok(if ends_in_chunked(headers) {
+            BodyLength::Chunked
+        } else {
+            BodyLength::UntilClose
         });
     }
     let length = content_length(headers)?;
@@ -368,7 +356,7 @@ fn poll_read(
 
 /// Why a response body from the native client failed.
 #[derive(Debug, thiserror::Error)]
-pub enum NativeBodyError {
+pub enum Http1ResponseBodyError {
     /// The upstream closed the connection before the body's end.
     #[error("connection closed before message completed: {0}")]
     Incomplete(#[from] Incomplete),
@@ -384,16 +372,16 @@ pub enum NativeBodyError {
 /// the connection goes back to the pool (when the upstream keeps it open and sent nothing after
 /// the body); dropped before its end, it closes the connection, so the upstream stops.
 #[derive(Debug)]
-pub struct NativeBody {
+pub struct Http1ResponseBody {
     /// `None` once the body ended or failed.
-    conn: Option<Conn>,
+    conn: Option<UpstreamConnection>,
     decoder: Decoder,
     /// The next read's buffer room.
     read_size: usize,
     /// Where the connection goes after a clean end; `None` when it cannot be used again.
     release: Option<(Pool, Arc<str>)>,
     /// An error to give on the next poll.
-    failed: Option<NativeBodyError>,
+    failed: Option<Http1ResponseBodyError>,
     /// The last read filled the buffer's room, so the socket may hold the rest of a chunk (two
     /// frames that came together, say): the next poll reads once more before decoding, so that
     /// a frame is not handed on in two parts.
@@ -402,9 +390,9 @@ pub struct NativeBody {
     read_error: Option<std::io::Error>,
 }
 
-// === impl NativeBody ===
+// === impl Http1ResponseBody ===
 
-impl NativeBody {
+impl Http1ResponseBody {
     /// The body has ended: the connection goes back to the pool if it can be used again.
     fn finish(&mut self) {
         let Some(conn) = self.conn.take() else { return };
@@ -422,9 +410,9 @@ impl NativeBody {
     /// from another task.
     fn fail(
         &mut self,
-        error: NativeBodyError,
+        error: Http1ResponseBodyError,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, NativeBodyError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Http1ResponseBodyError>>> {
         self.conn = None;
         self.failed = Some(error);
         cx.waker().wake_by_ref();
@@ -432,14 +420,14 @@ impl NativeBody {
     }
 }
 
-impl Body for NativeBody {
+impl Body for Http1ResponseBody {
     type Data = Bytes;
-    type Error = NativeBodyError;
+    type Error = Http1ResponseBodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, NativeBodyError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Http1ResponseBodyError>>> {
         let this = self.get_mut();
         if let Some(error) = this.failed.take() {
             return Poll::Ready(Some(Err(error)));
@@ -516,7 +504,7 @@ impl Body for NativeBody {
     }
 }
 
-impl Drop for NativeBody {
+impl Drop for Http1ResponseBody {
     fn drop(&mut self) {
         // The serving connection (native or hyper's) stops polling a body with a known length
         // once it has all its bytes: the upstream connection is still good for the next request.

@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 
 /// An open HTTP/1.1 connection to an upstream, with what has been read from it and not yet used.
 #[derive(Debug)]
-pub struct Conn {
+pub struct UpstreamConnection {
     /// The socket.
     pub io: TcpStream,
     /// Bytes read and not yet decoded.
@@ -25,7 +25,7 @@ pub struct Conn {
 /// A connection waiting in the pool.
 #[derive(Debug)]
 struct Idle {
-    conn: Conn,
+    conn: UpstreamConnection,
     since: Instant,
 }
 
@@ -60,7 +60,7 @@ impl Pool {
     }
 
     /// The most recently used idle connection to `authority` that is still open and not expired.
-    pub fn checkout(&self, authority: &str) -> Option<Conn> {
+    pub fn checkout(&self, authority: &str) -> Option<UpstreamConnection> {
         let now = Instant::now();
         let mut idles = self.lock();
         let list = idles.by_authority.get_mut(authority)?;
@@ -73,7 +73,7 @@ impl Pool {
     }
 
     /// Keeps `conn` for the next request to `authority`.
-    pub fn checkin(&self, authority: Arc<str>, conn: Conn) {
+    pub fn checkin(&self, authority: Arc<str>, conn: UpstreamConnection) {
         let mut idles = self.lock();
         idles.by_authority.entry(authority).or_default().push(Idle {
             conn,
@@ -139,11 +139,11 @@ mod tests {
     use tokio::net::TcpListener;
 
     /// A connected pair: the pool's side and the upstream's side.
-    async fn pair() -> (Conn, TcpStream) {
+    async fn pair() -> (UpstreamConnection, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
-        let conn = Conn {
+        let conn = UpstreamConnection {
             io: client.unwrap(),
             buf: BytesMut::new(),
         };

@@ -1,6 +1,8 @@
-//! The HTTP/1.1 response body decoder (RFC 9112 §6 and §7.1): it takes the body's bytes out of
-//! the connection's read buffer as they arrive, without copying them, and says where the message
-//! ends, so the connection can go back to the pool.
+//! The HTTP/1.1 message body decoder (RFC 9112 §6 and §7.1), for either role: the server reads
+//! a client's request body with it ([`Decoder::strict`]), the client an upstream's response body
+//! ([`Decoder::new`]). It takes the body's bytes out of the connection's read buffer as they
+//! arrive, without copying them, and says where the message ends, so the connection can read the
+//! next message (the server's next request, the client's connection back to its pool).
 //!
 //! Each call yields at most one piece of data, split off the read buffer: with chunked coding a
 //! piece never spans two chunks (as hyper's decoder gives them), so a frame the client gets is
@@ -9,16 +11,16 @@
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-/// How long a response body is, from its head (RFC 9112 §6.3).
+/// How long a message body is, from its head (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyLength {
-    /// No body at all (a `HEAD` answer, 204, 304).
+    /// No body at all (a request without one; a `HEAD` answer, 204, 304).
     Empty,
     /// `content-length` bytes.
     Length(u64),
     /// `transfer-encoding: chunked`.
     Chunked,
-    /// Until the upstream closes the connection.
+    /// Until the peer closes the connection (a response only: a request has no such body).
     UntilClose,
 }
 
@@ -33,7 +35,7 @@ pub enum Decoded {
     NeedMore,
 }
 
-/// Why a response body could not be read: the upstream broke HTTP/1.1's framing.
+/// Why a message body could not be read: the peer broke HTTP/1.1's framing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     /// A chunk-size line that is not hexadecimal, or too large.
@@ -74,7 +76,7 @@ enum Chunked {
     Trailers,
 }
 
-/// Reads one response body out of the connection's read buffer.
+/// Reads one message body out of the connection's read buffer.
 #[derive(Debug)]
 pub struct Decoder {
     kind: Kind,
@@ -217,7 +219,7 @@ impl Decoder {
     }
 }
 
-/// The upstream closed the connection before the body's end.
+/// The peer closed the connection before the body's end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the upstream closed the connection before the body's end")]
 pub struct Incomplete;
@@ -582,12 +584,14 @@ mod tests {
             .prop_map(|(chunks, extensions, trailers, cuts)| {
                 let mut wire = Vec::new();
                 for (i, chunk) in chunks.iter().enumerate() {
-                    let size = if i % 2 == 0 {
-                        format!("{:x}", chunk.len())
+                    // The encoder's line without its CRLF, in lower case every other chunk.
+                    let line = crate::http1::encode::ChunkSize::new(chunk.len());
+                    let digits = line.as_bytes().strip_suffix(b"\r\n").unwrap();
+                    if i % 2 == 0 {
+                        wire.extend(digits.iter().map(u8::to_ascii_lowercase));
                     } else {
-                        format!("{:X}", chunk.len())
-                    };
-                    wire.extend_from_slice(size.as_bytes());
+                        wire.extend_from_slice(digits);
+                    }
                     if extensions {
                         wire.extend_from_slice(b"; name=\"v\"");
                     }
