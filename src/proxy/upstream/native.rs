@@ -36,7 +36,7 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// It doubles, up to [`MAX_READ`], while reads fill it (frames with log-probabilities, a large
 /// body that is not a stream). Each open stream holds one, so it is small: 2 KiB rather than 4
 /// saved about 2 KiB of resident memory per stream, and 1 KiB rather than 2 another 1.1
-/// (docs/perf-history.md, seventh and eighth rounds); a read still takes one frame whole.
+/// (docs/perf-history.md, "The upstream read buffer"); a read still takes one frame whole.
 const FIRST_READ: usize = 1024;
 /// The largest read buffer.
 const MAX_READ: usize = 64 * 1024;
