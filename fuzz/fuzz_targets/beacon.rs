@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use metronome::beacon::{parse, MAX_GAPS};
+use metronome::proxy::beacon::{parse, MAX_GAPS};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(beacon) = parse(data) else {
