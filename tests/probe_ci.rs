@@ -1,6 +1,6 @@
 //! `metronome probe` as a CI job runs it: progress off a terminal, goodput and its gate,
 //! baselines and `probe compare`, the JUnit and Markdown reports, the workload's shape and the
-//! rate sweep. The built binary against the scripted upstream of tests/probe/upstream.rs.
+//! rate sweep. The built binary against the scripted upstream of tests/support/upstream.rs.
 
 mod support;
 
