@@ -176,7 +176,12 @@ def cmd_quantiles(args):
             print(f"      {short:4s} p{q * 100:g}: native {native * 1000:9.3f} ms, exact "
                   f"{exact * 1000:9.3f} ms, error {err * 100:+.2f} % (bound {bound * 100:.1f} %)  (bucket "
                   f"({lower * 1000:.3f}, {upper * 1000:.3f}] ms holds {k} of {len(values)})")
-            if abs(err) > bound or bucket_of(native)[0] != index and native != upper:
+            # Over a rate window the pooled quantile may cross into the next bucket while within
+            # the bound: rate() extrapolates each instance's series to the window's edges by its
+            # own scrape phase, so the instances weigh a few per cent apart (a fleet read +1.09 %,
+            # 0.6 ms past its bucket's edge). The bound alone judges it; a plain sum is exact.
+            outside = bucket_of(native)[0] != index and native != upper
+            if abs(err) > bound or (outside and not args.rate_since):
                 failed.append(f"{short} p{q * 100:g} off by {err * 100:+.2f} % (bound "
                               f"{bound * 100:.1f} %, or outside the exact value's bucket): {expr}")
     if args.rate_since:

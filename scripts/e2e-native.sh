@@ -21,8 +21,9 @@
 #      with a hitch of that scope;
 #   4. fleet: the three instances under load together: histogram_quantile(0.99,
 #      sum(rate(ITL[window]))) over the native histograms is within 2 % of the pooled exact p99
-#      of the gaps of the streams in the window (the pooled p50 falls where the 8 and 15 ms
-#      cadences overlap, on the sim's 1 ms steps, see below);
+#      of the gaps of the streams in the window, the bound alone (rate() extrapolates each
+#      instance by its own scrape phase, so the pooled value may cross a bucket edge; the pooled
+#      p50 falls where the 8 and 15 ms cadences overlap, on the sim's 1 ms steps, see below);
 #   5. every native-histogram query of the Grafana dashboard returns a number for both points.
 # "Exact" is the nearest rank (the ceil(q*n)-th smallest), the rank histogram_quantile looks for.
 # The sim sleeps on tokio's 1 ms timer, so its gaps come in 1 ms steps; at 8 ms a schema-4 bucket
