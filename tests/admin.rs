@@ -104,7 +104,7 @@ async fn a_health_path_must_answer_2xx() {
     assert_eq!(status, 503);
     assert!(body.contains("GET /health on upstream"), "{body}");
     assert!(body.contains("answered 503"), "{body}");
-    let headers = sick.stats.last_headers.lock().unwrap().clone().unwrap();
+    let headers = sick.seen.lock().unwrap().headers.last().cloned().unwrap();
     assert_eq!(headers["user-agent"], "metronome-readiness");
     proxy.shutdown().await;
 

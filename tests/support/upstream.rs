@@ -94,8 +94,6 @@ pub struct UpstreamStats {
     pub completed: AtomicUsize,
     /// Requests received.
     pub requests: AtomicUsize,
-    /// Headers of the last request.
-    pub last_headers: Mutex<Option<HeaderMap>>,
     /// Data frames hyper has taken from response bodies: how far ahead of the client the
     /// upstream got (the script task is at most one frame ahead of this).
     pub frames_taken: AtomicUsize,
@@ -476,7 +474,6 @@ impl Upstream {
         }
         let n = counter.fetch_add(1, Ordering::Relaxed);
         stats.requests.fetch_add(1, Ordering::SeqCst);
-        *stats.last_headers.lock().unwrap() = Some(req.headers().clone());
         let (parts, body) = req.into_parts();
         let body = body
             .collect()
