@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::config::{ConfigError, Engine, SimConfig, UsageMode};
+use super::config::{
+    ConfigError, Engine, ReasoningField, ResponsesReasoning, SimConfig, ThinkTags, UsageMode,
+};
 use super::replay::Replay;
 use crate::units::parse_duration;
 
@@ -53,6 +55,52 @@ pub struct SimArgs {
     /// The cadence model (boxed: it is most of the flags, and the subcommand enum stays small).
     #[command(flatten)]
     pub cadence: Box<CadenceArgs>,
+
+    /// What each stream outputs besides the answer: reasoning, a think pause, tool calls.
+    #[command(flatten)]
+    pub phases: Box<PhaseArgs>,
+}
+
+/// The flags that give every stream the phases of a reasoning model or an agent: thinking, a
+/// pause, the answer, tool calls. A request body may override each with a `sim_` field.
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Reasoning and tool calls")]
+pub struct PhaseArgs {
+    /// Reasoning tokens before the answer, one token event each (0 = none). A request's
+    /// `sim_reasoning_tokens` sets its own; `thinking_token_budget` (vLLM),
+    /// `chat_template_kwargs.enable_thinking: false`, Anthropic's `thinking`, Ollama's
+    /// `think: false`, Gemini's `thinkingBudget` and Responses' `reasoning.effort: "none"` cap
+    /// or switch them off as those servers do.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub reasoning_tokens: u64,
+
+    /// Extra time between the last reasoning token and the first answer token (e.g. 500ms;
+    /// a request's `sim_think_pause_ms`).
+    #[arg(long, default_value = "0ms", value_parser = parse_duration, value_name = "T")]
+    pub think_pause: Duration,
+
+    /// Tool calls after the answer, in the APIs that have them (chat, Anthropic, Responses,
+    /// Ollama, Gemini); a request's `sim_tool_calls`.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub tool_calls: u64,
+
+    /// Argument tokens of each tool call: one token event each where the API streams arguments,
+    /// one event per call where it sends a call whole (Ollama, Gemini); a request's
+    /// `sim_tool_call_tokens`.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub tool_call_tokens: u64,
+
+    /// How the reasoning travels; a request's `sim_think_tags`.
+    #[arg(long, value_enum, default_value_t = ThinkTags::Parser)]
+    pub think_tags: ThinkTags,
+
+    /// OpenAI chat: the delta field of the reasoning; a request's `sim_reasoning_field`.
+    #[arg(long, value_enum, default_value_t = ReasoningField::ReasoningContent)]
+    pub reasoning_field: ReasoningField,
+
+    /// Responses API: the events of the reasoning; a request's `sim_responses_reasoning`.
+    #[arg(long, value_enum, default_value_t = ResponsesReasoning::Summary)]
+    pub responses_reasoning: ResponsesReasoning,
 }
 
 /// The flags that shape the cadence of every stream: gaps, stalls, contention, speculative
@@ -138,6 +186,7 @@ impl TryFrom<&SimArgs> for SimConfig {
 
     fn try_from(args: &SimArgs) -> Result<Self, Self::Error> {
         let cadence = &args.cadence;
+        let phases = &args.phases;
         let replay = match &args.replay {
             Some(path) => Some(Arc::new(
                 Replay::load(path, &args.model).map_err(|e| ConfigError::new("--replay", e.0))?,
@@ -163,6 +212,13 @@ impl TryFrom<&SimArgs> for SimConfig {
             edge_flush_interval: cadence.edge_flush_ms,
             ttft: cadence.ttft,
             ttft_per_prompt_token: cadence.ttft_per_prompt_token,
+            reasoning_tokens: phases.reasoning_tokens,
+            think_pause: phases.think_pause,
+            tool_calls: phases.tool_calls,
+            tool_call_tokens: phases.tool_call_tokens,
+            think_tags: phases.think_tags,
+            reasoning_field: phases.reasoning_field,
+            responses_reasoning: phases.responses_reasoning,
             engine: cadence.engine,
             prefill_per_token: cadence.prefill_per_token,
             prefill_chunk: cadence.prefill_chunk,
@@ -219,6 +275,37 @@ mod tests {
         assert_eq!(config.stall_at, vec![5, 9]);
         assert_eq!(config.edge_flush_interval, Some(Duration::from_millis(20)));
         assert_eq!(config.usage, UsageMode::Request);
+    }
+
+    #[test]
+    fn phase_flags_are_parsed() {
+        let args = parse(&[
+            "--reasoning-tokens",
+            "40",
+            "--think-pause",
+            "500ms",
+            "--tool-calls",
+            "2",
+            "--tool-call-tokens",
+            "6",
+            "--think-tags",
+            "open-in-prompt",
+            "--reasoning-field",
+            "both",
+            "--responses-reasoning",
+            "text",
+        ])
+        .unwrap();
+        let config = SimConfig::try_from(&args).unwrap();
+        assert_eq!(config.reasoning_tokens, 40);
+        assert_eq!(config.think_pause, Duration::from_millis(500));
+        assert_eq!((config.tool_calls, config.tool_call_tokens), (2, 6));
+        assert_eq!(config.think_tags, ThinkTags::OpenInPrompt);
+        assert_eq!(config.reasoning_field, ReasoningField::Both);
+        assert_eq!(config.responses_reasoning, ResponsesReasoning::Text);
+        let args = parse(&["--tool-call-tokens", "0"]).unwrap();
+        let err = SimConfig::try_from(&args).unwrap_err().to_string();
+        assert!(err.starts_with("--tool-call-tokens"), "{err}");
     }
 
     #[test]

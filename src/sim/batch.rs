@@ -300,7 +300,8 @@ pub(crate) enum SeatWake {
 
 impl BatchSeat {
     /// Seats stream `seq`, whose prompt of `prompt_tokens` arrived at `now` and whose first token
-    /// is `first` (with its stall) as the cadence planned it.
+    /// is `first` (with its stall) as the cadence planned it. A stall or a think pause before a
+    /// token keeps the stream out of the loop's steps until it is over.
     pub(crate) fn join(
         engine: Arc<BatchEngine>,
         seq: u64,
@@ -309,7 +310,7 @@ impl BatchSeat {
         first: Option<(super::cadence::Step, Duration)>,
     ) -> Self {
         engine.join(seq, prompt_tokens, now);
-        let stall_until = first.filter(|(_, s)| !s.is_zero()).map(|(_, s)| now + s);
+        let stall_until = sits_out(first).map(|wait| now + wait);
         BatchSeat {
             engine,
             seq,
@@ -367,7 +368,7 @@ impl BatchSeat {
 
     /// The token after the one just given, planned at `now`; `None` ends the stream's decoding.
     pub(crate) fn plan(&mut self, next: Option<(super::cadence::Step, Duration)>, now: Instant) {
-        self.stall_until = next.filter(|(_, s)| !s.is_zero()).map(|(_, s)| now + s);
+        self.stall_until = sits_out(next).map(|wait| now + wait);
         self.planned = next;
         if next.is_none() {
             self.leave();
@@ -393,6 +394,14 @@ impl Drop for BatchSeat {
             self.engine.leave(self.seq, self.decoding);
         }
     }
+}
+
+/// How long a stream sits out the loop's steps before its planned token: its own stall and the
+/// think pause before the token; `None` when it does not.
+fn sits_out(planned: Option<(super::cadence::Step, Duration)>) -> Option<Duration> {
+    planned
+        .map(|(step, stall)| stall + step.pause)
+        .filter(|wait| !wait.is_zero())
 }
 
 /// `d × n`, saturating.

@@ -1,5 +1,9 @@
 //! When each decode step of a stream happens and how many tokens it yields.
 //!
+//! A step never crosses a boundary of the stream's [`Output`] (reasoning to answer, answer to tool
+//! call, one tool call to the next), so each step has one phase; the first answer step after a
+//! reasoning phase comes a think pause later than its gap.
+//!
 //! Every time is an offset from the moment the request arrived, planned by adding step times, so
 //! the stream can sleep until absolute deadlines and timer lateness never accumulates. Each
 //! stream draws from its own RNG, seeded from the global seed and the stream's sequence number:
@@ -12,6 +16,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
 use super::config::SimConfig;
+use super::phases::{Output, Phase};
 
 /// Spreads sequence numbers over the seed space (the golden-ratio constant of splitmix64).
 const STREAM_SEED_STRIDE: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -27,6 +32,10 @@ pub(crate) struct Step {
     pub tokens: u32,
     /// The step's number (1-based), as `--stall-at` counts token events.
     pub event: u64,
+    /// The phase of the step's tokens.
+    pub phase: Phase,
+    /// The think pause before the step (zero but for the first step after the reasoning).
+    pub pause: Duration,
 }
 
 /// The cadence state of one stream.
@@ -42,8 +51,10 @@ pub(crate) struct StreamCadence {
     events: u64,
     /// Tokens planned so far.
     tokens_done: u64,
-    /// Tokens this stream outputs in all.
-    tokens_total: u64,
+    /// What the stream outputs, phase by phase.
+    output: Output,
+    /// The pause between the last reasoning token and the first answer token.
+    think_pause: Duration,
     /// A stall before this token event of this stream only (the request's `sim_stall_at`).
     own_stall_at: Option<u64>,
 }
@@ -51,17 +62,25 @@ pub(crate) struct StreamCadence {
 // === impl StreamCadence ===
 
 impl StreamCadence {
-    /// The cadence of stream `seq`, which outputs `tokens_total` tokens, the first after `ttft`.
-    pub(crate) fn new(config: &SimConfig, seq: u64, ttft: Duration, tokens_total: u64) -> Self {
+    /// The cadence of stream `seq`, which outputs `output`, the first token after `ttft`.
+    pub(crate) fn new(config: &SimConfig, seq: u64, ttft: Duration, output: Output) -> Self {
         StreamCadence {
             rng: SmallRng::seed_from_u64(config.seed ^ seq.wrapping_mul(STREAM_SEED_STRIDE)),
             ttft,
             offset: Duration::ZERO,
             events: 0,
             tokens_done: 0,
-            tokens_total,
+            output,
+            think_pause: Duration::ZERO,
             own_stall_at: None,
         }
+    }
+
+    /// Pauses `pause` between the last reasoning token and the first answer token (when the
+    /// stream reasons at all).
+    pub(crate) fn with_think_pause(mut self, pause: Duration) -> Self {
+        self.think_pause = pause;
+        self
     }
 
     /// Adds a stall before token event `event` (from 1) of this stream alone.
@@ -73,7 +92,7 @@ impl StreamCadence {
     /// Plans the next step; `active` is the number of streams decoding right now (the
     /// contention load). `None` once every token is planned.
     pub(crate) fn next_step(&mut self, config: &SimConfig, active: u64) -> Option<Step> {
-        if self.tokens_done >= self.tokens_total {
+        if self.tokens_done >= self.output.total() {
             return None;
         }
         let event = self.events + 1;
@@ -83,13 +102,16 @@ impl StreamCadence {
             self.sample_gap(config) + mul(config.contention_k, active)
         };
         wait += self.sample_stall(config, event);
-        let left = self.tokens_total - self.tokens_done;
+        let pause = self.pause_before(self.tokens_done);
+        let left = self.output.run_end(self.tokens_done) - self.tokens_done;
         let tokens = self.sample_step_tokens(config).min(left);
         let step = Step {
-            offset: self.offset + wait,
+            offset: self.offset + wait + pause,
             first_token: self.tokens_done,
             tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
             event,
+            phase: self.output.phase(self.tokens_done),
+            pause,
         };
         self.offset = step.offset;
         self.events = event;
@@ -101,7 +123,7 @@ impl StreamCadence {
     /// loop sets the time: one token, and the stream-local stall before it (zero if none).
     /// `None` once every token is planned.
     pub(crate) fn next_batch_step(&mut self, config: &SimConfig) -> Option<(Step, Duration)> {
-        if self.tokens_done >= self.tokens_total {
+        if self.tokens_done >= self.output.total() {
             return None;
         }
         let event = self.events + 1;
@@ -111,10 +133,23 @@ impl StreamCadence {
             first_token: self.tokens_done,
             tokens: 1,
             event,
+            phase: self.output.phase(self.tokens_done),
+            pause: self.pause_before(self.tokens_done),
         };
         self.events = event;
         self.tokens_done += 1;
         Some((step, stall))
+    }
+
+    /// The think pause before token `token`: only before the first answer token of a stream that
+    /// reasoned.
+    fn pause_before(&self, token: u64) -> Duration {
+        let start = self.output.answer_start();
+        if start > 0 && token == start {
+            self.think_pause
+        } else {
+            Duration::ZERO
+        }
     }
 
     /// The stall before token event `event`: placed (`--stall-at`), drawn (`--stall-prob`),
@@ -164,7 +199,7 @@ mod tests {
     }
 
     fn plan(config: &SimConfig, seq: u64, tokens: u64) -> Vec<Step> {
-        let mut cadence = StreamCadence::new(config, seq, ms(100), tokens);
+        let mut cadence = StreamCadence::new(config, seq, ms(100), Output::answer(tokens));
         std::iter::from_fn(|| cadence.next_step(config, 1)).collect()
     }
 
@@ -242,10 +277,73 @@ mod tests {
             contention_k: ms(2),
             ..SimConfig::default()
         };
-        let mut cadence = StreamCadence::new(&config, 0, ms(0), 3);
+        let mut cadence = StreamCadence::new(&config, 0, ms(0), Output::answer(3));
         let a = cadence.next_step(&config, 5).unwrap();
         let b = cadence.next_step(&config, 5).unwrap();
         assert_eq!(b.offset - a.offset, ms(20));
+    }
+
+    fn reasoning_agent() -> Output {
+        Output {
+            reasoning: 5,
+            content: 4,
+            tool_calls: 2,
+            tool_call_tokens: 3,
+            think_tags: crate::sim::config::ThinkTags::Parser,
+        }
+    }
+
+    #[test]
+    fn the_think_pause_comes_before_the_first_answer_token_only() {
+        let config = SimConfig {
+            gap: ms(10),
+            ..SimConfig::default()
+        };
+        let mut cadence =
+            StreamCadence::new(&config, 0, ms(100), reasoning_agent()).with_think_pause(ms(500));
+        let steps: Vec<Step> = std::iter::from_fn(|| cadence.next_step(&config, 1)).collect();
+        assert_eq!(steps.len(), 5 + 4 + 6);
+        let g = gaps(&steps);
+        // gaps[i] precedes step i + 1; step 5 (token 5) is the first answer token.
+        assert_eq!(g[4], ms(510));
+        assert_eq!(g.iter().filter(|g| **g != ms(10)).count(), 1, "{g:?}");
+        assert_eq!(steps[5].pause, ms(500));
+        let phases: Vec<Phase> = steps.iter().map(|s| s.phase).collect();
+        assert_eq!(&phases[..5], [Phase::Reasoning; 5]);
+        assert_eq!(&phases[5..9], [Phase::Content; 4]);
+        assert_eq!(&phases[9..], [Phase::ToolCall; 6]);
+    }
+
+    #[test]
+    fn speculative_steps_stop_at_every_phase_and_call_boundary() {
+        let config = SimConfig {
+            spec_k: 6,
+            spec_accept: 1.0,
+            ..SimConfig::default()
+        };
+        let mut cadence = StreamCadence::new(&config, 0, ms(0), reasoning_agent());
+        let steps: Vec<(u64, u32)> = std::iter::from_fn(|| cadence.next_step(&config, 1))
+            .map(|s| (s.first_token, s.tokens))
+            .collect();
+        // Every draft accepted: one step per run, cut at 5, 9, 12 and 15.
+        assert_eq!(steps, [(0, 5), (5, 4), (9, 3), (12, 3)]);
+    }
+
+    #[test]
+    fn batch_steps_carry_the_pause_apart_from_the_stall() {
+        let config = SimConfig::default();
+        let mut cadence =
+            StreamCadence::new(&config, 0, ms(0), reasoning_agent()).with_think_pause(ms(200));
+        let steps: Vec<(Step, Duration)> =
+            std::iter::from_fn(|| cadence.next_batch_step(&config)).collect();
+        assert_eq!(steps.len(), 15);
+        let paused: Vec<u64> = steps
+            .iter()
+            .filter(|(s, _)| !s.pause.is_zero())
+            .map(|(s, _)| s.first_token)
+            .collect();
+        assert_eq!(paused, [5]);
+        assert!(steps.iter().all(|(_, stall)| stall.is_zero()));
     }
 
     #[test]

@@ -30,6 +30,44 @@ pub enum Engine {
     Batch,
 }
 
+/// How a stream carries its reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ThinkTags {
+    /// In the API's own reasoning field or block (`reasoning_content`, `thinking_delta`, a
+    /// `thought` part …), as a server with a reasoning parser sends it. The APIs that have no such
+    /// field (completions, TGI's native stream) carry it inline, as `inline` does.
+    #[default]
+    Parser,
+    /// Inside the text, between `<think>` and `</think>`, each tag a token event of its own: a
+    /// model served without a reasoning parser.
+    Inline,
+    /// Inside the text, ending with `</think>` but with no opening tag: a chat template that
+    /// opens the thinking in the prompt.
+    OpenInPrompt,
+}
+
+/// Which delta field OpenAI-compatible chat chunks carry the reasoning in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ReasoningField {
+    /// `delta.reasoning_content`, as vLLM's reasoning parsers, SGLang and DeepSeek send it.
+    #[default]
+    ReasoningContent,
+    /// `delta.reasoning`, the newer vLLM name (and OpenRouter's, llama.cpp's and Ollama's `/v1`).
+    Reasoning,
+    /// Both fields with the same text, as vLLM versions that kept the old name alongside do.
+    Both,
+}
+
+/// Which Responses API events carry the reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ResponsesReasoning {
+    /// `response.reasoning_summary_text.delta`: OpenAI's reasoning models asked for a summary.
+    #[default]
+    Summary,
+    /// `response.reasoning_text.delta`: open-weight models served by vLLM (gpt-oss).
+    Text,
+}
+
 /// Everything the sim needs to answer requests: output length, wire details and the cadence
 /// model. The fields are public so a caller can write
 /// `SimConfig { gap: Duration::from_millis(20), tokens: 40, ..SimConfig::default() }`.
@@ -71,6 +109,21 @@ pub struct SimConfig {
     pub ttft: Duration,
     /// Extra time to first token per prompt token (prompt tokens ≈ prompt bytes / 4).
     pub ttft_per_prompt_token: Duration,
+    /// Reasoning tokens streamed before the answer (0: none). A request may set its own
+    /// (`sim_reasoning_tokens`) or cap them as each API does (`thinking_token_budget` …).
+    pub reasoning_tokens: u64,
+    /// Extra time between the last reasoning token and the first answer token.
+    pub think_pause: Duration,
+    /// Tool calls streamed after the answer, in the APIs that have them.
+    pub tool_calls: u64,
+    /// Argument tokens of each tool call.
+    pub tool_call_tokens: u64,
+    /// How the reasoning travels: in its own field, or inline between think tags.
+    pub think_tags: ThinkTags,
+    /// OpenAI-compatible chat: the delta field of the reasoning.
+    pub reasoning_field: ReasoningField,
+    /// Responses API: the events of the reasoning.
+    pub responses_reasoning: ResponsesReasoning,
     /// Who sets the time of tokens: each stream, or one shared decode loop (`--engine batch`).
     pub engine: Engine,
     /// `--engine batch`: what each prompt token prefilled in a step adds to that step.
@@ -109,6 +162,13 @@ impl Default for SimConfig {
             edge_flush_interval: None,
             ttft: Duration::from_millis(100),
             ttft_per_prompt_token: Duration::ZERO,
+            reasoning_tokens: 0,
+            think_pause: Duration::ZERO,
+            tool_calls: 0,
+            tool_call_tokens: 8,
+            think_tags: ThinkTags::Parser,
+            reasoning_field: ReasoningField::ReasoningContent,
+            responses_reasoning: ResponsesReasoning::Summary,
             engine: Engine::Stream,
             prefill_per_token: Duration::from_micros(100),
             prefill_chunk: 0,
@@ -149,6 +209,9 @@ impl SimConfig {
         }
         if self.max_tokens_cap == 0 {
             return Err(ConfigError::new("--max-tokens-cap", "must be at least 1"));
+        }
+        if self.tool_call_tokens == 0 {
+            return Err(ConfigError::new("--tool-call-tokens", "must be at least 1"));
         }
         if self.coalesce == 0 {
             return Err(ConfigError::new("--coalesce", "must be at least 1"));

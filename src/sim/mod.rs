@@ -1,17 +1,19 @@
-//! `metronome sim`: an OpenAI-compatible (and TGI- and Anthropic-shaped) streaming server whose
-//! cadence you set, so the proxy and the probe can be tested against a known truth.
+//! `metronome sim`: a streaming server in the shapes of the APIs metronome reads (OpenAI chat and
+//! completions, TGI, Anthropic, the Responses API, Ollama, Gemini) whose cadence and phases you
+//! set, so the proxy and the probe can be tested against a known truth.
 //!
 //! Module map, in the order a request meets them:
 //!
 //! - [`args`] and [`config`]: the command line and the plain [`SimConfig`] it becomes.
 //! - `server`: the accept loop, one task per connection, graceful shutdown.
 //! - `routes` and `request`: which path does what; what is read from a request body.
+//! - `phases`: what a stream outputs: reasoning, the answer and tool calls, token by token.
 //! - `cadence`: when each decode step happens and how many tokens it yields (seeded).
 //! - `batch`: `--engine batch`, one decode loop for the whole server whose prefills hold
 //!   every stream's step.
 //! - `stream`: the response body that writes steps into frames on that schedule, coalescing and
 //!   buffering as configured.
-//! - `shapes`: the wire formats (vLLM's OpenAI chunks, TGI, Anthropic).
+//! - `shapes`: the wire formats, one module per API.
 //! - [`replay`]: `--replay`, a captured `/streams/{id}` timeline played back frame for frame.
 //! - [`stats`] and `timeline`: what was served, live (counters) and exactly (frame send times).
 
@@ -19,6 +21,7 @@ pub mod args;
 mod batch;
 mod cadence;
 pub mod config;
+mod phases;
 pub mod replay;
 mod request;
 mod routes;
@@ -37,8 +40,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use args::{CadenceArgs, SimArgs};
-pub use config::{ConfigError, Engine, SimConfig, UsageMode};
+pub use args::{CadenceArgs, PhaseArgs, SimArgs};
+pub use config::{
+    ConfigError, Engine, ReasoningField, ResponsesReasoning, SimConfig, ThinkTags, UsageMode,
+};
 pub use routes::STREAM_HEADER;
 pub use server::serve_with_stats;
 pub use stats::{SimStats, SimStatsSnapshot};

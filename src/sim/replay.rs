@@ -433,6 +433,14 @@ impl ReplayBody {
     }
 
     fn record_frame(&self, tokens: u32) {
+        // A replay writes every token event as answer text.
+        let phases = super::stream::PhaseEvents {
+            content: tokens,
+            ..Default::default()
+        };
+        if tokens > 0 {
+            self.shared.stats.served(phases);
+        }
         let Some(timeline) = &self.shared.timeline else {
             return;
         };
@@ -441,11 +449,13 @@ impl ReplayBody {
             stream: self.seq,
             event: self.sent_tokens,
             events: tokens,
+            phases,
             tokens,
             t_us,
             unix_us: self.received_unix_us + t_us,
             held_us: 0,
             stalled_us: 0,
+            paused_us: 0,
         });
     }
 }

@@ -12,6 +12,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::cadence::StreamCadence;
+use super::config::SimConfig;
+use super::phases::Output;
 use super::replay::ReplayBody;
 use super::request::{self, GenRequest};
 use super::server::SimShared;
@@ -27,29 +29,38 @@ const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 /// measurement with the sim's timeline.
 pub const STREAM_HEADER: &str = "x-sim-stream";
 
+/// The paths the sim serves, for a clear 405 on the wrong method.
+const KNOWN_PATHS: [&str; 8] = [
+    "/health",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/generate_stream",
+    "/v1/messages",
+    "/v1/responses",
+    "/api/chat",
+];
+
 /// Answers one request.
 pub(crate) async fn handle(
     shared: Arc<SimShared>,
     req: Request<hyper::body::Incoming>,
 ) -> Result<Response<SimBody>, Infallible> {
     let start = Instant::now();
-    let api = match (req.method(), req.uri().path()) {
+    let path = req.uri().path();
+    let gemini = gemini_method(path);
+    let api = match (req.method(), path) {
         (&Method::GET, "/health") => return Ok(full(StatusCode::OK, "text/plain", "ok")),
         (&Method::GET, "/v1/models") => return Ok(models(&shared)),
         (&Method::POST, "/v1/chat/completions") => Api::Chat,
         (&Method::POST, "/v1/completions") => Api::Completions,
         (&Method::POST, "/generate_stream") => Api::Tgi,
         (&Method::POST, "/v1/messages") => Api::Anthropic,
+        (&Method::POST, "/v1/responses") => Api::Responses,
+        (&Method::POST, "/api/chat") => Api::Ollama,
+        (&Method::POST, _) if gemini.is_some() => Api::Gemini,
         (method, path) => {
-            let known = matches!(
-                path,
-                "/health"
-                    | "/v1/models"
-                    | "/v1/chat/completions"
-                    | "/v1/completions"
-                    | "/generate_stream"
-                    | "/v1/messages"
-            );
+            let known = KNOWN_PATHS.contains(&path) || gemini.is_some();
             let (status, kind) = if known {
                 (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
             } else {
@@ -59,6 +70,16 @@ pub(crate) async fn handle(
             return Ok(error(Api::Chat, status, kind, &message));
         }
     };
+    let gemini_stream = gemini == Some(GeminiMethod::Stream);
+    if gemini_stream && !query_has(req.uri().query(), "alt=sse") {
+        let message = "The sim streams Gemini as server-sent events only: add `?alt=sse`.";
+        return Ok(error(
+            api,
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            message,
+        ));
+    }
     let body = match Limited::new(req.into_body(), MAX_REQUEST_BYTES)
         .collect()
         .await
@@ -75,7 +96,10 @@ pub(crate) async fn handle(
         }
     };
     let request = match request::parse(api, &body) {
-        Ok(request) => request,
+        Ok(request) => GenRequest {
+            stream: request.stream || gemini_stream,
+            ..request
+        },
         Err(e) => {
             return Ok(error(
                 api,
@@ -86,6 +110,34 @@ pub(crate) async fn handle(
         }
     };
     Ok(generate(shared, api, request, start).await)
+}
+
+/// Gemini's two generation methods, named at the end of the model's path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GeminiMethod {
+    /// `:streamGenerateContent`.
+    Stream,
+    /// `:generateContent`.
+    Whole,
+}
+
+/// The Gemini method of `/v1beta/models/{model}:{method}` (or `/v1/models/…`), if the path is one.
+fn gemini_method(path: &str) -> Option<GeminiMethod> {
+    let model = path
+        .strip_prefix("/v1beta/models/")
+        .or_else(|| path.strip_prefix("/v1/models/"))?;
+    if model.ends_with(":streamGenerateContent") {
+        Some(GeminiMethod::Stream)
+    } else if model.ends_with(":generateContent") {
+        Some(GeminiMethod::Whole)
+    } else {
+        None
+    }
+}
+
+/// Whether the query string has the parameter `pair` (`alt=sse`).
+fn query_has(query: Option<&str>, pair: &str) -> bool {
+    query.is_some_and(|q| q.split('&').any(|p| p == pair))
 }
 
 /// Starts a generation: a stream body, or (not streamed) the whole answer after its time.
@@ -119,16 +171,20 @@ async fn generate(
             received_unix_us,
             seq,
         );
-        return event_stream(SimBody::Replay(Box::new(body)), seq);
+        return streamed(SimBody::Replay(Box::new(body)), "text/event-stream", seq);
     }
     let wanted = request.max_tokens.unwrap_or(config.tokens).max(1);
     let tokens = wanted.min(config.max_tokens_cap);
-    let finish = if request.max_tokens.is_some() || wanted > tokens {
+    let output = plan_output(config, api, &request, tokens);
+    let finish = if output.tool_calls > 0 {
+        Finish::ToolCalls
+    } else if request.max_tokens.is_some() || wanted > tokens {
         Finish::Length
     } else {
         Finish::Stop
     };
     let prompt_tokens = request.prompt_tokens();
+    let phases = &request.phases;
     let wire = Wire {
         api,
         seq,
@@ -136,7 +192,7 @@ async fn generate(
         model_json: shared.model_json.clone(),
         word_seed: config.seed ^ seq.rotate_left(32),
         prompt_tokens,
-        completion_tokens: tokens,
+        output,
         finish,
         usage: match config.usage {
             super::UsageMode::Always => true,
@@ -144,13 +200,20 @@ async fn generate(
             super::UsageMode::Never => false,
         },
         continuous_usage: request.continuous_usage,
+        reasoning_field: phases.reasoning_field.unwrap_or(config.reasoning_field),
+        responses_reasoning: phases
+            .responses_reasoning
+            .unwrap_or(config.responses_reasoning),
+        written: 0,
     };
     let prompt_cost = config
         .ttft_per_prompt_token
         .checked_mul(u32::try_from(prompt_tokens).unwrap_or(u32::MAX))
         .unwrap_or(Duration::MAX);
     let ttft = config.ttft.saturating_add(prompt_cost);
-    let cadence = StreamCadence::new(config, seq, ttft, tokens).with_stall_at(request.stall_at);
+    let cadence = StreamCadence::new(config, seq, ttft, output)
+        .with_stall_at(request.stall_at)
+        .with_think_pause(phases.think_pause.unwrap_or(config.think_pause));
     if request.stream {
         let stream = SimStream::new(
             shared.clone(),
@@ -160,20 +223,51 @@ async fn generate(
             start,
             received_unix_us,
         );
-        return event_stream(SimBody::Stream(Box::new(stream)), seq);
+        let content_type = api.stream_content_type();
+        return streamed(SimBody::Stream(Box::new(stream)), content_type, seq);
     }
     whole_answer(&shared, wire, cadence, guard, start).await
 }
 
-/// The head of a streamed answer (generated or replayed): SSE, not cached, and the stream's
-/// sequence number in [`STREAM_HEADER`].
-fn event_stream(body: SimBody, seq: u64) -> Response<SimBody> {
+/// What a stream outputs: `content` answer tokens, and the reasoning and tool calls the flags or
+/// the request ask for (each at most `--max-tokens-cap`), in the shape the API can carry.
+fn plan_output(config: &SimConfig, api: Api, request: &GenRequest, content: u64) -> Output {
+    let phases = &request.phases;
+    let cap = config.max_tokens_cap;
+    let mut reasoning = phases
+        .reasoning_tokens
+        .unwrap_or(config.reasoning_tokens)
+        .min(cap);
+    if let Some(budget) = phases.reasoning_budget {
+        reasoning = reasoning.min(budget);
+    }
+    let tool_call_tokens = phases
+        .tool_call_tokens
+        .unwrap_or(config.tool_call_tokens)
+        .clamp(1, cap);
+    let tool_calls = if api.has_tool_calls() {
+        phases
+            .tool_calls
+            .unwrap_or(config.tool_calls)
+            .min(cap / tool_call_tokens)
+    } else {
+        0
+    };
+    Output {
+        reasoning,
+        content,
+        tool_calls,
+        tool_call_tokens,
+        think_tags: api.think_tags(phases.think_tags.unwrap_or(config.think_tags)),
+    }
+}
+
+/// The head of a streamed answer (generated or replayed): `content_type` (SSE, or Ollama's
+/// NDJSON), not cached, and the stream's sequence number in [`STREAM_HEADER`].
+fn streamed(body: SimBody, content_type: &'static str, seq: u64) -> Response<SimBody> {
     let mut response = Response::new(body);
     let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert(STREAM_HEADER, HeaderValue::from(seq));
     response
@@ -191,57 +285,7 @@ async fn whole_answer(
         tokio::time::sleep_until(start + step.offset).await;
     }
     guard.complete();
-    let model = &shared.config.model;
-    let text = wire.text();
-    let (prompt, output) = (wire.prompt_tokens, wire.completion_tokens);
-    let usage = json!({
-        "prompt_tokens": prompt,
-        "total_tokens": prompt + output,
-        "completion_tokens": output,
-    });
-    let openai_reason = match wire.finish {
-        Finish::Stop => "stop",
-        Finish::Length => "length",
-    };
-    let body = match wire.api {
-        Api::Chat => json!({
-            "id": wire.id(),
-            "object": "chat.completion",
-            "created": wire.created,
-            "model": model,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": null,
-                "finish_reason": openai_reason,
-            }],
-            "usage": usage,
-        }),
-        Api::Completions => json!({
-            "id": wire.id(),
-            "object": "text_completion",
-            "created": wire.created,
-            "model": model,
-            "choices": [{
-                "index": 0,
-                "text": text,
-                "logprobs": null,
-                "finish_reason": openai_reason,
-            }],
-            "usage": usage,
-        }),
-        Api::Anthropic => json!({
-            "id": wire.id(),
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": if wire.finish == Finish::Stop { "end_turn" } else { "max_tokens" },
-            "stop_sequence": null,
-            "usage": {"input_tokens": prompt, "output_tokens": output},
-        }),
-        Api::Tgi => json!({ "generated_text": text }),
-    };
+    let body = wire.whole_body(&shared.config.model);
     let mut response = json_response(StatusCode::OK, &body);
     response
         .headers_mut()
@@ -269,6 +313,10 @@ fn error(api: Api, status: StatusCode, kind: &str, message: &str) -> Response<Si
         Api::Anthropic => json!({
             "type": "error",
             "error": {"type": kind, "message": message},
+        }),
+        Api::Ollama => json!({ "error": message }),
+        Api::Gemini => json!({
+            "error": {"code": status.as_u16(), "message": message, "status": "INVALID_ARGUMENT"},
         }),
         _ => json!({
             "error": {"message": message, "type": kind, "param": null, "code": status.as_u16()},
@@ -303,5 +351,8 @@ fn path_of(api: Api) -> &'static str {
         Api::Completions => "/v1/completions",
         Api::Tgi => "/generate_stream",
         Api::Anthropic => "/v1/messages",
+        Api::Responses => "/v1/responses",
+        Api::Ollama => "/api/chat",
+        Api::Gemini => "/v1beta/models/*:streamGenerateContent",
     }
 }

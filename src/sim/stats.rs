@@ -1,8 +1,11 @@
 //! What the sim has served, readable while it runs: the proxy's tests use it to see that the
-//! upstream really stopped working on a stream its client abandoned.
+//! upstream really stopped working on a stream its client abandoned, and the token events of each
+//! phase it handed over, the truth a measurement of phases is checked against.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use super::stream::PhaseEvents;
 
 /// Counters of generation requests (streaming or not), updated by the server with atomics only,
 /// so streams never share a lock.
@@ -16,6 +19,12 @@ pub struct SimStats {
     completed: AtomicU64,
     /// Requests dropped before their output was complete (the client went away).
     cancelled: AtomicU64,
+    /// Reasoning token events handed to connections.
+    reasoning_events: AtomicU64,
+    /// Answer token events handed to connections.
+    content_events: AtomicU64,
+    /// Tool-call token events handed to connections.
+    tool_call_events: AtomicU64,
 }
 
 /// A copy of [`SimStats`] at one moment.
@@ -29,6 +38,12 @@ pub struct SimStatsSnapshot {
     pub completed: u64,
     /// Requests dropped before their output was complete.
     pub cancelled: u64,
+    /// Reasoning token events handed to connections.
+    pub reasoning_events: u64,
+    /// Answer token events handed to connections.
+    pub content_events: u64,
+    /// Tool-call token events handed to connections.
+    pub tool_call_events: u64,
 }
 
 // === impl SimStats ===
@@ -56,11 +71,28 @@ impl SimStats {
 
     /// All counters at once (each read on its own; they may be a moment apart).
     pub fn snapshot(&self) -> SimStatsSnapshot {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         SimStatsSnapshot {
             active: self.active(),
             started: self.started(),
             completed: self.completed(),
             cancelled: self.cancelled(),
+            reasoning_events: load(&self.reasoning_events),
+            content_events: load(&self.content_events),
+            tool_call_events: load(&self.tool_call_events),
+        }
+    }
+
+    /// Counts token events handed to a connection, by phase.
+    pub(crate) fn served(&self, events: PhaseEvents) {
+        for (counter, n) in [
+            (&self.reasoning_events, events.reasoning),
+            (&self.content_events, events.content),
+            (&self.tool_call_events, events.tool_call),
+        ] {
+            if n > 0 {
+                counter.fetch_add(u64::from(n), Ordering::Relaxed);
+            }
         }
     }
 }
@@ -127,7 +159,32 @@ mod tests {
             started: 2,
             completed: 1,
             cancelled: 1,
+            ..SimStatsSnapshot::default()
         };
         assert_eq!(stats.snapshot(), expected);
+    }
+
+    #[test]
+    fn served_token_events_are_counted_by_phase() {
+        let stats = SimStats::default();
+        stats.served(PhaseEvents {
+            reasoning: 2,
+            content: 1,
+            tool_call: 0,
+        });
+        stats.served(PhaseEvents {
+            reasoning: 0,
+            content: 3,
+            tool_call: 4,
+        });
+        let snap = stats.snapshot();
+        assert_eq!(
+            (
+                snap.reasoning_events,
+                snap.content_events,
+                snap.tool_call_events
+            ),
+            (2, 4, 4)
+        );
     }
 }

@@ -20,6 +20,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::batch::{BatchSeat, SeatWake};
 use super::cadence::{Step, StreamCadence};
+use super::phases::Phase;
 use super::replay::ReplayBody;
 use super::server::SimShared;
 use super::shapes::Wire;
@@ -41,6 +42,38 @@ pub(crate) enum SimBody {
     Replay(Box<ReplayBody>),
 }
 
+/// Token events of each phase, in a frame or served in all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PhaseEvents {
+    /// Reasoning token events.
+    pub reasoning: u32,
+    /// Answer token events.
+    pub content: u32,
+    /// Tool-call token events.
+    pub tool_call: u32,
+}
+
+// === impl PhaseEvents ===
+
+impl PhaseEvents {
+    /// Counts `events` token events of `phase`.
+    fn add(&mut self, phase: Phase, events: u32) {
+        let slot = match phase {
+            Phase::Reasoning => &mut self.reasoning,
+            Phase::Content => &mut self.content,
+            Phase::ToolCall => &mut self.tool_call,
+        };
+        *slot += events;
+    }
+
+    /// Adds another count to this one.
+    fn merge(&mut self, other: PhaseEvents) {
+        self.reasoning += other.reasoning;
+        self.content += other.content;
+        self.tool_call += other.tool_call;
+    }
+}
+
 /// What one frame holds, for the timeline.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct FrameMeta {
@@ -48,12 +81,41 @@ struct FrameMeta {
     first_event: u64,
     /// Token events in the frame.
     events: u32,
+    /// The frame's token events by phase (they add up to `events`).
+    phases: PhaseEvents,
     /// Tokens in the frame.
     tokens: u32,
     /// `--engine batch`: other requests' prefill in the gap before the frame's token event.
     held: Duration,
     /// The stream's own stall in that gap (`--engine batch`).
     stalled: Duration,
+    /// The think pause in that gap.
+    paused: Duration,
+}
+
+// === impl FrameMeta ===
+
+impl FrameMeta {
+    /// Adds what another write holds (the edge gathers several into one frame).
+    fn merge(&mut self, other: &FrameMeta) {
+        self.events += other.events;
+        self.phases.merge(other.phases);
+        self.tokens += other.tokens;
+        self.held += other.held;
+        self.stalled += other.stalled;
+        self.paused += other.paused;
+    }
+}
+
+/// What happened in the gap before the next token event, gathered until a step writes one: the
+/// batch's hold and the stream's stall, the think pause, and the tokens of steps that wrote
+/// nothing (inside a tool call that the API sends whole).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct GapTruth {
+    held: Duration,
+    stalled: Duration,
+    paused: Duration,
+    unsent_tokens: u32,
 }
 
 /// Bytes written but not yet handed on, with what they hold.
@@ -67,7 +129,7 @@ struct Pending {
 
 /// Where a stream is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
+enum Progress {
     /// Decode steps are still to come.
     Generating,
     /// Everything is written; frames may still wait in the queue.
@@ -104,11 +166,11 @@ pub(crate) struct SimStream {
     ready: VecDeque<(Bytes, FrameMeta)>,
     /// Spare buffer space that frames are split from.
     arena: BytesMut,
-    phase: Phase,
+    progress: Progress,
     /// `--engine batch`: the stream's place in the shared loop, which sets its tokens' time.
     batch: Option<BatchSeat>,
-    /// The batch's hold and the stream's stall in the gap before the token being written.
-    gap_truth: (Duration, Duration),
+    /// What happened in the gap before the next token event.
+    gap_truth: GapTruth,
 }
 
 // === impl SimBody ===
@@ -135,7 +197,7 @@ impl Body for SimBody {
     fn is_end_stream(&self) -> bool {
         match self {
             SimBody::Full(bytes) => bytes.is_none(),
-            SimBody::Stream(stream) => stream.phase == Phase::Done,
+            SimBody::Stream(stream) => stream.progress == Progress::Done,
             SimBody::Replay(replay) => replay.is_end_stream(),
         }
     }
@@ -188,9 +250,9 @@ impl SimStream {
             edge_flushed: start,
             ready: VecDeque::with_capacity(4),
             arena: BytesMut::new(),
-            phase: Phase::Generating,
+            progress: Progress::Generating,
             batch,
-            gap_truth: (Duration::ZERO, Duration::ZERO),
+            gap_truth: GapTruth::default(),
         }
     }
 
@@ -199,17 +261,17 @@ impl SimStream {
         loop {
             if let Some((bytes, meta)) = self.ready.pop_front() {
                 self.record_frame(meta);
-                if self.ready.is_empty() && self.phase == Phase::Written {
-                    self.phase = Phase::Done;
+                if self.ready.is_empty() && self.progress == Progress::Written {
+                    self.progress = Progress::Done;
                     self.guard.complete();
                 }
                 return Poll::Ready(Some(bytes));
             }
-            if self.phase != Phase::Generating {
-                if self.phase == Phase::Written {
+            if self.progress != Progress::Generating {
+                if self.progress == Progress::Written {
                     // Nothing at all was written (cannot happen: every stream has a trailer),
                     // but end cleanly rather than hang.
-                    self.phase = Phase::Done;
+                    self.progress = Progress::Done;
                     self.guard.complete();
                 }
                 return Poll::Ready(None);
@@ -258,9 +320,10 @@ impl SimStream {
                     held,
                     stalled,
                 } => {
-                    self.gap_truth = (held, stalled);
+                    self.gap_truth.held += held;
+                    self.gap_truth.stalled += stalled;
                     self.decode_step(step, now);
-                    let next = if self.phase == Phase::Generating {
+                    let next = if self.progress == Progress::Generating {
                         self.cadence.next_batch_step(&self.shared.config)
                     } else {
                         None
@@ -294,8 +357,7 @@ impl SimStream {
 
     /// Writes one decode step (with the preamble before the first, the trailer after the last).
     fn decode_step(&mut self, step: Step, now: Instant) {
-        let config = &self.shared.config;
-        let coalesce = config.coalesce;
+        let coalesce = self.shared.config.coalesce;
         if step.event == 1 {
             for i in 0..self.wire.preamble_len() {
                 self.wire.write_preamble(i, reserve(&mut self.arena, 256));
@@ -304,31 +366,40 @@ impl SimStream {
                 self.emit(bytes, meta, now);
             }
         }
-        let events = self.wire.events_per_step(step.tokens);
         if self.server.bytes.is_empty() {
             self.server.meta = self.meta_without_events();
         }
-        self.wire.write_step(
+        self.gap_truth.paused += step.pause;
+        let events = self.wire.write_step(
             step.first_token,
             step.tokens,
-            reserve(&mut self.server.bytes, 64 + 32 * step.tokens as usize),
+            reserve(&mut self.server.bytes, 256 + 32 * step.tokens as usize),
         );
-        self.server.meta.events += events;
-        self.server.meta.tokens += step.tokens;
-        let (held, stalled) = std::mem::take(&mut self.gap_truth);
-        self.server.meta.held += held;
-        self.server.meta.stalled += stalled;
+        if events == 0 {
+            self.gap_truth.unsent_tokens += step.tokens;
+        } else {
+            let truth = std::mem::take(&mut self.gap_truth);
+            let meta = &mut self.server.meta;
+            meta.events += events;
+            meta.phases.add(step.phase, events);
+            meta.tokens += step.tokens + truth.unsent_tokens;
+            meta.held += truth.held;
+            meta.stalled += truth.stalled;
+            meta.paused += truth.paused;
+            self.events += u64::from(events);
+        }
         self.server.steps += 1;
-        self.events += u64::from(events);
-        let last = step.first_token + u64::from(step.tokens) >= self.wire.completion_tokens;
+        let last = step.first_token + u64::from(step.tokens) >= self.wire.output.total();
         if self.server.steps >= coalesce || last {
             self.server.steps = 0;
-            let bytes = self.server.bytes.split().freeze();
-            self.emit(bytes, self.server.meta, now);
+            if !self.server.bytes.is_empty() {
+                let bytes = self.server.bytes.split().freeze();
+                self.emit(bytes, self.server.meta, now);
+            }
         }
         if last {
             for i in 0..self.wire.trailer_len() {
-                let size = 256 + if i == 0 { self.tgi_text_bytes() } else { 0 };
+                let size = self.wire.trailer_size_hint(i);
                 self.wire.write_trailer(i, reserve(&mut self.arena, size));
                 let bytes = self.arena.split().freeze();
                 let meta = self.meta_without_events();
@@ -336,7 +407,7 @@ impl SimStream {
             }
             self.flush_edge(now);
             self.next = None;
-            self.phase = Phase::Written;
+            self.progress = Progress::Written;
         } else if self.batch.is_none() {
             self.next = self
                 .cadence
@@ -354,10 +425,7 @@ impl SimStream {
         if self.edge.bytes.is_empty() {
             self.edge.meta = meta;
         } else {
-            self.edge.meta.events += meta.events;
-            self.edge.meta.tokens += meta.tokens;
-            self.edge.meta.held += meta.held;
-            self.edge.meta.stalled += meta.stalled;
+            self.edge.meta.merge(&meta);
         }
         self.edge.bytes.extend_from_slice(&bytes);
         let full = config
@@ -385,20 +453,15 @@ impl SimStream {
     fn meta_without_events(&self) -> FrameMeta {
         FrameMeta {
             first_event: self.events,
-            events: 0,
-            tokens: 0,
-            held: Duration::ZERO,
-            stalled: Duration::ZERO,
+            ..FrameMeta::default()
         }
     }
 
-    /// Room TGI's final event needs for `generated_text`.
-    fn tgi_text_bytes(&self) -> usize {
-        usize::try_from(self.wire.completion_tokens).unwrap_or(0) * 8
-    }
-
-    /// Logs a frame handed to hyper, if a timeline is kept.
+    /// Counts a frame handed to hyper, and logs it if a timeline is kept.
     fn record_frame(&self, meta: FrameMeta) {
+        if meta.events > 0 {
+            self.shared.stats.served(meta.phases);
+        }
         let Some(timeline) = &self.shared.timeline else {
             return;
         };
@@ -407,11 +470,13 @@ impl SimStream {
             stream: self.wire.seq,
             event: meta.first_event,
             events: meta.events,
+            phases: meta.phases,
             tokens: meta.tokens,
             t_us,
             unix_us: self.received_unix_us + t_us,
             held_us: micros(meta.held),
             stalled_us: micros(meta.stalled),
+            paused_us: micros(meta.paused),
         });
     }
 }

@@ -14,6 +14,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use super::stream::PhaseEvents;
+
 /// Records that may wait for the writer before new ones are dropped.
 const CHANNEL_RECORDS: usize = 64 * 1024;
 
@@ -38,6 +40,9 @@ pub(crate) enum Record {
         event: u64,
         /// Token events in the frame.
         events: u32,
+        /// The frame's token events by phase (`reasoning_events`, `content_events`,
+        /// `tool_call_events`, each written when not 0; in that order within the frame).
+        phases: PhaseEvents,
         /// Tokens in the frame.
         tokens: u32,
         /// Microseconds since the request arrived.
@@ -50,6 +55,8 @@ pub(crate) enum Record {
         /// Of the same gap, the stream's own stall (`--stall-prob`, `--stall-at`; written when
         /// not 0).
         stalled_us: u64,
+        /// Of the same gap, the think pause (`--think-pause`; written when not 0).
+        paused_us: u64,
     },
     /// `--engine batch`: a step of the shared loop prefilled part or all of a stream's prompt.
     Prefill {
@@ -175,21 +182,28 @@ fn format_record(line: &mut Vec<u8>, record: Record) -> std::io::Result<()> {
             stream,
             event,
             events,
+            phases,
             tokens,
             t_us,
             unix_us,
             held_us,
             stalled_us,
+            paused_us,
         } => {
             write!(
                 line,
                 r#"{{"stream":{stream},"event":{event},"events":{events},"tokens":{tokens},"t_us":{t_us},"unix_us":{unix_us}"#
             )?;
-            if held_us > 0 {
-                write!(line, r#","held_us":{held_us}"#)?;
-            }
-            if stalled_us > 0 {
-                write!(line, r#","stalled_us":{stalled_us}"#)?;
+            let optional = [
+                ("reasoning_events", u64::from(phases.reasoning)),
+                ("content_events", u64::from(phases.content)),
+                ("tool_call_events", u64::from(phases.tool_call)),
+                ("held_us", held_us),
+                ("stalled_us", stalled_us),
+                ("paused_us", paused_us),
+            ];
+            for (key, value) in optional.into_iter().filter(|(_, v)| *v > 0) {
+                write!(line, r#","{key}":{value}"#)?;
             }
             writeln!(line, "}}")
         }
@@ -224,11 +238,17 @@ mod tests {
                 stream: 1,
                 event: i,
                 events: 1,
+                phases: PhaseEvents {
+                    reasoning: u32::from(i < 10),
+                    content: u32::from(i >= 10),
+                    tool_call: 0,
+                },
                 tokens: 1,
                 t_us: 1000 * i,
                 unix_us: 10 + 1000 * i,
                 held_us: 0,
                 stalled_us: i,
+                paused_us: if i == 10 { 500_000 } else { 0 },
             });
         }
         assert_eq!(writer.finish().await.unwrap(), 101);
@@ -244,5 +264,10 @@ mod tests {
         assert_eq!(lines[100]["stalled_us"], 99);
         assert!(lines[100].get("held_us").is_none(), "0 is not written");
         assert!(lines[1].get("stalled_us").is_none());
+        assert_eq!(lines[10]["reasoning_events"], 1);
+        assert!(lines[10].get("content_events").is_none());
+        assert_eq!(lines[11]["content_events"], 1);
+        assert_eq!(lines[11]["paused_us"], 500_000);
+        assert!(lines[12].get("paused_us").is_none());
     }
 }
