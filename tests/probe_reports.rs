@@ -306,8 +306,8 @@ fn a_model_list_that_answers_401_still_writes_every_report_with_the_cause() {
         "no --model given, and none could be found"
     );
     let cause = failure["causes"][0].as_str().unwrap();
-    has(&cause, "/v1/models answered 401: ");
-    has(&cause, "Incorrect API key provided: Bearer ***");
+    has(cause, "/v1/models answered 401: ");
+    has(cause, "Incorrect API key provided: Bearer ***");
     assert_eq!(
         json["meta"]["url"],
         format!("{}/v1/chat/completions", server.url)
