@@ -88,9 +88,11 @@ $BIN probe --url "http://127.0.0.1:$PROXY_PORT/v1/chat/completions" --requests 6
 python3 - "$WORK/probe.json" <<'PY' || fail "probe JSON keys"
 import json, sys
 report = json.load(open(sys.argv[1]))
-keys = {"requests","errors","ttft_ms","itl_ms","tokens_per_second","stall_pct","jank_ratio","stream_jank_ratio","verdict","reading_bands","throughput","meta"}
+keys = {"requests","errors","ttft_ms","itl_ms","tokens_per_second","stall_pct","stalled_streams_pct","jank_ratio","stream_jank_ratio","verdict","reading_bands","throughput","meta","gates","result"}
 assert set(report) == keys, sorted(report)
 assert report["requests"] == 6 and report["errors"] == 0, report
+assert [g["result"] for g in report["gates"]] == ["pass"] * 3, report["gates"]
+assert report["result"]["exit_code"] == 0 and report["result"]["headline"] == report["verdict"], report["result"]
 PY
 pass "probe through metronome: 6 streams, gates errors<1 itl_p50<100ms stall_pct>1 hold"
 $BIN probe --url "http://127.0.0.1:$PROXY_PORT/v1/chat/completions" --requests 2 --max-tokens 12 \

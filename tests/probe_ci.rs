@@ -91,6 +91,33 @@ fn progress_lines_off_a_terminal() {
 }
 
 #[test]
+fn progress_counts_the_streams_in_flight_before_any_ends() {
+    // 4 streams of about 3 s, all at once: the first line, a second in, has none done and all
+    // four in flight.
+    let server = Upstream::sse()
+        .tokens(10)
+        .every(ms(300))
+        .start_in_background();
+    let output = probe(&[
+        "--url",
+        &server.url(),
+        "-n",
+        "4",
+        "-c",
+        "4",
+        "--progress-interval",
+        "1s",
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let err = stderr(&output);
+    let first = err.lines().find(|l| l.starts_with("progress ")).unwrap();
+    assert!(
+        first.contains(": 0 done, 4 in flight, 0 failed, "),
+        "{first}"
+    );
+}
+
+#[test]
 fn goodput_and_its_gate() {
     // Every stream: TTFT about 30 ms, e2el about 210 ms, tpot about 20 ms.
     let server = steady();
@@ -430,6 +457,12 @@ fn a_rate_sweep_reports_a_row_per_rate() {
     assert!(rows
         .iter()
         .all(|r| r["requests"] == 3 && r["meta"]["load"] == "open"));
+    // Each rate has its gates and result; the sweep's result is theirs together.
+    assert!(rows
+        .iter()
+        .all(|r| r["gates"][0]["gate"] == "errors<1" && r["gates"][0]["result"] == "pass"));
+    assert_eq!(report["result"]["exit_code"], 0);
+    assert_eq!(report["result"]["gates_passed"], 2);
     let table = std::fs::read_to_string(&md).unwrap();
     assert!(
         table.contains("| rate 5/s | 3 | 0 |") && table.contains("| rate 20/s | 3 | 0 |"),

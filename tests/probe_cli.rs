@@ -52,10 +52,10 @@ fn upstream() -> RunningUpstream {
 /// Every gate, with a bound the scripted upstream passes.
 const PASSING: &str = "tps_p50>5,tps_p5>2,itl_p50<150ms,itl_p95<5s,itl_p99<5s,itl_max<5s,\
 ttft_p50<3s,ttft_p95<3s,ttft_p99<3s,ttft_max<3s,jank<1000,stream_jank_p50<1000,\
-stream_jank_p95<1000,stall_pct>1,stall_pct<50,errors<1";
+stream_jank_p95<1000,stall_pct>1,stall_pct<50,stalled_streams_pct==100,errors<1,errors==0";
 
 /// Every gate, with a bound the scripted upstream fails.
-const FAILING: [&str; 15] = [
+const FAILING: [&str; 16] = [
     "tps_p50>10000",
     "tps_p5>10000",
     "itl_p50<1us",
@@ -70,6 +70,7 @@ const FAILING: [&str; 15] = [
     "stream_jank_p50<1",
     "stream_jank_p95<1",
     "stall_pct<1",
+    "stalled_streams_pct<50",
     "errors>=1",
 ];
 
@@ -81,9 +82,17 @@ fn every_gate_passes_and_fails_with_the_right_exit_code() {
     let pass = probe(&["--url", &url, "-n", "2", "-c", "2", "--assert", PASSING]);
     let text = stdout(&pass);
     assert_eq!(pass.status.code(), Some(0), "{text}{}", stderr(&pass));
-    assert_eq!(text.matches("\nPASS ").count(), 16, "{text}");
+    assert_eq!(text.matches("\nPASS ").count(), 18, "{text}");
     assert!(!text.contains("FAIL"), "{text}");
-    assert!(text.contains("verdict        JANKY"), "{text}");
+    // Every stream stalled once: JANKY, and with every gate passed that is the headline.
+    assert!(
+        text.contains("verdict        JANKY   (100.0% of streams stalled (SMOOTH allows 1%)"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("result         JANKY   (every gate passed (18))\n"),
+        "{text}"
+    );
 
     let mut args = vec!["--url", url.as_str(), "-n", "2", "-c", "2"];
     for gate in FAILING {
@@ -106,6 +115,14 @@ fn every_gate_passes_and_fails_with_the_right_exit_code() {
     assert!(line.contains("ms"), "{line}");
     assert!(text.contains("FAIL stall_pct<1: measured 5.26"), "{text}");
     assert!(text.contains("FAIL errors>=1: measured 0"), "{text}");
+    assert!(
+        text.contains("FAIL stalled_streams_pct<50: measured 100.00"),
+        "{text}"
+    );
+    assert!(
+        text.contains("result         FAIL   (16 of 16 gates failed: tps_p50>10000, "),
+        "{text}"
+    );
 
     // One failing gate among passing ones is enough.
     let mixed = probe(&[
@@ -365,12 +382,15 @@ fn json_report_has_exactly_the_contract_keys() {
             "itl_ms",
             "tokens_per_second",
             "stall_pct",
+            "stalled_streams_pct",
             "jank_ratio",
             "stream_jank_ratio",
             "verdict",
             "reading_bands",
             "throughput",
             "meta",
+            "gates",
+            "result",
         ])
     );
     assert_eq!(
@@ -384,9 +404,35 @@ fn json_report_has_exactly_the_contract_keys() {
             "concurrency",
             "rate",
             "started",
-            "duration_s"
+            "duration_s",
+            "workload"
         ])
     );
+    assert_eq!(
+        keys(&report["meta"]["workload"]),
+        expected(&[
+            "requests",
+            "duration_s",
+            "max_tokens",
+            "ignore_eos",
+            "input_tokens",
+            "dataset",
+            "body",
+            "dataset_requests",
+            "seed",
+            "http2",
+            "stall_threshold_ms"
+        ])
+    );
+    assert_eq!(report["meta"]["workload"]["requests"], 2);
+    assert_eq!(report["meta"]["workload"]["max_tokens"], 64);
+    assert_eq!(report["meta"]["workload"]["stall_threshold_ms"], 200.0);
+    // No gate: the headline is the verdict, and the result says so.
+    assert_eq!(report["gates"], serde_json::json!([]));
+    assert_eq!(report["result"]["headline"], report["verdict"]);
+    assert_eq!(report["result"]["exit_code"], 0);
+    assert_eq!(report["result"]["summary"], "no gate was given");
+    assert!(report["result"]["failure"].is_null());
     assert_eq!(report["meta"]["model"], "scripted-model");
     assert_eq!(report["meta"]["load"], "closed");
     assert_eq!(report["meta"]["concurrency"], 1);
@@ -533,7 +579,9 @@ fn the_ci_gate_against_the_sim() {
         .unwrap();
     assert!(line.contains("measured 3"), "{line}");
     assert!(
-        text.contains("stalls         2.56%   (3 of 117 gaps over 200.0ms)"),
+        text.contains(
+            "stalls         2.56%   (3 of 117 gaps over 200.0ms; 3 of 3 streams stalled)"
+        ),
         "{text}"
     );
     assert!(text.contains("PASS errors<1: measured 0"), "{text}");

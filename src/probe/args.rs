@@ -7,10 +7,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use http::Uri;
 
-use super::workload::{chat_request, read_dataset, synthetic_prompt, OutputLength};
+use super::secrets::{ApiKey, Secrets};
+use super::workload::{chat_request, read_dataset, synthetic_prompt, OutputLength, RequestShape};
 use crate::units::parse_duration;
 
 /// The response header that carries the proxy's stream ID, joined later with its timeline.
@@ -21,6 +22,9 @@ pub const DEFAULT_PROMPT: &str = "Write a short story about a metronome.";
 
 /// The path used when `--url` names only a host: the OpenAI chat endpoint.
 pub const DEFAULT_PATH: &str = "/v1/chat/completions";
+
+/// The `User-Agent` of every request, so a server's log tells the probe's load from users'.
+pub const USER_AGENT_VALUE: &str = concat!("metronome-probe/", env!("CARGO_PKG_VERSION"));
 
 /// Command-line arguments of `metronome probe`, grouped by concern (the groups are the sections
 /// of `--help`). The larger groups are boxed so the binary's subcommand enum stays small.
@@ -152,9 +156,21 @@ pub struct RequestArgs {
     #[arg(long)]
     pub body: Option<PathBuf>,
 
-    /// An extra request header, `'Name: value'` (repeatable).
+    /// An extra request header, `'Name: value'` (repeatable). One of the same name replaces the
+    /// probe's own (`User-Agent`, `Content-Type`, the `Authorization` of `--api-key`).
     #[arg(long = "header", short = 'H')]
     pub headers: Vec<String>,
+
+    /// An API key, sent as `Authorization: Bearer KEY` with every request and to `/v1/models`
+    /// (as vLLM's `--api-key` and OpenAI's API expect). It is never printed nor written to a
+    /// report, and whatever a server echoes of it is masked.
+    #[arg(
+        long,
+        env = "OPENAI_API_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    pub api_key: Option<ApiKey>,
 }
 
 /// The report: thresholds, files and gates.
@@ -178,9 +194,9 @@ pub struct OutputArgs {
     #[arg(long, value_name = "FILE")]
     pub detail: Option<PathBuf>,
 
-    /// A gate such as `itl_p99<250ms`, `tps_p50>10`, `goodput>=0.99` or
+    /// A gate such as `itl_p99<250ms`, `tps_p50>10`, `errors==0`, `goodput>=0.99` or
     /// `itl_p99<1.1*baseline` (repeatable, comma-separable). Any failed gate makes the exit
-    /// code 1.
+    /// code 1 and every report's headline FAIL.
     #[arg(long = "assert")]
     pub gates: Vec<String>,
 
@@ -237,16 +253,34 @@ Figures:
   tokens/s     per stream: (output tokens - 1) / (last token event - first token event); output
                tokens from the server's usage if reported, else counted token events
   stall_pct    percentage of gaps longer than --stall-threshold
+  stalled_streams_pct
+               percentage of the streams (with a gap) that had at least one stall
   jank ratio   p99 gap / max(p50 gap, 1ms), pooled; per stream over streams with 8+ gaps
-  verdict      SMOOTH when jank ratio < 4 and median tokens/s > 7, else JANKY
+  verdict      what the readers felt, stream by stream: SMOOTH when at most 1% of the streams
+               stalled (a gap over --stall-threshold), 95% of the streams with 8+ gaps keep their
+               jank ratio under 4, and the median stream reads over 7 tokens/s; JANKY otherwise,
+               and when there is no data to tell
 Percentiles are nearest-rank on the exact samples. Figures without data are null in JSON, - in text.
 Failed streams (connect, non-2xx, body error, timeout, no token event, error event) count in
 `errors`; their token events still count in the timing figures.
 
 Gates (--assert): tps_p50 tps_p5 itl_p50 itl_p95 itl_p99 itl_max ttft_p50 ttft_p95 ttft_p99
-ttft_max jank stream_jank_p50 stream_jank_p95 stall_pct errors goodput goodput_rps rps
-output_tps, with < <= > >=; latencies take a unit (250ms, 2s), the others plain numbers. A gate
-without data fails.
+ttft_max jank stream_jank_p50 stream_jank_p95 stall_pct stalled_streams_pct errors goodput
+goodput_rps rps output_tps, with < <= > >= == (as --slo); latencies take a unit (250ms, 2s), the
+others plain numbers. A gate without data fails.
+
+Result: every report (text, --json, --junit, --markdown, --html) leads with the headline the exit
+code is taken from: the verdict when every gate passed, FAIL when a gate failed, ERROR when the
+run failed or never took place; each gate's expression, value and result; and a failed run's
+cause (the server's status and the start of its body). Every exit path writes every report
+asked for, also when no model could be found or a value of the command line is refused.
+
+Failing servers. When the first 8 streams to end all failed, the run ends early (no more streams
+start) and fails. After a failed stream a closed-loop worker waits before its next start: 10ms,
+doubling with each failure in a row up to 1s, with jitter; none after a stream that completes.
+
+Requests carry User-Agent: metronome-probe/VERSION, and with --api-key (or OPENAI_API_KEY)
+Authorization: Bearer KEY; a --header of the same name replaces either.
 
 Attribution (--join ADMIN_URL): each stream's timeline is fetched from metronome's admin
 listener by its x-metronome-stream-id and matched event by event (the k-th token event at the
@@ -265,9 +299,12 @@ of wall time) is what vllm bench serve --goodput reports.
 
 Baselines (--baseline FILE.json): a gate's bound may be `baseline` or `F*baseline`, the same
 metric in that report. `metronome probe compare A.json B.json` prints two reports side by side.
+Both warn when the two runs' workloads differ (meta: load, concurrency, rate, and meta.workload:
+output and input tokens, dataset, body, seed, HTTP/2, stall threshold).
 
 Exit codes: 0 all gates pass, 1 a gate failed, 2 usage error or a report file cannot be written,
-3 the run failed: no stream completed, or more than --max-error-rate of them failed.";
+3 the run failed: no stream completed, more than --max-error-rate of them failed, or no model
+could be found.";
 
 /// When the probe stops starting streams.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -328,6 +365,10 @@ pub struct ProbeConfig {
     pub stall_threshold: Duration,
     /// The response header whose value is kept as the stream's ID.
     pub stream_id_header: HeaderName,
+    /// What each request asks for, as the report's `meta.workload` records it.
+    pub shape: RequestShape,
+    /// The credentials sent, masked in whatever the server answers before it is kept.
+    pub secrets: Secrets,
 }
 
 /// A usage error: the command line or the configuration asks for something the probe cannot do.
@@ -370,6 +411,9 @@ pub enum ConfigError {
     /// `--max-error-rate` is not a share between 0 and 1.
     #[error("--max-error-rate must be between 0 and 1, not {0}")]
     InvalidErrorRate(f64),
+    /// `--api-key` cannot be a header value (a control character or a line break).
+    #[error("--api-key (or OPENAI_API_KEY) holds a character a header cannot carry")]
+    InvalidApiKey,
     /// No model was given or found (the caller resolves `--model` from `/v1/models` first).
     #[error("no model: give --model")]
     NoModel,
@@ -387,8 +431,6 @@ impl ProbeConfig {
     /// path means `/v1/chat/completions`).
     pub fn new(url: &str, model: &str) -> Result<Self, ConfigError> {
         let url = parse_url(url)?;
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         Ok(ProbeConfig {
             url,
             load: Load::Closed { concurrency: 1 },
@@ -397,12 +439,17 @@ impl ProbeConfig {
             bodies: Vec::new(),
             seed: None,
             model: Some(model.to_owned()),
-            headers,
+            headers: default_headers(),
             timeout: Duration::from_secs(120),
             http2: false,
             ca: None,
             stall_threshold: Duration::from_millis(200),
             stream_id_header: HeaderName::from_static(STREAM_ID_HEADER),
+            shape: RequestShape {
+                max_tokens: Some(64),
+                ..RequestShape::default()
+            },
+            secrets: Secrets::default(),
         })
     }
 }
@@ -471,18 +518,7 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
                 (body, bodies)
             }
         };
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let mut user_headers = HeaderMap::new();
-        for text in &request.headers {
-            let (name, value) = parse_header(text)?;
-            user_headers.append(name, value);
-        }
-        // A header the user gives replaces the default of the same name.
-        for name in user_headers.keys() {
-            headers.remove(name);
-        }
-        headers.extend(user_headers);
+        let (headers, secrets) = request_headers(request)?;
         let ca = load_args.cacert.clone();
         if let Some(path) = &ca {
             if url.scheme_str() != Some("https") {
@@ -510,8 +546,46 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
             ca,
             stall_threshold: args.output.stall_threshold,
             stream_id_header: HeaderName::from_static(STREAM_ID_HEADER),
+            shape: RequestShape::of(request, output),
+            secrets,
         })
     }
+}
+
+/// The headers every request starts from: JSON and the probe's `User-Agent`.
+fn default_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
+    headers
+}
+
+/// The request headers (the defaults, the API key's `Authorization`, then the user's, which
+/// replace a default of the same name) and the credentials among them.
+fn request_headers(request: &RequestArgs) -> Result<(HeaderMap, Secrets), ConfigError> {
+    let mut headers = default_headers();
+    let mut secrets = Secrets::default();
+    if let Some(key) = request.api_key.as_ref().filter(|k| !k.expose().is_empty()) {
+        let mut value = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
+            .map_err(|_| ConfigError::InvalidApiKey)?;
+        value.set_sensitive(true);
+        secrets.add(key.expose());
+        headers.insert(AUTHORIZATION, value);
+    }
+    let mut user_headers = HeaderMap::new();
+    for text in &request.headers {
+        let (name, mut value) = parse_header(text)?;
+        if Secrets::is_credential(&name) {
+            secrets.add(value.to_str().unwrap_or_default());
+            value.set_sensitive(true);
+        }
+        user_headers.append(name, value);
+    }
+    for name in user_headers.keys() {
+        headers.remove(name);
+    }
+    headers.extend(user_headers);
+    Ok((headers, secrets))
 }
 
 /// The default request for `model`: see [`chat_request`] (no `ignore_eos`).

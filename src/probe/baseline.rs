@@ -1,6 +1,7 @@
 //! Baselines: `--baseline main.json` and `metronome probe compare a.json b.json`. A baseline is
 //! an earlier `--json` report read back as JSON, so any version's report can be compared as long
-//! as it has the keys; a key it lacks shows as `-`.
+//! as it has the keys; a key it lacks shows as `-`. Both warn when the two runs' workloads differ
+//! (the `meta` keys of [`WORKLOAD_KEYS`]): their deltas then measure the change of workload too.
 
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,24 @@ pub const COMPARED: [Metric; 13] = [
     Metric::Goodput,
     Metric::Rps,
     Metric::OutputTps,
+];
+
+/// Where in `meta` the workload is recorded, each key compared between two reports. The URL,
+/// the model and the number of streams are not: they are what a comparison is usually for, or
+/// change only the sample's size.
+pub const WORKLOAD_KEYS: [&[&str]; 12] = [
+    &["load"],
+    &["concurrency"],
+    &["rate"],
+    &["workload", "max_tokens"],
+    &["workload", "ignore_eos"],
+    &["workload", "input_tokens"],
+    &["workload", "dataset"],
+    &["workload", "dataset_requests"],
+    &["workload", "seed"],
+    &["workload", "body"],
+    &["workload", "http2"],
+    &["workload", "stall_threshold_ms"],
 ];
 
 /// A report that cannot be read as a baseline: a usage error.
@@ -88,6 +107,34 @@ pub fn deltas(a: &serde_json::Value, b: &serde_json::Value) -> Vec<Delta> {
             b: metric.from_json(b),
         })
         .collect()
+}
+
+/// Each way the workloads of `a` and `b` differ, as `concurrency 8 against 16`. A key either
+/// report lacks (an older report, or one without `meta`) is not compared.
+pub fn workload_differences(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
+    let at = |report: &serde_json::Value, path: &[&str]| {
+        path.iter()
+            .try_fold(report.get("meta")?, |v, key| v.get(key))
+            .cloned()
+    };
+    WORKLOAD_KEYS
+        .iter()
+        .filter_map(|path| {
+            let (x, y) = (at(a, path)?, at(b, path)?);
+            (x != y).then(|| format!("{} {x} against {y}", path.join(".")))
+        })
+        .collect()
+}
+
+/// The warning for `differences` between the runs named `a` and `b` (`None` when there are
+/// none).
+pub fn workload_warning(a: &str, b: &str, differences: &[String]) -> Option<String> {
+    (!differences.is_empty()).then(|| {
+        format!(
+            "the workloads of {a} and {b} differ, so the deltas measure that too: {}",
+            differences.join(", ")
+        )
+    })
 }
 
 // === impl Delta ===
@@ -208,6 +255,34 @@ mod tests {
             md.contains("| itl_p99 | 100.0ms | 150.0ms | +50.0ms | +50.0% |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn differing_workloads_are_named_and_missing_keys_are_not() {
+        let a = json!({"meta": {"load": "closed", "concurrency": 8, "rate": null, "url": "a",
+            "workload": {"max_tokens": 64, "dataset": null, "requests": 10, "http2": false}}});
+        let b = json!({"meta": {"load": "closed", "concurrency": 16, "rate": null, "url": "b",
+            "workload": {"max_tokens": 200, "dataset": "d.jsonl", "requests": 99, "http2": false}}});
+        assert_eq!(
+            workload_differences(&a, &b),
+            [
+                "concurrency 8 against 16",
+                "workload.max_tokens 64 against 200",
+                "workload.dataset null against \"d.jsonl\""
+            ]
+        );
+        assert!(workload_differences(&a, &a).is_empty());
+        // A report from before `meta.workload`, or without `meta`, compares what it has.
+        let old = json!({"meta": {"load": "closed", "concurrency": 8}});
+        assert!(workload_differences(&old, &a).is_empty());
+        assert!(workload_differences(&json!({}), &b).is_empty());
+        let warning = workload_warning("main.json", "this run", &workload_differences(&a, &b));
+        assert!(
+            warning.unwrap().starts_with(
+                "the workloads of main.json and this run differ, so the deltas measure that too: concurrency 8 against 16, "
+            )
+        );
+        assert_eq!(workload_warning("a", "b", &[]), None);
     }
 
     #[test]

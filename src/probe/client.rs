@@ -2,7 +2,8 @@
 //! per-stream task that reads the body frame by frame into a [`StreamRecord`].
 //!
 //! Every stream ends in exactly one record, whatever happens to it: errors are recorded in it and
-//! never abort the run.
+//! never abort the run. Failed streams slow the closed loop down, and a run whose first streams
+//! all fail ends early ([`super::backoff`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,6 +20,8 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::{mpsc, Semaphore};
 
 use super::args::{Load, ProbeConfig, Stop};
+use super::backoff::{self, Starts};
+use super::secrets::Secrets;
 use super::stream::{Recorder, StreamError, StreamRecord};
 use super::workload::pick;
 use crate::error::Chain;
@@ -62,8 +65,8 @@ struct ProbeShared {
     client: HttpClient,
     /// The run's settings (request, timeout, stop rule).
     config: ProbeConfig,
-    /// Streams sent so far (for the progress line's "in flight").
-    sent: Arc<AtomicU64>,
+    /// Streams sent and ended: the progress line's "in flight", and whether to go on.
+    starts: Arc<Starts>,
 }
 
 /// Runs the configured load and returns every stream's record.
@@ -76,14 +79,14 @@ pub async fn measure_with(
     config: &ProbeConfig,
     on_stream: impl FnMut(&StreamRecord),
 ) -> Result<ProbeRun, ProbeError> {
-    measure_counting(config, Arc::new(AtomicU64::new(0)), on_stream).await
+    measure_counting(config, Arc::default(), on_stream).await
 }
 
-/// Like [`measure_with`], counting in `sent` every stream as it is sent (so that a progress
-/// line can tell the streams in flight: sent minus ended).
+/// Like [`measure_with`], counting in `starts` every stream as it is sent and as it ends (so that
+/// a progress line can tell the streams in flight, and the caller whether the run gave up).
 pub async fn measure_counting(
     config: &ProbeConfig,
-    sent: Arc<AtomicU64>,
+    starts: Arc<Starts>,
     mut on_stream: impl FnMut(&StreamRecord),
 ) -> Result<ProbeRun, ProbeError> {
     let client = build_client(config)?;
@@ -92,7 +95,7 @@ pub async fn measure_counting(
     let shared = Arc::new(ProbeShared {
         client,
         config: config.clone(),
-        sent,
+        starts,
     });
     let (tx, mut rx) = mpsc::unbounded_channel();
     let started = Instant::now();
@@ -173,7 +176,8 @@ fn build_request(config: &ProbeConfig, index: u64) -> Result<Request<Full<Bytes>
     builder.body(Full::new(body))
 }
 
-/// `concurrency` workers, each starting its next stream as soon as its previous one ends.
+/// `concurrency` workers, each starting its next stream as soon as its previous one ends, or,
+/// after a failed one, after its backoff.
 fn closed_loop(
     shared: &Arc<ProbeShared>,
     concurrency: usize,
@@ -184,22 +188,32 @@ fn closed_loop(
     for _ in 0..concurrency {
         let (shared, next, tx) = (shared.clone(), next.clone(), tx.clone());
         tokio::spawn(async move {
+            let mut failures_in_a_row = 0;
             loop {
                 let index = next.fetch_add(1, Ordering::Relaxed);
                 let now = Instant::now();
-                if !may_start(shared.config.stop, index, now, started) {
+                if shared.starts.gave_up() || !may_start(shared.config.stop, index, now, started) {
                     break;
                 }
                 let record = run_stream(&shared, index, now).await;
+                failures_in_a_row = match record.error {
+                    Some(_) => failures_in_a_row + 1,
+                    None => 0,
+                };
                 if tx.send(record).is_err() {
                     break;
+                }
+                let wait = backoff::wait_after(failures_in_a_row, backoff::jitter());
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
                 }
             }
         });
     }
 }
 
-/// Starts stream `i` at `started + i / rate`, however the earlier ones are doing.
+/// Starts stream `i` at `started + i / rate`, however the earlier ones are doing, until the run
+/// gives up.
 async fn open_loop(
     shared: Arc<ProbeShared>,
     rate: f64,
@@ -214,6 +228,9 @@ async fn open_loop(
             break;
         }
         tokio::time::sleep_until(scheduled.into()).await;
+        if shared.starts.gave_up() {
+            break;
+        }
         let permit = match &limit {
             Some(limit) => match limit.clone().acquire_owned().await {
                 Ok(permit) => Some(permit),
@@ -250,7 +267,7 @@ async fn run_stream(shared: &ProbeShared, index: u64, scheduled: Instant) -> Str
     };
     let sent = Instant::now();
     record.sent = Some(sent);
-    shared.sent.fetch_add(1, Ordering::Relaxed);
+    shared.starts.sent_one();
     let timeout = shared.config.timeout;
     let outcome = tokio::time::timeout_at(
         (sent + timeout).into(),
@@ -264,6 +281,7 @@ async fn run_stream(shared: &ProbeShared, index: u64, scheduled: Instant) -> Str
         Ok(Err(error)) => record.error = Some(error),
         Err(_elapsed) => record.error = Some(StreamError::Timeout(timeout)),
     }
+    shared.starts.ended_one(record.error.is_some());
     record
 }
 
@@ -289,7 +307,7 @@ async fn read_stream(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     if !status.is_success() {
-        record.error_body = error_body(response.into_body()).await;
+        record.error_body = error_body(response.into_body(), &shared.config.secrets).await;
         return Err(StreamError::Status(status.as_u16()));
     }
     let framing = match response.headers().get(CONTENT_TYPE) {
@@ -318,8 +336,9 @@ const ERROR_BODY_BYTES: usize = 1024;
 const ERROR_BODY_CHARS: usize = 300;
 
 /// The start of a non-2xx response's body, on one line and truncated, so the report says what
-/// the server objected to (`{"error":"model not found"}`). `None` when the body is empty.
-async fn error_body(mut body: hyper::body::Incoming) -> Option<String> {
+/// the server objected to (`{"error":"model not found"}`), with any credential it echoes masked.
+/// `None` when the body is empty.
+async fn error_body(mut body: hyper::body::Incoming, secrets: &Secrets) -> Option<String> {
     let mut bytes = Vec::new();
     while bytes.len() < ERROR_BODY_BYTES {
         match body.frame().await {
@@ -331,7 +350,10 @@ async fn error_body(mut body: hyper::body::Incoming) -> Option<String> {
             _ => break,
         }
     }
-    one_line(&String::from_utf8_lossy(&bytes), ERROR_BODY_CHARS)
+    one_line(
+        &secrets.redact(&String::from_utf8_lossy(&bytes)),
+        ERROR_BODY_CHARS,
+    )
 }
 
 /// `text` with its whitespace runs folded to one space, cut at `max` characters (with `...`).

@@ -1,14 +1,19 @@
 //! Gates: `--assert 'itl_p99<250ms'` turns the probe into a CI check.
 //!
-//! A gate is `<metric><op><value>` with op `<`, `<=`, `>` or `>=`. Latency metrics (`itl_*`,
-//! `ttft_*`) take a duration with its unit (`250ms`, `2s`); every other metric takes a plain
-//! number. A gate whose metric has no data (no token events at all) fails: a CI gate never passes
-//! on an empty run.
+//! A gate is `<metric><op><value>` with op `<`, `<=`, `>`, `>=` or `==` (the operators of
+//! `--slo`, [`Cmp`]). Latency metrics (`itl_*`, `ttft_*`) take a duration with its unit (`250ms`,
+//! `2s`); every other metric takes a plain number. A gate whose metric has no data (no token
+//! events at all) fails: a CI gate never passes on an empty run. A gate of a run that never took
+//! place (no model could be found, a usage error) is not measured, and says so in every report.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use serde::ser::SerializeStruct;
+use serde::Serialize;
+
+use super::compare::Cmp;
 use super::stats::Report;
 use crate::units::{format_duration, parse_duration};
 
@@ -43,6 +48,8 @@ pub enum Metric {
     StreamJankP95,
     /// Percentage of gaps that are stalls.
     StallPct,
+    /// Percentage of streams with at least one stall.
+    StalledStreamsPct,
     /// Failed streams.
     Errors,
     /// Share (0-1) of streams meeting every `--slo` objective.
@@ -56,7 +63,7 @@ pub enum Metric {
 }
 
 /// Every metric with its name, for parsing and for the error that lists them.
-pub const METRICS: [(&str, Metric); 19] = [
+pub const METRICS: [(&str, Metric); 20] = [
     ("tps_p50", Metric::TpsP50),
     ("tps_p5", Metric::TpsP5),
     ("itl_p50", Metric::ItlP50),
@@ -71,6 +78,7 @@ pub const METRICS: [(&str, Metric); 19] = [
     ("stream_jank_p50", Metric::StreamJankP50),
     ("stream_jank_p95", Metric::StreamJankP95),
     ("stall_pct", Metric::StallPct),
+    ("stalled_streams_pct", Metric::StalledStreamsPct),
     ("errors", Metric::Errors),
     ("goodput", Metric::Goodput),
     ("goodput_rps", Metric::GoodputRps),
@@ -87,26 +95,13 @@ pub enum Bound {
     Baseline(f64),
 }
 
-/// A comparison operator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    /// `<`
-    Lt,
-    /// `<=`
-    Le,
-    /// `>`
-    Gt,
-    /// `>=`
-    Ge,
-}
-
 /// One parsed gate.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gate {
     /// What is checked.
     pub metric: Metric,
     /// How it is compared.
-    pub op: Op,
+    pub op: Cmp,
     /// The bound: a number in the metric's report unit (milliseconds for latencies), or a
     /// multiple of the baseline's value.
     pub bound: Bound,
@@ -125,15 +120,26 @@ pub struct GateOutcome {
     pub threshold: Option<f64>,
     /// The baseline's value, for a gate that names the baseline.
     pub baseline: Option<f64>,
-    /// Whether the measured value satisfies the gate.
-    pub passed: bool,
+    /// Passed, failed, or not measured at all.
+    pub result: GateResult,
+}
+
+/// What became of a gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateResult {
+    /// The measured value satisfies the gate.
+    Pass,
+    /// It does not, or there was no data to measure it (a gate never passes on an empty run).
+    Fail,
+    /// The run never took place (no model, a usage error): nothing was measured.
+    NotMeasured,
 }
 
 /// A gate that cannot be parsed: a usage error (exit code 2).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GateError {
     /// No comparison operator.
-    #[error("gate `{0}` has no comparison (write e.g. `itl_p99<250ms`; operators < <= > >=)")]
+    #[error("gate `{0}` has no comparison (write e.g. `itl_p99<250ms`; operators < <= > >= ==)")]
     NoOperator(String),
     /// The metric name is not known.
     #[error("gate `{gate}` checks `{metric}`, which is not a metric (known: {known})")]
@@ -204,6 +210,7 @@ impl Metric {
             Metric::StreamJankP50 => report.stream_jank_ratio.p50,
             Metric::StreamJankP95 => report.stream_jank_ratio.p95,
             Metric::StallPct => report.stall_pct,
+            Metric::StalledStreamsPct => report.stalled_streams_pct,
             Metric::Errors => Some(report.errors as f64),
             Metric::Goodput => report.goodput.as_ref().and_then(|g| g.share),
             Metric::GoodputRps => report.goodput.as_ref().and_then(|g| g.per_second),
@@ -229,6 +236,7 @@ impl Metric {
             Metric::StreamJankP50 => &["stream_jank_ratio", "p50"],
             Metric::StreamJankP95 => &["stream_jank_ratio", "p95"],
             Metric::StallPct => &["stall_pct"],
+            Metric::StalledStreamsPct => &["stalled_streams_pct"],
             Metric::Errors => &["errors"],
             Metric::Goodput => &["goodput", "share"],
             Metric::GoodputRps => &["goodput", "per_second"],
@@ -257,20 +265,6 @@ impl Metric {
     }
 }
 
-// === impl Op ===
-
-impl Op {
-    /// Whether `measured <op> threshold` holds.
-    pub fn holds(self, measured: f64, threshold: f64) -> bool {
-        match self {
-            Op::Lt => measured < threshold,
-            Op::Le => measured <= threshold,
-            Op::Gt => measured > threshold,
-            Op::Ge => measured >= threshold,
-        }
-    }
-}
-
 // === impl Gate ===
 
 impl FromStr for Gate {
@@ -278,21 +272,8 @@ impl FromStr for Gate {
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let text: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-        let at = text
-            .find(['<', '>'])
-            .ok_or_else(|| GateError::NoOperator(text.clone()))?;
-        let (name, rest) = text.split_at(at);
-        let (op, value) = if let Some(v) = rest.strip_prefix("<=") {
-            (Op::Le, v)
-        } else if let Some(v) = rest.strip_prefix(">=") {
-            (Op::Ge, v)
-        } else if let Some(v) = rest.strip_prefix('<') {
-            (Op::Lt, v)
-        } else if let Some(v) = rest.strip_prefix('>') {
-            (Op::Gt, v)
-        } else {
-            return Err(GateError::NoOperator(text.clone()));
-        };
+        let (name, op, value) =
+            Cmp::split(&text).ok_or_else(|| GateError::NoOperator(text.clone()))?;
         let metric = METRICS
             .iter()
             .find(|(n, _)| *n == name)
@@ -352,30 +333,111 @@ impl Gate {
     }
 }
 
+// === impl GateResult ===
+
+impl GateResult {
+    /// `PASS`, `FAIL` or `NOT MEASURED`, as the text and CI reports show it.
+    pub fn word(self) -> &'static str {
+        match self {
+            GateResult::Pass => "PASS",
+            GateResult::Fail => "FAIL",
+            GateResult::NotMeasured => "NOT MEASURED",
+        }
+    }
+
+    /// `pass`, `fail` or `not_measured`, as the JSON has it.
+    pub fn key(self) -> &'static str {
+        match self {
+            GateResult::Pass => "pass",
+            GateResult::Fail => "fail",
+            GateResult::NotMeasured => "not_measured",
+        }
+    }
+}
+
 // === impl GateOutcome ===
 
-impl fmt::Display for GateOutcome {
-    /// `PASS itl_p99<250ms: measured 31.2ms` or `FAIL ...: measured no data`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let word = if self.passed { "PASS" } else { "FAIL" };
-        let metric = self.gate.metric;
-        let measured = match self.measured {
-            Some(v) => metric.format(v),
-            None => "no data".to_owned(),
-        };
-        write!(f, "{word} {}: measured {measured}", self.gate.text)?;
+impl GateOutcome {
+    /// Whether the gate passed.
+    pub fn passed(&self) -> bool {
+        self.result == GateResult::Pass
+    }
+
+    /// The gate of a run that never took place.
+    pub fn not_measured(gate: &Gate) -> Self {
+        GateOutcome {
+            gate: gate.clone(),
+            measured: None,
+            threshold: None,
+            baseline: None,
+            result: GateResult::NotMeasured,
+        }
+    }
+
+    /// What was measured and against what: `measured 312.4ms`, `measured 312.4ms, bound 330.0ms
+    /// (baseline 300.0ms)`, `measured no data`, `the run did not take place`.
+    pub fn detail(&self) -> String {
+        if self.result == GateResult::NotMeasured {
+            return "the run did not take place".to_owned();
+        }
+        let mut text = format!("measured {}", self.measured_text());
         if self.gate.needs_baseline() {
+            let metric = self.gate.metric;
             match (self.threshold, self.baseline) {
-                (Some(t), Some(b)) => write!(
-                    f,
+                (Some(t), Some(b)) => text.push_str(&format!(
                     ", bound {} (baseline {})",
                     metric.format(t),
                     metric.format(b)
-                )?,
-                _ => write!(f, ", the baseline has no data")?,
+                )),
+                _ => text.push_str(", the baseline has no data"),
             }
         }
-        Ok(())
+        text
+    }
+
+    /// What was measured, as people read it: `312.4ms`, `no data`, `not measured`.
+    pub fn measured_text(&self) -> String {
+        match (self.result, self.measured) {
+            (GateResult::NotMeasured, _) => "not measured".to_owned(),
+            (_, Some(v)) => self.gate.metric.format(v),
+            (_, None) => "no data".to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for GateOutcome {
+    /// `PASS itl_p99<250ms: measured 31.2ms`, `FAIL ...: measured no data`, or
+    /// `NOT MEASURED ...: the run did not take place`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.result.word(),
+            self.gate.text,
+            self.detail()
+        )
+    }
+}
+
+impl Serialize for GateOutcome {
+    /// `{"gate": "itl_p99<250ms", "metric": "itl_p99", "op": "<", "bound": 250.0,
+    /// "baseline": null, "value": 312.4, "unit": "ms", "result": "fail"}`: the JSON's `gates`.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let metric = self.gate.metric;
+        let mut gate = serializer.serialize_struct("GateOutcome", 8)?;
+        gate.serialize_field("gate", &self.gate.text)?;
+        gate.serialize_field("metric", metric.name())?;
+        gate.serialize_field("op", self.gate.op.symbol())?;
+        let bound = match self.gate.bound {
+            Bound::Value(v) => Some(v),
+            Bound::Baseline(_) => self.threshold,
+        };
+        gate.serialize_field("bound", &bound)?;
+        gate.serialize_field("baseline", &self.baseline)?;
+        gate.serialize_field("value", &self.measured)?;
+        gate.serialize_field("unit", &metric.is_duration().then_some("ms"))?;
+        gate.serialize_field("result", self.result.key())?;
+        gate.end()
     }
 }
 
@@ -416,16 +478,16 @@ pub fn evaluate(
                     (base.map(|b| b * factor), base)
                 }
             };
-            let passed = match (measured, threshold) {
-                (Some(v), Some(t)) => gate.op.holds(v, t),
-                _ => false,
+            let result = match (measured, threshold) {
+                (Some(v), Some(t)) if gate.op.holds(v, t) => GateResult::Pass,
+                _ => GateResult::Fail,
             };
             GateOutcome {
                 gate: gate.clone(),
                 measured,
                 threshold,
                 baseline: base,
-                passed,
+                result,
             }
         })
         .collect()
@@ -445,25 +507,24 @@ mod tests {
         assert!(check_baseline(&gates, true).is_ok());
         let outcomes = evaluate(&gates, &report(), Some(&baseline));
         // 312.4 < 330: pass; 30 > 38: fail; the baseline has no ttft: fail.
-        assert!(outcomes[0].passed);
+        assert!(outcomes[0].passed());
         assert_eq!(
             outcomes[0].to_string(),
             "PASS itl_p99<1.1*baseline: measured 312.4ms, bound 330.0ms (baseline 300.0ms)"
         );
-        assert!(!outcomes[1].passed);
+        assert!(!outcomes[1].passed());
         assert_eq!(
             outcomes[1].to_string(),
             "FAIL tps_p50>0.95*baseline: measured 30.00, bound 38.00 (baseline 40.00)"
         );
-        assert!(!outcomes[2].passed);
+        assert!(!outcomes[2].passed());
         assert_eq!(
             outcomes[2].to_string(),
             "FAIL ttft_p50<baseline: measured 100.0ms, the baseline has no data"
         );
     }
-    use crate::probe::stats::{
-        Quantiles, ReadingBands, ReportDetail, StreamJank, TokensPerSecond, Verdict,
-    };
+    use crate::probe::stats::{Quantiles, ReadingBands, ReportDetail, StreamJank, TokensPerSecond};
+    use crate::probe::verdict::Verdict;
 
     fn report() -> Report {
         Report {
@@ -486,6 +547,7 @@ mod tests {
                 p5: Some(4.0),
             },
             stall_pct: Some(100.0 / 39.0),
+            stalled_streams_pct: Some(30.0),
             jank_ratio: Some(10.4),
             stream_jank_ratio: StreamJank {
                 p50: Some(10.0),
@@ -511,21 +573,21 @@ mod tests {
         let gates = parse_gates(&["itl_p99<250ms, tps_p50>=10", "errors<1"]).unwrap();
         assert_eq!(gates.len(), 3);
         assert_eq!(gates[0].metric, Metric::ItlP99);
-        assert_eq!(gates[0].op, Op::Lt);
+        assert_eq!(gates[0].op, Cmp::Lt);
         assert_eq!(gates[0].bound, Bound::Value(250.0));
         assert_eq!(gates[1].metric, Metric::TpsP50);
-        assert_eq!(gates[1].op, Op::Ge);
+        assert_eq!(gates[1].op, Cmp::Ge);
         assert_eq!(gates[1].text, "tps_p50>=10");
-        assert_eq!(gates[2].op, Op::Lt);
+        assert_eq!(gates[2].op, Cmp::Lt);
         let g: Gate = "ttft_p95 <= 2s".parse().unwrap();
         assert_eq!(
             (g.metric, g.op, g.bound),
-            (Metric::TtftP95, Op::Le, Bound::Value(2000.0))
+            (Metric::TtftP95, Cmp::Le, Bound::Value(2000.0))
         );
         let g: Gate = "stall_pct>0.5".parse().unwrap();
-        assert_eq!((g.op, g.bound), (Op::Gt, Bound::Value(0.5)));
+        assert_eq!((g.op, g.bound), (Cmp::Gt, Bound::Value(0.5)));
         let g: Gate = "itl_p99 < 1.1*baseline".parse().unwrap();
-        assert_eq!((g.op, g.bound), (Op::Lt, Bound::Baseline(1.1)));
+        assert_eq!((g.op, g.bound), (Cmp::Lt, Bound::Baseline(1.1)));
         let g: Gate = "tps_p50>baseline".parse().unwrap();
         assert_eq!(g.bound, Bound::Baseline(1.0));
         assert!(matches!(
@@ -537,6 +599,29 @@ mod tests {
         for (name, metric) in METRICS {
             assert_eq!(metric.name(), name);
         }
+    }
+
+    #[test]
+    fn a_gate_reads_back_from_json_with_its_expression_value_and_result() {
+        let json = serde_json::to_value(check("itl_p99<250ms")).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"gate": "itl_p99<250ms", "metric": "itl_p99", "op": "<",
+                "bound": 250.0, "baseline": null, "value": 312.4, "unit": "ms", "result": "fail"})
+        );
+        let gate: Gate = "errors==0".parse().unwrap();
+        let skipped = GateOutcome::not_measured(&gate);
+        assert_eq!(
+            skipped.to_string(),
+            "NOT MEASURED errors==0: the run did not take place"
+        );
+        let json = serde_json::to_value(&skipped).unwrap();
+        assert_eq!(json["result"], "not_measured");
+        assert_eq!(
+            (json["value"].clone(), json["unit"].clone()),
+            (serde_json::Value::Null, serde_json::Value::Null)
+        );
+        assert_eq!(json["bound"], 0.0);
     }
 
     #[test]
@@ -578,26 +663,33 @@ mod tests {
     #[test]
     fn evaluates_and_reports_measured_values() {
         let failed = check("itl_p99<250ms");
-        assert!(!failed.passed);
+        assert!(!failed.passed());
         assert_eq!(failed.to_string(), "FAIL itl_p99<250ms: measured 312.4ms");
         let passed = check("itl_p50<=30ms");
-        assert!(passed.passed);
+        assert!(passed.passed());
         assert_eq!(passed.to_string(), "PASS itl_p50<=30ms: measured 30.0ms");
-        assert!(check("tps_p50>10").passed);
-        assert!(!check("tps_p5>5").passed);
-        assert!(check("ttft_max<2s").passed);
-        assert!(!check("jank<5").passed);
-        assert!(check("errors<1").passed);
+        assert!(check("tps_p50>10").passed());
+        assert!(!check("tps_p5>5").passed());
+        assert!(check("ttft_max<2s").passed());
+        assert!(!check("jank<5").passed());
+        assert!(check("errors<1").passed());
         assert_eq!(check("errors<1").to_string(), "PASS errors<1: measured 0");
-        assert!(!check("stall_pct<1").passed);
+        assert!(!check("stall_pct<1").passed());
         assert_eq!(
             check("stall_pct<1").to_string(),
             "FAIL stall_pct<1: measured 2.56"
         );
-        assert!(!check("goodput>=0.5").passed, "no --slo, no goodput");
+        assert!(!check("goodput>=0.5").passed(), "no --slo, no goodput");
+        // `==` as `--slo` has it.
+        assert!(check("errors==0").passed());
+        assert!(!check("errors==1").passed());
+        assert_eq!(
+            check("errors == 0").to_string(),
+            "PASS errors==0: measured 0"
+        );
         // No data never passes.
         let none = check("stream_jank_p95<100");
-        assert!(!none.passed);
+        assert!(!none.passed());
         assert_eq!(
             none.to_string(),
             "FAIL stream_jank_p95<100: measured no data"

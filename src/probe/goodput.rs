@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::compare::Cmp;
 use super::stats::nearest_rank;
 use super::stream::StreamRecord;
 use crate::units::parse_duration;
@@ -45,21 +46,6 @@ const OBJECTIVES: [(&str, Objective); 6] = [
     ("itl_max", Objective::ItlMax),
     ("stalls", Objective::Stalls),
 ];
-
-/// How a stream's value is compared with the bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cmp {
-    /// `<`
-    Lt,
-    /// `<=` (vllm bench's comparison)
-    Le,
-    /// `>`
-    Gt,
-    /// `>=`
-    Ge,
-    /// `==`
-    Eq,
-}
 
 /// One objective of `--slo`.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,21 +125,6 @@ pub struct ObjectiveCount {
     pub met: u64,
 }
 
-// === impl Cmp ===
-
-impl Cmp {
-    /// Whether `value <cmp> bound`.
-    pub fn holds(self, value: f64, bound: f64) -> bool {
-        match self {
-            Cmp::Lt => value < bound,
-            Cmp::Le => value <= bound,
-            Cmp::Gt => value > bound,
-            Cmp::Ge => value >= bound,
-            Cmp::Eq => value == bound,
-        }
-    }
-}
-
 // === impl Slo ===
 
 impl FromStr for Slo {
@@ -161,20 +132,8 @@ impl FromStr for Slo {
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let text: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-        let at = text
-            .find(['<', '>', '='])
-            .ok_or_else(|| SloError::NoOperator(text.clone()))?;
-        let (name, rest) = text.split_at(at);
-        let (cmp, value) = [
-            ("<=", Cmp::Le),
-            (">=", Cmp::Ge),
-            ("==", Cmp::Eq),
-            ("<", Cmp::Lt),
-            (">", Cmp::Gt),
-        ]
-        .into_iter()
-        .find_map(|(op, cmp)| rest.strip_prefix(op).map(|v| (cmp, v)))
-        .ok_or_else(|| SloError::NoOperator(text.clone()))?;
+        let (name, cmp, value) =
+            Cmp::split(&text).ok_or_else(|| SloError::NoOperator(text.clone()))?;
         let objective = OBJECTIVES
             .iter()
             .find(|(n, _)| *n == name)

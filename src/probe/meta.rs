@@ -1,11 +1,11 @@
 //! The run's metadata (`meta` in the JSON): the tool's version, the command line, the URL, the
-//! model, the load, the start and the wall time, so a report read months later, or compared
-//! with another, says what produced it.
+//! model, the load and the workload, the start and the wall time, so a report read months
+//! later, or compared with another, says what produced it.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::args::{Load, ProbeConfig};
-use super::stats::RunMeta;
+use super::args::{Load, ProbeConfig, Stop};
+use super::stats::{millis, RunMeta, Workload};
 
 /// The metadata of a run of `config` that started at `started` and took `wall`.
 pub fn run_meta(config: &ProbeConfig, started: SystemTime, wall: Duration) -> RunMeta {
@@ -26,21 +26,63 @@ pub fn run_meta(config: &ProbeConfig, started: SystemTime, wall: Duration) -> Ru
         rate,
         started: rfc3339(started),
         duration_s: wall.as_secs_f64(),
+        workload: workload(config),
     }
 }
 
-/// The command line with every `--header` / `-H` value cut to its name (`Authorization: ...`):
-/// a report is shared, a token must not be.
+/// What `config` asks of the server beyond its load.
+pub fn workload(config: &ProbeConfig) -> Workload {
+    let (requests, duration_s) = match config.stop {
+        Stop::Requests(n) => (Some(n), None),
+        Stop::After(d) => (None, Some(d.as_secs_f64())),
+    };
+    Workload {
+        requests,
+        duration_s,
+        request: config.shape.clone(),
+        dataset_requests: (!config.bodies.is_empty()).then_some(config.bodies.len()),
+        seed: config.seed,
+        http2: config.http2,
+        stall_threshold_ms: millis(config.stall_threshold),
+    }
+}
+
+/// What the next argument holds, when it must not be kept as given.
+#[derive(Clone, Copy, PartialEq)]
+enum Next {
+    /// An argument to keep.
+    Kept,
+    /// A `--header` value: kept up to its name.
+    Header,
+    /// An `--api-key` value: not kept at all.
+    Key,
+}
+
+/// The command line with every `--header` / `-H` value cut to its name (`Authorization: ...`)
+/// and the `--api-key` value masked: a report is shared, a token must not be.
 pub fn command_line(args: impl IntoIterator<Item = String>) -> Vec<String> {
     let mut out = Vec::new();
-    let mut header_next = false;
+    let mut next = Next::Kept;
     for arg in args {
-        if header_next {
-            out.push(mask(&arg));
-            header_next = false;
-        } else if arg == "-H" || arg == "--header" {
+        match std::mem::replace(&mut next, Next::Kept) {
+            Next::Header => {
+                out.push(mask(&arg));
+                continue;
+            }
+            Next::Key => {
+                out.push(super::secrets::MASK.to_owned());
+                continue;
+            }
+            Next::Kept => {}
+        }
+        if arg == "-H" || arg == "--header" {
             out.push(arg);
-            header_next = true;
+            next = Next::Header;
+        } else if arg == "--api-key" {
+            out.push(arg);
+            next = Next::Key;
+        } else if arg.starts_with("--api-key=") {
+            out.push(format!("--api-key={}", super::secrets::MASK));
         } else if let Some(value) = arg.strip_prefix("--header=") {
             out.push(format!("--header={}", mask(value)));
         } else if let Some(value) = arg.strip_prefix("-H").filter(|v| !v.is_empty()) {
@@ -111,6 +153,9 @@ mod tests {
             "Authorization: Bearer sk-1",
             "--header=X-Key: k",
             "-HX-A: b",
+            "--api-key",
+            "sk-2",
+            "--api-key=sk-3",
             "--url",
             "u",
         ];
@@ -124,6 +169,9 @@ mod tests {
                 "Authorization: ...",
                 "--header=X-Key: ...",
                 "-HX-A: ...",
+                "--api-key",
+                "***",
+                "--api-key=***",
                 "--url",
                 "u"
             ]

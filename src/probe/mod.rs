@@ -7,11 +7,15 @@
 //!
 //! Module map, in the order a run flows through them:
 //! - [`args`]: the command line and the validated [`ProbeConfig`] (all usage errors are caught here).
+//! - [`secrets`]: `--api-key` and credential headers, masked wherever text is kept.
 //! - [`client`]: the pooled HTTP client (http and https, rustls) and the closed or open loop that runs the streams
-//!   ([`measure`] → [`ProbeRun`]).
+//!   ([`measure`] → [`ProbeRun`]); [`backoff`]: the waits after failed streams and the early end.
 //! - [`stream`]: one stream's record ([`StreamRecord`]) and the recorder that fills it frame by frame.
-//! - [`stats`]: percentiles, stalls, jank, reading bands, verdict ([`summarize`] → [`Report`]).
-//! - [`gates`]: `--assert` parsing and evaluation.
+//! - [`stats`]: percentiles, stalls, jank, reading bands ([`summarize`] → [`Report`]); [`verdict`]:
+//!   SMOOTH or JANKY, from the streams.
+//! - [`compare`] and [`gates`]: `--assert` parsing and evaluation.
+//! - [`judged`]: the gates, the run's failure and the one status the exit code and every
+//!   report's headline are taken from.
 //! - [`report_text`], [`report_html`] (and [`report_html_more`]): the report for a terminal and
 //!   as a self-contained page.
 //! - [`join`] and [`attribution`]: `--join`, fetching each stream's timeline from metronome's
@@ -23,21 +27,25 @@
 //! - [`goodput`]: `--slo`, per-stream objectives and the goodput share (as vllm bench computes it).
 //! - [`baseline`]: `--baseline` and `probe compare`: deltas against an earlier report.
 //! - [`report_ci`]: `--junit` and `--markdown`, the reports CI systems render.
+//! - [`reports`]: writes every report file asked for, on every exit path.
 //! - [`meta`]: the run's metadata in the JSON.
 //!
 //! Exit codes of the command: 0 when every gate passes (or there are none), 1 when a gate fails,
 //! 2 for a usage error (bad flag, bad gate, unreadable `--body`, `--cacert` or `--baseline`) or
 //! when a report cannot be written, 3 when the run itself failed: no stream completed, more than
 //! `--max-error-rate` of them failed, or no model could be found. 3 wins over 1: a gate measured
-//! on a broken run means nothing.
+//! on a broken run means nothing. Every report file asked for is written on each of them.
 
 pub mod args;
 pub mod attribution;
+pub mod backoff;
 pub mod baseline;
 pub mod client;
+pub mod compare;
 pub mod gates;
 pub mod goodput;
 pub mod join;
+pub mod judged;
 pub mod limits;
 pub mod meta;
 pub mod models;
@@ -46,13 +54,16 @@ pub mod report_ci;
 pub mod report_html;
 pub mod report_html_more;
 pub mod report_text;
+pub mod reports;
+pub mod secrets;
 pub mod stats;
 pub mod stream;
+pub mod verdict;
 pub mod workload;
 
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 pub use args::{
     ConfigError, Load, LoadArgs, OutputArgs, ProbeArgs, ProbeCommand, ProbeConfig, RequestArgs,
@@ -62,25 +73,22 @@ pub use attribution::{
     gaps_csv, Attribution, AttributionBuilder, GapRow, Unjoined, GAP_ROWS_CSV_HEADER,
 };
 pub use client::{measure, measure_counting, measure_with, ProbeError, ProbeRun};
-pub use gates::{evaluate, parse_gates, Bound, Gate, GateError, GateOutcome, Metric, Op};
+pub use compare::Cmp;
+pub use gates::{evaluate, parse_gates, Bound, Gate, GateError, GateOutcome, GateResult, Metric};
 pub use join::{
     attribute_run, attribute_run_judged, attribute_run_with_rows, AdminUrl, AdminUrlError,
 };
+pub use judged::{Judged, RunFailure, Status};
 pub use report_html::render_html;
 pub use report_text::render_text;
-pub use stats::{detail_json, summarize, Report, Verdict};
+pub use stats::{detail_json, summarize, Report};
 pub use stream::{Read, StreamError, StreamRecord};
+pub use verdict::Verdict;
 
 use goodput::{Slo, StreamFigures};
+use judged::FailureKind;
 use progress::Progress;
-use report_ci::Judged;
-
-/// Exit code when a gate fails.
-const GATE_FAILED: u8 = 1;
-/// Exit code for a usage error or a report that cannot be written.
-const USAGE: u8 = 2;
-/// Exit code when the run itself failed (no stream completed, too many failed, no model).
-const RUN_FAILED: u8 = 3;
+use reports::Outcome;
 
 /// Everything a run checks and writes, parsed from the command line before any request.
 struct Plan {
@@ -90,121 +98,119 @@ struct Plan {
     join: Option<AdminUrl>,
 }
 
+/// A run that never took place: why, the gates it would have checked, and its configuration when
+/// that much was valid (for the reports' `meta`; boxed, as it is large and rarely there).
+struct Aborted {
+    failure: RunFailure,
+    gates: Vec<Gate>,
+    config: Option<Box<ProbeConfig>>,
+}
+
+/// One run measured: its streams, its report, and what it leaves for the report files.
+struct Measured {
+    run: ProbeRun,
+    report: Report,
+    /// The run ended early: its first streams all failed.
+    gave_up: bool,
+    /// `--gaps-csv`'s rows.
+    gap_rows: Option<Vec<GapRow>>,
+}
+
 /// Entry point of the `probe` subcommand.
 pub async fn run(mut args: ProbeArgs) -> ExitCode {
     if let Some(ProbeCommand::Compare { a, b }) = &args.command {
         return compare(a, b);
     }
-    // Every usage error is found before the first request, the model list's included.
-    let plan = match plan(&args) {
-        Ok(plan) => plan,
-        Err(code) => return code,
+    let outcome = match execute(&mut args).await {
+        Ok(outcome) => outcome,
+        Err(aborted) => aborted.into_outcome(&args),
     };
-    if args.request.model.is_none() && args.request.body.is_none() {
-        match find_model(&args).await {
-            Ok(model) => args.request.model = Some(model),
-            Err(code) => return code,
-        }
+    let status = Status::of(&outcome.judged);
+    // A refused command line keeps stdout empty: the error on stderr says it all.
+    if status != Status::Usage {
+        print!("{}", report_text::render_result(&outcome.judged));
     }
-    let config = match ProbeConfig::try_from(&args) {
-        Ok(config) => config,
-        Err(e) => return usage(&e),
-    };
+    explain_failures(&outcome.judged);
+    match reports::write_all(&args.output, &outcome) {
+        Ok(()) => ExitCode::from(status.exit_code()),
+        Err(e) => usage(&e),
+    }
+}
+
+/// Plans, finds the model, measures every run (one, or one per rate) and prints each report as it
+/// is done.
+async fn execute(args: &mut ProbeArgs) -> Result<Outcome, Aborted> {
+    // Every usage error is found before the first request, the model list's included.
+    let plan = plan(args)?;
+    if args.request.model.is_none() && args.request.body.is_none() {
+        let model = find_model(args, &plan.gates).await?;
+        args.request.model = Some(model);
+    }
+    let config =
+        ProbeConfig::try_from(&*args).map_err(|e| Aborted::usage(&e, &plan.gates, None))?;
     if let Some(limit) = limits::raise_open_file_limit() {
         tracing::debug!(limit, "open-file limit");
     }
-    let configs: Vec<(Option<String>, ProbeConfig)> = if args.load.rate_sweep.is_empty() {
-        vec![(None, config)]
-    } else {
-        args.load
-            .rate_sweep
-            .iter()
-            .map(|&rate| {
-                let mut c = config.clone();
-                c.load = Load::Open {
-                    rate,
-                    max_in_flight: args.load.concurrency,
-                };
-                (Some(format!("rate {rate}/s")), c)
-            })
-            .collect()
-    };
+    let configs = sweep(args, config);
     let mut judged = Vec::new();
-    let mut last_run = None;
+    let mut last = None;
     for (label, config) in &configs {
-        let (run, report) = match measure_one(&args, config, label.as_deref(), &plan).await {
-            Ok(done) => done,
-            Err(code) => return code,
-        };
-        let outcomes = evaluate(&plan.gates, &report, plan.baseline.as_ref());
-        let run_failure = run_failure(&report, args.output.max_error_rate);
+        let measured = measure_one(args, config, label.as_deref(), &plan)
+            .await
+            .map_err(|e| Aborted::usage(&e, &plan.gates, Some(config.clone())))?;
+        let outcomes = evaluate(&plan.gates, &measured.report, plan.baseline.as_ref());
         println!("metronome probe: {}", describe(config));
-        print!("{}", render_text(&report));
-        judged.push(Judged {
-            label: label.clone(),
-            report,
+        print!("{}", render_text(&measured.report));
+        let max_error_rate = args.output.max_error_rate;
+        judged.push(Judged::measured(
+            label.clone(),
+            measured.report,
             outcomes,
-            run_failure,
-        });
-        last_run = Some(run);
+            max_error_rate,
+            measured.gave_up,
+        ));
+        last = Some((measured.run, measured.gap_rows));
     }
     if judged.len() > 1 {
         print!("{}", report_text::render_sweep(&judged));
     }
-    let baseline_table = plan.baseline.as_ref().and_then(|b| {
-        let now = serde_json::to_value(&judged.first()?.report).ok()?;
-        let rows = baseline::deltas(b, &now);
-        let name = args.output.baseline.as_deref().map(baseline::short_name)?;
-        println!("against the baseline {name}:");
-        print!("{}", baseline::render_text("baseline", "this run", &rows));
-        Some(baseline::render_markdown("baseline", "this run", &rows))
-    });
-    for run in &judged {
-        let prefix = run
-            .label
-            .as_ref()
-            .map(|l| format!("[{l}] "))
-            .unwrap_or_default();
-        for outcome in &run.outcomes {
-            println!("{prefix}{outcome}");
-        }
-        if let Some(why) = &run.run_failure {
-            eprintln!("error: {prefix}the run failed: {why}");
-            for (kind, example) in &run.report.detail.error_examples {
-                let n = run
-                    .report
-                    .detail
-                    .errors_by_kind
-                    .get(kind)
-                    .copied()
-                    .unwrap_or(0);
-                eprintln!("  {kind} ({n}): {example}");
-            }
-        }
-    }
-    if let Err(e) = write_reports(
-        &args,
-        &configs[0].1,
-        &judged,
-        last_run.as_ref(),
-        baseline_table.as_deref(),
-    ) {
-        return usage(&e);
-    }
-    if judged.iter().any(|r| r.run_failure.is_some()) {
-        ExitCode::from(RUN_FAILED)
-    } else if judged.iter().all(|r| r.outcomes.iter().all(|o| o.passed)) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(GATE_FAILED)
-    }
+    let baseline_table = baseline_table(args, &plan, &judged);
+    let (run, gap_rows) = last.unwrap_or_else(|| (empty_run(), None));
+    Ok(Outcome {
+        judged,
+        run,
+        describe: describe(&configs[0].1),
+        baseline_table,
+        gap_rows,
+    })
 }
 
-/// Asks the server's `/v1/models` for the model to use (exit 3 when it cannot say).
-async fn find_model(args: &ProbeArgs) -> Result<String, ExitCode> {
+/// The configurations to run: `config` alone, or one open loop per rate of `--rate-sweep`.
+fn sweep(args: &ProbeArgs, config: ProbeConfig) -> Vec<(Option<String>, ProbeConfig)> {
+    if args.load.rate_sweep.is_empty() {
+        return vec![(None, config)];
+    }
+    args.load
+        .rate_sweep
+        .iter()
+        .map(|&rate| {
+            let mut c = config.clone();
+            c.load = Load::Open {
+                rate,
+                max_in_flight: args.load.concurrency,
+            };
+            (Some(format!("rate {rate}/s")), c)
+        })
+        .collect()
+}
+
+/// Asks the server's `/v1/models` for the model to use (a failed run, exit 3, when it cannot
+/// say).
+async fn find_model(args: &ProbeArgs, gates: &[Gate]) -> Result<String, Aborted> {
     let mut probe_args = args.clone();
     probe_args.request.model = Some(String::new());
-    let config = ProbeConfig::try_from(&probe_args).map_err(|e| usage(&e))?;
+    let mut config =
+        ProbeConfig::try_from(&probe_args).map_err(|e| Aborted::usage(&e, gates, None))?;
     match models::discover_model(&config).await {
         Ok(model) => {
             eprintln!(
@@ -216,29 +222,39 @@ async fn find_model(args: &ProbeArgs) -> Result<String, ExitCode> {
         Err(e) => {
             eprintln!("error: no --model given, and none could be found: {e}");
             eprintln!("  give the model to ask for with --model NAME");
-            Err(ExitCode::from(RUN_FAILED))
+            config.model = None;
+            Err(Aborted {
+                failure: RunFailure {
+                    kind: FailureKind::Discovery,
+                    message: "no --model given, and none could be found".to_owned(),
+                    causes: vec![e.to_string()],
+                },
+                gates: gates.to_vec(),
+                config: Some(Box::new(config)),
+            })
         }
     }
 }
 
 /// Parses the gates, the objectives, the baseline and the join URL (usage errors, exit 2).
-fn plan(args: &ProbeArgs) -> Result<Plan, ExitCode> {
-    let gates = parse_gates(&args.output.gates).map_err(|e| usage(&e))?;
-    gates::check_baseline(&gates, args.output.baseline.is_some()).map_err(|e| usage(&e))?;
+fn plan(args: &ProbeArgs) -> Result<Plan, Aborted> {
+    let gates = parse_gates(&args.output.gates).map_err(|e| Aborted::usage(&e, &[], None))?;
+    let refused = |e: &dyn std::fmt::Display| Aborted::usage(e, &gates, None);
+    gates::check_baseline(&gates, args.output.baseline.is_some()).map_err(|e| refused(&e))?;
     let slo = match &args.output.slo {
         Some(text) => Some((
             text.clone(),
-            goodput::parse_slo(text).map_err(|e| usage(&e))?,
+            goodput::parse_slo(text).map_err(|e| refused(&e))?,
         )),
         None => None,
     };
     let baseline = match &args.output.baseline {
-        Some(path) => Some(baseline::load(path).map_err(|e| usage(&e))?),
+        Some(path) => Some(baseline::load(path).map_err(|e| refused(&e))?),
         None => None,
     };
     let join = match args.output.join.as_deref().map(AdminUrl::parse).transpose() {
         Ok(join) => join,
-        Err(e) => return Err(usage(&e)),
+        Err(e) => return Err(refused(&e)),
     };
     Ok(Plan {
         gates,
@@ -254,13 +270,12 @@ async fn measure_one(
     config: &ProbeConfig,
     label: Option<&str>,
     plan: &Plan,
-) -> Result<(ProbeRun, Report), ExitCode> {
+) -> Result<Measured, ProbeError> {
     let label = label.map(|l| format!(" ({l})")).unwrap_or_default();
     let progress = Progress::start(config.stop, args.output.progress_interval, label);
     let started = SystemTime::now();
-    let run = measure_counting(config, progress.sent.clone(), |s| progress.stream_ended(s))
-        .await
-        .map_err(|e| usage(&e))?;
+    let starts = progress.starts.clone();
+    let run = measure_counting(config, starts.clone(), |s| progress.stream_ended(s)).await?;
     progress.finish();
     let mut report = summarize(&run, config.stall_threshold);
     let wall = report.detail.wall_time;
@@ -273,151 +288,138 @@ async fn measure_one(
         report.goodput = Some(goodput::goodput(text, slos, &figures, wall));
     }
     report.meta = Some(meta::run_meta(config, started, wall));
-    match (&plan.join, &args.output.gaps_csv) {
-        (Some(admin), Some(path)) => {
-            let (attribution, rows) =
-                attribute_run_judged(admin, &run, config.stall_threshold, true).await;
-            report.attribution = Some(attribution);
-            write_file(path, &gaps_csv(&rows)).map_err(|e| usage(&e))?;
-        }
-        // Without --gaps-csv the rows are not kept (about 40 bytes a gap).
-        (Some(admin), None) => {
-            let judged = attribute_run_judged(admin, &run, config.stall_threshold, false).await;
-            report.attribution = Some(judged.0);
-        }
-        // clap requires --join for --gaps-csv.
-        (None, _) => {}
+    let keep_rows = args.output.gaps_csv.is_some();
+    let mut gap_rows = None;
+    // clap requires --join for --gaps-csv; without it the rows are not kept (about 40 bytes a
+    // gap).
+    if let Some(admin) = &plan.join {
+        let (attribution, rows) =
+            attribute_run_judged(admin, &run, config.stall_threshold, keep_rows).await;
+        report.attribution = Some(attribution);
+        gap_rows = keep_rows.then_some(rows);
     }
-    Ok((run, report))
-}
-
-/// Why the run itself failed, if it did: no stream completed, or more than `max_error_rate` of
-/// them failed.
-pub fn run_failure(report: &Report, max_error_rate: f64) -> Option<String> {
-    let (n, failed) = (report.requests, report.errors);
-    if n == failed {
-        return Some(format!("no stream completed ({failed} of {n} failed)"));
-    }
-    let rate = failed as f64 / n as f64;
-    (rate > max_error_rate).then(|| {
-        format!(
-            "{failed} of {n} streams failed ({:.1}%, more than --max-error-rate {})",
-            rate * 100.0,
-            max_error_rate
-        )
+    Ok(Measured {
+        run,
+        report,
+        gave_up: starts.gave_up(),
+        gap_rows,
     })
 }
 
-/// Writes every report file asked for.
-fn write_reports(
-    args: &ProbeArgs,
-    config: &ProbeConfig,
-    judged: &[Judged],
-    last_run: Option<&ProbeRun>,
-    baseline_table: Option<&str>,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let out = &args.output;
-    let single = match judged {
-        [one] => Some(&one.report),
-        _ => None,
-    };
-    if let Some(path) = &out.json {
-        let json = match single {
-            Some(report) => serde_json::to_string_pretty(report)?,
-            None => {
-                let rows = judged
-                    .iter()
-                    .map(|j| {
-                        let mut row = serde_json::to_value(&j.report)?;
-                        if let (Some(meta), Some(object)) = (&j.report.meta, row.as_object_mut()) {
-                            object.insert("rate".to_owned(), serde_json::json!(meta.rate));
-                        }
-                        Ok(row)
-                    })
-                    .collect::<Result<Vec<_>, serde_json::Error>>()?;
-                serde_json::to_string_pretty(&serde_json::json!({ "sweep": rows }))?
-            }
+/// The comparison with `--baseline`, printed, and as Markdown for the summary; a warning first
+/// when the two runs' workloads differ.
+fn baseline_table(args: &ProbeArgs, plan: &Plan, judged: &[Judged]) -> Option<String> {
+    let before = plan.baseline.as_ref()?;
+    let now = serde_json::to_value(&judged.first()?.report).ok()?;
+    let rows = baseline::deltas(before, &now);
+    let name = baseline::short_name(args.output.baseline.as_deref()?);
+    let differences = baseline::workload_differences(before, &now);
+    let warning = baseline::workload_warning(&name, "this run", &differences);
+    if let Some(warning) = &warning {
+        eprintln!("warning: {warning}");
+    }
+    println!("against the baseline {name}:");
+    print!("{}", baseline::render_text("baseline", "this run", &rows));
+    let mut table = warning
+        .map(|w| format!("> **Warning:** {w}\n\n"))
+        .unwrap_or_default();
+    table.push_str(&baseline::render_markdown("baseline", "this run", &rows));
+    Some(table)
+}
+
+/// On stderr, why each measured run failed and what its streams' errors said.
+fn explain_failures(judged: &[Judged]) {
+    for run in judged {
+        let Some(failure) = &run.run_failure else {
+            continue;
         };
-        write_file(
-            path,
-            &(json
-                + "
-"),
-        )?;
-    }
-    if let (Some(path), Some(report)) = (&out.detail, single) {
-        write_file(
-            path,
-            &(serde_json::to_string_pretty(&detail_json(report))?
-                + "
-"),
-        )?;
-    }
-    if let (Some(path), Some(report), Some(run)) = (&out.html, single, last_run) {
-        let admin = args.output.join.as_deref();
-        let html = report_html::render_html_joined(run, report, &describe(config), admin);
-        write_file(path, &html)?;
-    }
-    if let Some(path) = &out.junit {
-        write_file(path, &report_ci::render_junit(judged))?;
-    }
-    if let Some(path) = &out.markdown {
-        let text = report_ci::render_markdown(&describe(config), judged, baseline_table);
-        write_file(path, &text)?;
-        if let Some(summary) = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|s| !s.is_empty()) {
-            append_file(Path::new(&summary), &text)?;
+        // A refused command line or a missing model was said when it was found.
+        if matches!(failure.kind, FailureKind::Usage | FailureKind::Discovery) {
+            continue;
+        }
+        let prefix = run
+            .label
+            .as_ref()
+            .map(|l| format!("[{l}] "))
+            .unwrap_or_default();
+        eprintln!("error: {prefix}the run failed: {}", failure.message);
+        for cause in &failure.causes {
+            eprintln!("  {cause}");
         }
     }
-    Ok(())
+}
+
+// === impl Aborted ===
+
+impl Aborted {
+    /// A usage error: said on stderr now, and kept for the reports.
+    fn usage(error: &dyn std::fmt::Display, gates: &[Gate], config: Option<ProbeConfig>) -> Self {
+        eprintln!("error: {error}");
+        Aborted {
+            failure: RunFailure {
+                kind: FailureKind::Usage,
+                message: error.to_string(),
+                causes: Vec::new(),
+            },
+            gates: gates.to_vec(),
+            config: config.map(Box::new),
+        }
+    }
+
+    /// What the reports say of a run that never took place: no streams, each gate not measured,
+    /// the failure, and the metadata when the configuration was valid.
+    fn into_outcome(self, args: &ProbeArgs) -> Outcome {
+        let run = empty_run();
+        let threshold = args.output.stall_threshold;
+        let mut report = summarize(&run, threshold);
+        report.meta = self
+            .config
+            .as_ref()
+            .map(|c| meta::run_meta(c, SystemTime::now(), Duration::ZERO));
+        let describe = match &self.config {
+            Some(config) => describe(config),
+            None => args.url.clone().unwrap_or_default(),
+        };
+        Outcome {
+            judged: vec![Judged::aborted(report, &self.gates, self.failure)],
+            run,
+            describe,
+            baseline_table: None,
+            gap_rows: None,
+        }
+    }
+}
+
+/// A run with no stream.
+fn empty_run() -> ProbeRun {
+    let now = Instant::now();
+    ProbeRun {
+        started: now,
+        finished: now,
+        streams: Vec::new(),
+    }
 }
 
 /// `metronome probe compare A.json B.json`: the two reports side by side (exit 0, or 2 when one
-/// cannot be read).
+/// cannot be read), with a warning when their workloads differ.
 fn compare(a: &Path, b: &Path) -> ExitCode {
     let (left, right) = match (baseline::load(a), baseline::load(b)) {
         (Ok(left), Ok(right)) => (left, right),
         (Err(e), _) | (_, Err(e)) => return usage(&e),
     };
+    let (a_name, b_name) = (baseline::short_name(a), baseline::short_name(b));
+    let differences = baseline::workload_differences(&left, &right);
+    if let Some(warning) = baseline::workload_warning(&a_name, &b_name, &differences) {
+        eprintln!("warning: {warning}");
+    }
     let rows = baseline::deltas(&left, &right);
-    print!(
-        "{}",
-        baseline::render_text(&baseline::short_name(a), &baseline::short_name(b), &rows)
-    );
+    print!("{}", baseline::render_text(&a_name, &b_name, &rows));
     ExitCode::SUCCESS
 }
 
 fn usage(error: &dyn std::fmt::Display) -> ExitCode {
     eprintln!("error: {error}");
-    ExitCode::from(USAGE)
-}
-
-/// A report file that could not be written.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot write {path}: {source}")]
-struct WriteError {
-    path: String,
-    source: std::io::Error,
-}
-
-fn write_file(path: &Path, contents: &str) -> Result<(), WriteError> {
-    std::fs::write(path, contents).map_err(|source| WriteError {
-        path: path.display().to_string(),
-        source,
-    })
-}
-
-/// Appends to a file (the GitHub step summary collects every step's Markdown).
-fn append_file(path: &Path, contents: &str) -> Result<(), WriteError> {
-    use std::io::Write;
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(contents.as_bytes()))
-        .map_err(|source| WriteError {
-            path: path.display().to_string(),
-            source,
-        })
+    ExitCode::from(judged::USAGE)
 }
 
 /// One line saying what was probed and how.

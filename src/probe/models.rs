@@ -58,7 +58,8 @@ pub fn models_url(url: &Uri) -> Uri {
 }
 
 /// Asks `config`'s server for its models and returns the first one's `id`. The request carries
-/// the user's `--header`s (an `Authorization`), never a body.
+/// the run's headers (its `User-Agent`, the `Authorization` of `--api-key`, the user's
+/// `--header`s), never a body; a credential the answer echoes is masked.
 pub async fn discover_model(config: &ProbeConfig) -> Result<String, ModelError> {
     let client = build_client(config)?;
     let url = models_url(&config.url);
@@ -89,6 +90,7 @@ pub async fn discover_model(config: &ProbeConfig) -> Result<String, ModelError> 
     .map_err(|e| request_error(e.to_string()))?
     .to_bytes();
     let text = String::from_utf8_lossy(&body);
+    let text = config.secrets.redact(&text);
     if !status.is_success() {
         return Err(ModelError::Status {
             url,

@@ -3,16 +3,19 @@
 //! log does not look hung:
 //!
 //! `progress 12.0s: 40 done, 4 in flight, 1 failed, 812 token events, ITL p50 30.1ms p99 212.0ms`
+//!
+//! Both count the streams in flight (sent and not yet ended) beside the finished ones: a run of
+//! long streams shows its load from the first second, not only when the first stream ends.
 
 use crate::poison::LockExt;
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::args::Stop;
+use super::backoff::Starts;
 use super::stats::nearest_rank;
 use super::stream::StreamRecord;
 use crate::units::format_duration;
@@ -23,17 +26,22 @@ struct Tally {
     done: u64,
     failed: u64,
     token_events: u64,
-    /// Every gap so far, in microseconds (4 bytes a gap; sorted only when a line is printed).
+    /// Every gap so far, in microseconds (4 bytes a gap; sorted only when a line is printed;
+    /// not kept for the bar, which shows no ITL).
     gaps_us: Vec<u32>,
 }
+
+/// How often the bar's count of streams in flight is brought up to date.
+const BAR_REFRESH: Duration = Duration::from_millis(200);
 
 /// The progress of one run: feed it every stream as it ends ([`Progress::stream_ended`]), and
 /// [`Progress::finish`] it after the run.
 pub struct Progress {
     bar: Option<ProgressBar>,
     tally: Arc<Mutex<Tally>>,
-    /// Streams sent, counted by the client.
-    pub sent: Arc<AtomicU64>,
+    /// Streams sent and ended, counted by the client.
+    pub starts: Arc<Starts>,
+    /// The task that prints the lines or refreshes the bar's counts.
     ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -49,17 +57,23 @@ impl Progress {
     /// Like [`Progress::start`], saying whether stderr is a terminal.
     pub fn start_on(stop: Stop, interval: Duration, label: String, terminal: bool) -> Self {
         let tally = Arc::new(Mutex::new(Tally::default()));
-        let sent = Arc::new(AtomicU64::new(0));
+        let starts = Arc::new(Starts::default());
         if terminal {
+            let bar = progress_bar(stop);
+            let ticker = Some(tokio::spawn(refresh_bar(
+                bar.clone(),
+                tally.clone(),
+                starts.clone(),
+            )));
             return Progress {
-                bar: Some(progress_bar(stop)),
+                bar: Some(bar),
                 tally,
-                sent,
-                ticker: None,
+                starts,
+                ticker,
             };
         }
         let ticker = (!interval.is_zero()).then(|| {
-            let (tally, sent) = (tally.clone(), sent.clone());
+            let (tally, starts) = (tally.clone(), starts.clone());
             tokio::spawn(async move {
                 let started = Instant::now();
                 let mut ticks =
@@ -68,12 +82,7 @@ impl Progress {
                     ticks.tick().await;
                     let line = {
                         let mut tally = tally.lock_or_recover();
-                        line(
-                            &label,
-                            started.elapsed(),
-                            sent.load(Ordering::Relaxed),
-                            &mut tally,
-                        )
+                        line(&label, started.elapsed(), starts.sent(), &mut tally)
                     };
                     eprintln!("{line}");
                 }
@@ -82,17 +91,13 @@ impl Progress {
         Progress {
             bar: None,
             tally,
-            sent,
+            starts,
             ticker,
         }
     }
 
     /// Counts a stream that ended.
     pub fn stream_ended(&self, stream: &StreamRecord) {
-        if let Some(bar) = &self.bar {
-            bar.inc(1);
-            return;
-        }
         if self.ticker.is_none() {
             return;
         }
@@ -100,6 +105,10 @@ impl Progress {
         tally.done += 1;
         tally.failed += u64::from(stream.error.is_some());
         tally.token_events += stream.token_times.len() as u64;
+        if let Some(bar) = &self.bar {
+            bar.inc(1);
+            return;
+        }
         tally.gaps_us.extend(
             stream
                 .gaps()
@@ -109,12 +118,29 @@ impl Progress {
 
     /// Clears the bar or stops the lines.
     pub fn finish(self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
-        }
         if let Some(ticker) = &self.ticker {
             ticker.abort();
         }
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Keeps the bar's message (streams in flight, failed) up to date while the run goes.
+async fn refresh_bar(bar: ProgressBar, tally: Arc<Mutex<Tally>>, starts: Arc<Starts>) {
+    let mut ticks = tokio::time::interval(BAR_REFRESH);
+    loop {
+        ticks.tick().await;
+        let message = {
+            let tally = tally.lock_or_recover();
+            format!(
+                "{} in flight, {} failed",
+                starts.sent().saturating_sub(tally.done),
+                tally.failed
+            )
+        };
+        bar.set_message(message);
     }
 }
 
@@ -146,8 +172,8 @@ fn progress_bar(stop: Stop) -> ProgressBar {
         Stop::After(_) => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
     };
     let template = match stop {
-        Stop::Requests(_) => "{bar:40} {pos}/{len} streams done {elapsed}",
-        Stop::After(_) => "{spinner} {pos} streams done {elapsed}",
+        Stop::Requests(_) => "{bar:40} {pos}/{len} streams done, {msg} {elapsed}",
+        Stop::After(_) => "{spinner} {pos} streams done, {msg} {elapsed}",
     };
     if let Ok(style) = ProgressStyle::with_template(template) {
         bar.set_style(style);

@@ -1,4 +1,6 @@
-//! The report as one self-contained HTML page: the summary table and verdict, the gap histogram on
+//! The report as one self-contained HTML page: the headline the exit code is taken from (FAIL on
+//! a failed gate, ERROR on a failed run, the verdict otherwise), the gates and the cause of a
+//! failure, the summary table and verdict, the gap histogram on
 //! a log time axis with the stall threshold marked, and a cadence strip per stream (one tick per
 //! token event) so stalls and clumps show at a glance. Inline SVG and CSS only: no scripts, no
 //! external resources, so the file can be attached to a CI run and opened anywhere.
@@ -11,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use super::attribution::Attribution;
 use super::client::ProbeRun;
+use super::judged::{Judged, Status};
 use super::report_html_more as more;
-use super::stats::{millis, Quantiles, Report, Verdict};
+use super::stats::{millis, Quantiles, Report};
 use crate::units::format_duration;
 
 /// At most this many streams get a cadence strip (the first ones, in start order); the page says
@@ -23,8 +26,9 @@ pub const MAX_STRIPS: usize = 200;
 const BINS_PER_DECADE: u32 = 10;
 
 const CSS: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1000px}\
-h1 .v{padding:.1em .5em;border-radius:.3em;color:#fff}\
-.SMOOTH{background:#2a7d3f}.JANKY{background:#b3261e}\
+h1 .v{padding:.1em .5em;border-radius:.3em;color:#fff}h1 .verdict{font-size:60%;color:#555}\
+.SMOOTH{background:#2a7d3f}.JANKY,.FAIL{background:#b3261e}.ERROR{background:#6b1510}\
+tr.pass td.r{color:#2a7d3f}tr.fail td.r,tr.not_measured td.r{color:#b3261e;font-weight:bold}\
 table{border-collapse:collapse}td,th{padding:.2em .8em;text-align:left;border-bottom:1px solid #ddd}\
 td.n{text-align:right;font-variant-numeric:tabular-nums}\
 p.note{color:#555;max-width:60em}\
@@ -36,31 +40,34 @@ svg text{font:11px system-ui,sans-serif;fill:#444}\
 .line-ttft{stroke:#e08a00;fill:#e08a00;stroke-width:2}\
 .tick{stroke:#333;stroke-width:1}.clump{stroke:#e08a00;stroke-width:2}.gap{fill:#b3261e;opacity:.35}";
 
-/// Renders the page. `title` names what was probed (the URL).
+/// Renders the page of a run without gates. `title` names what was probed (the URL).
 pub fn render_html(run: &ProbeRun, report: &Report, title: &str) -> String {
-    render_html_joined(run, report, title, None)
+    let judged = Judged::measured(None, report.clone(), Vec::new(), 1.0, false);
+    render_html_judged(run, &judged, title, None)
 }
 
-/// Like [`render_html`], linking each stream ID to `{admin}/streams/{id}` (the `--join` URL).
-pub fn render_html_joined(
+/// The page of a judged run (its gates, its failure), linking each stream ID to
+/// `{admin}/streams/{id}` (the `--join` URL).
+pub fn render_html_judged(
     run: &ProbeRun,
-    report: &Report,
+    judged: &Judged,
     title: &str,
     admin: Option<&str>,
 ) -> String {
-    let verdict = match report.verdict {
-        Verdict::Smooth => "SMOOTH",
-        Verdict::Janky => "JANKY",
-    };
+    let report = &judged.report;
+    let headline = Status::of(std::slice::from_ref(judged)).headline();
+    let verdict = report.verdict.word();
     let mut out = String::with_capacity(64 * 1024);
     let _ = write!(
         out,
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n\
-         <title>metronome probe: {verdict}</title>\n<style>{CSS}</style>\n</head>\n<body>\n\
-         <h1>metronome probe <span class=\"v {verdict}\">{verdict}</span></h1>\n\
+         <title>metronome probe: {headline}</title>\n<style>{CSS}</style>\n</head>\n<body>\n\
+         <h1>metronome probe <span class=\"v {headline}\">{headline}</span> \
+         <span class=\"verdict\">verdict {verdict}</span></h1>\n\
          <p class=\"note\">{}</p>\n",
         escape(title)
     );
+    more::result_section(&mut out, judged);
     summary_table(&mut out, report);
     more::meta_section(&mut out, report);
     if let Some(attribution) = &report.attribution {
@@ -137,12 +144,14 @@ fn summary_table(out: &mut String, r: &Report) {
         (
             "stalls",
             format!(
-                "{} ({} of {} gaps over {})",
+                "{} ({} of {} gaps over {}; {} of {} streams stalled)",
                 r.stall_pct
                     .map_or_else(|| "–".to_owned(), |v| format!("{v:.2}%")),
                 r.detail.stalls,
                 r.detail.gaps,
-                format_duration(r.detail.stall_threshold)
+                format_duration(r.detail.stall_threshold),
+                r.detail.stalled_streams,
+                r.detail.streams_with_gaps
             ),
         ),
         ("jank ratio", num(r.jank_ratio, 2)),

@@ -1,4 +1,5 @@
-//! The HTML report's sections beyond the gaps: the run's metadata, the TTFT distribution, a
+//! The HTML report's sections beyond the gaps: the result (the gates, the cause of a failure and
+//! the verdict's reasons), the run's metadata, the TTFT distribution, a
 //! percentile plot of TTFT and ITL on log scales (the tail a histogram hides: p99.9 sits a
 //! decade to the right of p99, not in a one-pixel bar), and the stream list with each stream's
 //! ID, linked to metronome's `/streams/{id}` when the run was joined (`--join`).
@@ -7,7 +8,9 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use super::client::ProbeRun;
+use super::judged::{summary, Judged, RunFailure};
 use super::stats::{nearest_rank_per_mille, Report};
+use super::verdict::RULE;
 use crate::units::format_duration;
 
 /// The percentile plot's points, in thousandths (p50 ... p99.99 ... max).
@@ -20,6 +23,60 @@ const W: f64 = 900.0;
 const H: f64 = 240.0;
 const LEFT: f64 = 60.0;
 const BOTTOM: f64 = 30.0;
+
+/// The result: why the headline is what it is, the run's failure and its causes, each gate's
+/// expression, value and result, and the verdict's reasons.
+pub fn result_section(out: &mut String, judged: &Judged) {
+    out.push_str("<h2>Result</h2>\n");
+    match &judged.run_failure {
+        None => {
+            let one = std::slice::from_ref(judged);
+            let _ = writeln!(out, "<p class=\"result\">{}</p>", escape(&summary(one)));
+        }
+        Some(failure) => failure_paragraphs(out, failure),
+    }
+    if !judged.outcomes.is_empty() {
+        out.push_str(
+            "<table class=\"gates\">\n<tr><th>gate</th><th>value</th><th>result</th></tr>\n",
+        );
+        for outcome in &judged.outcomes {
+            let _ = writeln!(
+                out,
+                "<tr class=\"{}\"><td><code>{}</code></td><td>{}</td><td class=\"r\">{}</td></tr>",
+                outcome.result.key(),
+                escape(&outcome.gate.text),
+                escape(&outcome.detail()),
+                outcome.result.word()
+            );
+        }
+        out.push_str("</table>\n");
+    }
+    let report = &judged.report;
+    let _ = writeln!(
+        out,
+        "<p class=\"note\">Verdict {}: {}. {}.</p>",
+        report.verdict.word(),
+        escape(&report.evidence().explain()),
+        escape(RULE)
+    );
+}
+
+/// Why the run failed, and what the server or the client said.
+fn failure_paragraphs(out: &mut String, failure: &RunFailure) {
+    let _ = writeln!(
+        out,
+        "<p class=\"failure\"><strong>The run failed ({}):</strong> {}</p>",
+        failure.kind.key(),
+        escape(&failure.message)
+    );
+    if !failure.causes.is_empty() {
+        out.push_str("<ul class=\"causes\">\n");
+        for cause in &failure.causes {
+            let _ = writeln!(out, "<li><code>{}</code></li>", escape(cause));
+        }
+        out.push_str("</ul>\n");
+    }
+}
 
 /// The metadata table (`meta` of the JSON).
 pub fn meta_section(out: &mut String, report: &Report) {

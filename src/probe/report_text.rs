@@ -1,10 +1,12 @@
-//! The report as a terminal reads it: one line per figure, `-` where there is no data.
+//! The report as a terminal reads it: one line per figure, `-` where there is no data, and at
+//! the end the gates and the result line, whose headline is the exit code's (`judged.rs`).
 
 use std::fmt::Write;
 use std::time::Duration;
 
 use super::attribution::Attribution;
-use super::stats::{Quantiles, Report, Verdict};
+use super::judged::{summary, Judged, Status};
+use super::stats::{Quantiles, Report};
 use crate::units::format_duration;
 
 /// Renders the report as aligned text lines, ending with the verdict.
@@ -54,11 +56,13 @@ pub fn render_text(report: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "stalls         {}   ({} of {} gaps over {})",
+        "stalls         {}   ({} of {} gaps over {}; {} of {} streams stalled)",
         percent(report.stall_pct),
         d.stalls,
         d.gaps,
-        format_duration(d.stall_threshold)
+        format_duration(d.stall_threshold),
+        d.stalled_streams,
+        d.streams_with_gaps
     );
     let _ = writeln!(
         out,
@@ -102,15 +106,12 @@ pub fn render_text(report: &Report) -> String {
             met.join(", ")
         );
     }
-    let why = match report.verdict {
-        Verdict::Smooth => "jank ratio under 4 and median stream over 7 tokens/s",
-        Verdict::Janky => "needs jank ratio under 4 and median stream over 7 tokens/s",
-    };
-    let word = match report.verdict {
-        Verdict::Smooth => "SMOOTH",
-        Verdict::Janky => "JANKY",
-    };
-    let _ = writeln!(out, "verdict        {word}   ({why})");
+    let _ = writeln!(
+        out,
+        "verdict        {}   ({})",
+        report.verdict.word(),
+        report.evidence().explain()
+    );
     if let Some(attribution) = &report.attribution {
         out.push_str(&render_attribution(attribution));
     }
@@ -118,7 +119,7 @@ pub fn render_text(report: &Report) -> String {
 }
 
 /// The `--rate-sweep` table: one row per rate, so the load where the cadence breaks shows.
-pub fn render_sweep(runs: &[super::report_ci::Judged]) -> String {
+pub fn render_sweep(runs: &[Judged]) -> String {
     let mut out = String::from(
         "sweep          rate        streams failed  TTFT p50  TTFT p99   ITL p50   ITL p99  stalls   jank goodput  verdict
 ",
@@ -143,12 +144,32 @@ pub fn render_sweep(runs: &[super::report_ci::Judged]) -> String {
             percent(r.stall_pct),
             number(r.jank_ratio, 2),
             share(goodput),
-            match r.verdict {
-                Verdict::Smooth => "SMOOTH",
-                Verdict::Janky => "JANKY",
-            }
+            r.verdict.word()
         );
     }
+    out
+}
+
+/// The end of the report: each gate's line (prefixed with its rate in a sweep), then the result
+/// line, whose headline is never the verdict when a gate or the run failed.
+pub fn render_result(runs: &[Judged]) -> String {
+    let mut out = String::new();
+    for run in runs {
+        let prefix = run
+            .label
+            .as_ref()
+            .map(|l| format!("[{l}] "))
+            .unwrap_or_default();
+        for outcome in &run.outcomes {
+            let _ = writeln!(out, "{prefix}{outcome}");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "result         {}   ({})",
+        Status::of(runs).headline(),
+        summary(runs)
+    );
     out
 }
 
@@ -358,9 +379,12 @@ mod tests {
         };
         let text = render_text(&summarize(&run, Duration::from_millis(200)));
         assert!(text.contains("TTFT           p50 -  p95 -  p99 -  max -"));
-        assert!(text.contains("stalls         -   (0 of 0 gaps over 200.0ms)"));
+        assert!(
+            text.contains("stalls         -   (0 of 0 gaps over 200.0ms; 0 of 0 streams stalled)")
+        );
         assert!(text.ends_with(
-            "verdict        JANKY   (needs jank ratio under 4 and median stream over 7 tokens/s)\n"
+            "verdict        JANKY   (no stream had two token events; no stream had 8 gaps for a \
+             jank ratio; no stream had a tokens/s)\n"
         ));
     }
 }

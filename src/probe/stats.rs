@@ -12,11 +12,13 @@
 //! - **tokens/s** is per stream: (output tokens − 1) / (last token event − first token event),
 //!   with output tokens from `usage` when the server reported them, else counted; streams where it
 //!   is undefined (under two tokens, or all token events in one frame) are left out.
-//! - **stall_pct** is the percentage (0–100) of pooled gaps strictly longer than the threshold.
+//! - **stall_pct** is the percentage (0–100) of pooled gaps strictly longer than the threshold;
+//!   **stalled_streams_pct** the percentage of streams with a gap that had at least one.
 //! - **jank_ratio** is pooled p99 gap / max(pooled p50 gap, 1 ms); **stream_jank_ratio** is the
 //!   same ratio per stream, over streams with at least 8 gaps.
-//! - **verdict** is SMOOTH when jank_ratio < 4 and tokens_per_second.p50 > 7, else JANKY (also
-//!   when either is missing: smoothness is never claimed without data).
+//! - **verdict** is taken per stream, from the stalled streams, the per-stream jank ratio and
+//!   the median tokens/s ([`super::verdict::RULE`]); JANKY when any is missing: smoothness is
+//!   never claimed without data.
 //! - **reading_bands** are shares (0–1) of the streams with a defined tokens/s, by band:
 //!   `[0, 5)`, `[5, 7)`, `[7, 15)`, `[15, 50)`, `[50, ∞)`.
 
@@ -29,18 +31,14 @@ use serde::Serialize;
 use super::attribution::Attribution;
 use super::client::ProbeRun;
 use super::goodput::Goodput;
+use super::verdict::{Evidence, Verdict};
+use super::workload::RequestShape;
 
 /// Streams need at least this many gaps for a per-stream jank ratio (DESIGN.md section 3).
 pub const MIN_GAPS_FOR_STREAM_JANK: usize = 8;
 
 /// The jank ratio's floor for the median gap, so a stream of clumps does not divide by zero.
 pub const JANK_FLOOR: Duration = Duration::from_millis(1);
-
-/// Below this jank ratio (and above [`SMOOTH_MIN_TPS`]) a run is SMOOTH.
-pub const SMOOTH_MAX_JANK: f64 = 4.0;
-
-/// Above this median reading speed (and below [`SMOOTH_MAX_JANK`]) a run is SMOOTH.
-pub const SMOOTH_MIN_TPS: f64 = 7.0;
 
 /// The probe's findings. Serializes to exactly the keys of the JSON contract; [`ReportDetail`]
 /// carries what the text and HTML reports show beyond it.
@@ -58,11 +56,14 @@ pub struct Report {
     pub tokens_per_second: TokensPerSecond,
     /// Percentage (0–100) of gaps longer than the stall threshold.
     pub stall_pct: Option<f64>,
+    /// Percentage (0–100) of the streams with a gap that had at least one stall: how many
+    /// readers saw the text stop.
+    pub stalled_streams_pct: Option<f64>,
     /// Pooled p99 gap / max(pooled p50 gap, 1 ms).
     pub jank_ratio: Option<f64>,
     /// Per-stream jank ratio, over streams with at least 8 gaps.
     pub stream_jank_ratio: StreamJank,
-    /// SMOOTH or JANKY.
+    /// SMOOTH or JANKY, by [`super::verdict::RULE`].
     pub verdict: Verdict,
     /// Share of streams in each reading-speed band.
     pub reading_bands: ReadingBands,
@@ -115,6 +116,29 @@ pub struct RunMeta {
     pub started: String,
     /// The run's wall time in seconds.
     pub duration_s: f64,
+    /// What the run asked of the server, beyond the load above.
+    pub workload: Workload,
+}
+
+/// What a run asked of the server beyond its load: `meta.workload`. `--baseline` and `probe
+/// compare` warn when two runs differ here (or in load, concurrency or rate).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Workload {
+    /// `--requests` (`null` with `--duration`).
+    pub requests: Option<u64>,
+    /// `--duration` in seconds (`null` with `--requests`).
+    pub duration_s: Option<f64>,
+    /// What each request asks for.
+    #[serde(flatten)]
+    pub request: RequestShape,
+    /// The requests in `--dataset` (`null` without).
+    pub dataset_requests: Option<usize>,
+    /// `--seed` (`null`: the dataset in order).
+    pub seed: Option<u64>,
+    /// Whether the streams spoke HTTP/2.
+    pub http2: bool,
+    /// `--stall-threshold` in milliseconds: the figures on stalls depend on it.
+    pub stall_threshold_ms: f64,
 }
 
 /// p50, p95, p99 and max of a set of durations, in milliseconds.
@@ -148,17 +172,6 @@ pub struct StreamJank {
     pub p95: Option<f64>,
 }
 
-/// The one-word answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Verdict {
-    /// Even cadence at a comfortable reading speed.
-    #[serde(rename = "SMOOTH")]
-    Smooth,
-    /// Uneven cadence or too slow (or no data to say otherwise).
-    #[serde(rename = "JANKY")]
-    Janky,
-}
-
 /// Share (0–1) of streams per tokens/s band: below reading speed, around it, comfortable, fast,
 /// faster than anyone reads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -187,6 +200,10 @@ pub struct ReportDetail {
     pub gaps: u64,
     /// Gaps longer than the threshold.
     pub stalls: u64,
+    /// Streams with at least one gap.
+    pub streams_with_gaps: u64,
+    /// Of those, streams with at least one stall.
+    pub stalled_streams: u64,
     /// Gaps of 0 (token events that shared a frame).
     pub clumped_gaps: u64,
     /// Token events received.
@@ -278,6 +295,10 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         stream_gaps.clear();
         stream_gaps.extend(stream.gaps());
         gaps.extend_from_slice(&stream_gaps);
+        if !stream_gaps.is_empty() {
+            detail.streams_with_gaps += 1;
+            detail.stalled_streams += u64::from(stream_gaps.iter().any(|g| *g > stall_threshold));
+        }
         if stream_gaps.len() >= MIN_GAPS_FOR_STREAM_JANK {
             stream_gaps.sort_unstable();
             stream_janks.extend(jank(&stream_gaps));
@@ -304,6 +325,17 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         p5: nearest_rank(&tps, 5),
     };
     let jank_ratio = jank(&gaps);
+    let stream_jank_ratio = StreamJank {
+        p50: nearest_rank(&stream_janks, 50),
+        p95: nearest_rank(&stream_janks, 95),
+    };
+    let stalled_streams_pct =
+        share(detail.stalled_streams, detail.streams_with_gaps).map(|s| s * 100.0);
+    let evidence = Evidence {
+        stalled_streams_pct,
+        stream_jank_p95: stream_jank_ratio.p95,
+        tps_p50: tokens_per_second.p50,
+    };
     let seconds = detail.wall_time.as_secs_f64();
     let per_second = |n: u64| (seconds > 0.0).then(|| n as f64 / seconds);
     let throughput = Throughput {
@@ -317,12 +349,10 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         itl_ms: quantiles_ms(&gaps),
         tokens_per_second,
         stall_pct: share(detail.stalls, detail.gaps).map(|s| s * 100.0),
+        stalled_streams_pct,
         jank_ratio,
-        stream_jank_ratio: StreamJank {
-            p50: nearest_rank(&stream_janks, 50),
-            p95: nearest_rank(&stream_janks, 95),
-        },
-        verdict: verdict(jank_ratio, tokens_per_second.p50),
+        stream_jank_ratio,
+        verdict: evidence.verdict(),
         reading_bands: reading_bands(&tps),
         attribution: None,
         throughput,
@@ -362,13 +392,16 @@ pub fn jank(sorted_gaps: &[Duration]) -> Option<f64> {
     Some(p99.as_secs_f64() / p50.max(JANK_FLOOR).as_secs_f64())
 }
 
-/// SMOOTH when the jank ratio is under 4 and the median stream reads faster than 7 tokens/s.
-pub fn verdict(jank_ratio: Option<f64>, tps_p50: Option<f64>) -> Verdict {
-    match (jank_ratio, tps_p50) {
-        (Some(jank), Some(tps)) if jank < SMOOTH_MAX_JANK && tps > SMOOTH_MIN_TPS => {
-            Verdict::Smooth
+// === impl Report ===
+
+impl Report {
+    /// The figures the verdict was taken from, for a report that says why.
+    pub fn evidence(&self) -> Evidence {
+        Evidence {
+            stalled_streams_pct: self.stalled_streams_pct,
+            stream_jank_p95: self.stream_jank_ratio.p95,
+            tps_p50: self.tokens_per_second.p50,
         }
-        _ => Verdict::Janky,
     }
 }
 
@@ -505,13 +538,44 @@ mod tests {
     }
 
     #[test]
-    fn verdict_needs_even_cadence_and_reading_speed() {
-        assert_eq!(verdict(Some(1.2), Some(30.0)), Verdict::Smooth);
-        assert_eq!(verdict(Some(3.99), Some(7.01)), Verdict::Smooth);
-        assert_eq!(verdict(Some(4.0), Some(30.0)), Verdict::Janky);
-        assert_eq!(verdict(Some(1.0), Some(7.0)), Verdict::Janky);
-        assert_eq!(verdict(None, Some(30.0)), Verdict::Janky);
-        assert_eq!(verdict(Some(1.0), None), Verdict::Janky);
+    fn half_the_streams_frozen_once_is_janky_though_under_1_pct_of_gaps_stalled() {
+        let t0 = Instant::now();
+        let steady = vec![ms(20); 200];
+        let mut frozen = steady.clone();
+        frozen[100] = ms(300);
+        let streams = (0..10)
+            .map(|i| {
+                let gaps = if i % 2 == 0 { &frozen } else { &steady };
+                stream(i, t0, ms(50), gaps)
+            })
+            .collect();
+        let run = ProbeRun {
+            started: t0,
+            finished: t0 + ms(5000),
+            streams,
+        };
+        let report = summarize(&run, ms(200));
+        // 5 stalls among 2000 gaps, and the pooled p99 is a steady gap: the old rule's SMOOTH.
+        assert!((report.stall_pct.unwrap() - 0.25).abs() < 1e-9);
+        assert!(report.jank_ratio.unwrap() < 4.0);
+        assert_eq!(report.stalled_streams_pct, Some(50.0));
+        assert_eq!(
+            (
+                report.detail.stalled_streams,
+                report.detail.streams_with_gaps
+            ),
+            (5, 10)
+        );
+        assert_eq!(report.verdict, Verdict::Janky);
+        // The same streams without the freezes are smooth.
+        let run = ProbeRun {
+            started: t0,
+            finished: t0 + ms(5000),
+            streams: (0..10).map(|i| stream(i, t0, ms(50), &steady)).collect(),
+        };
+        let report = summarize(&run, ms(200));
+        assert_eq!(report.stalled_streams_pct, Some(0.0));
+        assert_eq!(report.verdict, Verdict::Smooth);
     }
 
     #[test]

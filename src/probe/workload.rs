@@ -8,7 +8,10 @@
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use serde::Serialize;
 use serde_json::{json, Map, Value};
+
+use super::args::RequestArgs;
 
 /// Words that are one token each in the common tokenizers (GPT, Llama, Qwen), cycled to make a
 /// prompt of about N tokens.
@@ -24,6 +27,40 @@ pub struct OutputLength {
     pub max_tokens: u32,
     /// Whether to send `ignore_eos: true`, so the server generates exactly `max_tokens`.
     pub ignore_eos: bool,
+}
+
+/// What each request asks for, as `meta.workload` records it: two reports whose shapes differ
+/// measured different work, which `--baseline` and `probe compare` warn about.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RequestShape {
+    /// The `max_tokens` of the default request (`null` with `--body`).
+    pub max_tokens: Option<u32>,
+    /// Whether `ignore_eos` was sent (`--output-tokens`), so every stream is that long.
+    pub ignore_eos: bool,
+    /// `--input-tokens`: the synthetic prompt's length (`null` without).
+    pub input_tokens: Option<u32>,
+    /// `--dataset`'s file name (`null` without; the file name only, as paths differ between
+    /// machines).
+    pub dataset: Option<String>,
+    /// `--body`'s file name (`null` without).
+    pub body: Option<String>,
+}
+
+// === impl RequestShape ===
+
+impl RequestShape {
+    /// The shape the command line asks for, with `output` its output length.
+    pub fn of(request: &RequestArgs, output: OutputLength) -> Self {
+        let file_name = |path: &Path| path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let custom_body = request.body.is_some();
+        RequestShape {
+            max_tokens: (!custom_body).then_some(output.max_tokens),
+            ignore_eos: !custom_body && output.ignore_eos,
+            input_tokens: request.input_tokens.filter(|_| !custom_body),
+            dataset: request.dataset.as_deref().and_then(file_name),
+            body: request.body.as_deref().and_then(file_name),
+        }
+    }
 }
 
 /// A `--dataset` file that cannot be used: a usage error.
