@@ -74,6 +74,24 @@ pub struct OtlpConfig {
     pub traces_queue: usize,
 }
 
+/// Why an endpoint with user information (`http://user:secret@collector`) is refused: the
+/// endpoint is written into every failed-export warning, and a password does not belong there.
+const USER_INFORMATION: &str = "has user information (`user:password@`), which would be written \
+     to the logs; send credentials as request headers in `[otlp] headers` \
+     (e.g. `headers = { authorization = \"Basic ...\" }`)";
+
+/// `text` with anything between `://` and an `@` before the next `/` replaced by `***`, for a
+/// message that echoes an endpoint that did not even parse as a URL.
+fn without_user_information(text: &str) -> String {
+    let (scheme, rest) = text.split_once("://").unwrap_or(("", text));
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) if scheme.is_empty() => format!("***{}", &rest[at..]),
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => text.to_string(),
+    }
+}
+
 // === impl RawOtlp ===
 
 impl RawOtlp {
@@ -92,11 +110,18 @@ impl RawOtlp {
             ));
         }
         match endpoint.parse::<http::Uri>() {
+            // Checked first: a URL with credentials is never echoed, whatever else is wrong.
+            Ok(uri) if uri.authority().is_some_and(|a| a.as_str().contains('@')) => {
+                problems.push(("otlp.endpoint".into(), USER_INFORMATION.into()))
+            }
             Ok(uri)
                 if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => {}
             _ => problems.push((
                 "otlp.endpoint".into(),
-                format!("`{}` is not an http:// or https:// URL", self.endpoint),
+                format!(
+                    "`{}` is not an http:// or https:// URL",
+                    without_user_information(&self.endpoint)
+                ),
             )),
         }
         let protocol = match self.protocol.as_str() {
@@ -181,6 +206,33 @@ mod tests {
         assert_eq!(config.endpoint, "http://127.0.0.1:4318");
         assert_eq!(config.interval, Duration::from_secs(2));
         assert_eq!(config.headers.len(), 1);
+    }
+
+    #[test]
+    fn an_endpoint_with_user_information_is_refused_without_echoing_it() {
+        for endpoint in [
+            "http://user:s3cret@collector:4318",
+            "https://s3cret@collector",
+            "ftp://user:s3cret@collector",
+            "http://user:s3cret@[bad/v1",
+        ] {
+            let raw = RawOtlp {
+                endpoint: endpoint.into(),
+                ..RawOtlp::default()
+            };
+            let problems = raw.validate().unwrap_err();
+            assert_eq!(problems.len(), 1, "{endpoint}: {problems:?}");
+            assert_eq!(problems[0].0, "otlp.endpoint");
+            assert!(
+                !problems[0].1.contains("s3cret"),
+                "{endpoint}: {problems:?}"
+            );
+        }
+        let raw = RawOtlp {
+            endpoint: "http://user:s3cret@collector:4318".into(),
+            ..RawOtlp::default()
+        };
+        assert!(raw.validate().unwrap_err()[0].1.contains("[otlp] headers"));
     }
 
     #[test]
