@@ -693,6 +693,12 @@ impl Config {
 
     /// The configuration for `serve`: the file if given, then the flag and environment overrides.
     pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        Self::from_args_with_text(args).map(|(config, _)| config)
+    }
+
+    /// [`Config::from_args`], with the file's text as it was read (`None` without a file), so a
+    /// reload can tell a key the file writes from one it leaves to its default.
+    pub fn from_args_with_text(args: &ServeArgs) -> Result<(Self, Option<String>), ConfigError> {
         let mut text = None;
         let mut raw = match &args.config {
             Some(path) => {
@@ -728,10 +734,13 @@ impl Config {
         }
         // A problem with a value from a flag is reported at the file's key only if the file
         // wrote it; `located_in` names a line only for keys the text has.
-        validate(raw).map_err(|e| match &text {
-            Some(text) => e.located_in(text),
-            None => e,
-        })
+        match validate(raw) {
+            Ok(config) => Ok((config, text)),
+            Err(e) => Err(match &text {
+                Some(text) => e.located_in(text),
+                None => e,
+            }),
+        }
     }
 }
 
