@@ -634,7 +634,7 @@ impl Metrics {
             )?,
             unparsed_events: counter(
                 "metronome_unparsed_events_total",
-                "Events forwarded untouched that the token accountant could not inspect, by reason (invalid, oversize).",
+                "Events forwarded untouched that the token accountant could not inspect or believe, by reason (invalid, oversize; usage_over_bound: a usage figure above 100,000,000 tokens per stream; usage_decreased: a usage figure below one the stream reported before).",
                 &["route", "reason"],
             )?,
             config_reload_failures: {

@@ -20,6 +20,7 @@ use super::names::{Naming, Value};
 use super::traces::{failed, EndedStream, SpanSink};
 use super::transport::{Signal, Transport};
 use crate::batch::{BatchDetector, Episode, HitchMark};
+use crate::metrics::counter::add_saturating;
 
 /// Spans sent in one request at most.
 const MAX_BATCH: usize = 512;
@@ -308,10 +309,7 @@ impl SpanExporter {
             Err(e) => {
                 tracing::debug!(error = %e, spans = n, "OTLP traces export failed");
                 self.exports.with_label_values(&["traces", "failed"]).inc();
-                self.sink
-                    .dropped
-                    .with_label_values(&["export_failed"])
-                    .inc_by(n);
+                add_saturating(&self.sink.dropped.with_label_values(&["export_failed"]), n);
             }
         }
     }
