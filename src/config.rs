@@ -980,6 +980,19 @@ mod tests {
     }
 
     #[test]
+    fn an_allowed_model_that_could_never_be_a_label_is_refused_at_its_line() {
+        let text = "[models]\nallow = [\"llama\", \"other\", \"gpt\\u202e4\"]\n";
+        let problems = Config::from_toml(text).unwrap_err().0;
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["models.allow[1]", "models.allow[2]"]);
+        assert!(
+            problems[0].reason.starts_with("line 2, column"),
+            "{problems:?}"
+        );
+        assert!(problems[1].reason.contains("\\u{202e}"), "{problems:?}");
+    }
+
+    #[test]
     fn the_documented_example_is_valid() {
         let text = include_str!("../config/metronome.toml");
         let config = Config::from_toml(text).unwrap();

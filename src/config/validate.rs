@@ -206,6 +206,14 @@ fn readiness(raw: &RawReadiness, problem: &mut Problem<'_>) -> Option<ReadinessC
 }
 
 fn models(raw: &ModelsConfig, problem: &mut Problem<'_>) {
+    for (i, name) in raw.allow.iter().enumerate() {
+        if let Some(why) = crate::metrics::models::refusal(name) {
+            problem(
+                &format!("models.allow[{i}]"),
+                format!("`{}` {why}", name.escape_debug()),
+            );
+        }
+    }
     if raw.max == 0 && raw.allow.is_empty() {
         problem(
             "models.max",
