@@ -16,6 +16,10 @@ use support::*;
 
 const ID: &str = "12345678901234567890123456789012";
 
+/// The request's header fields, whether its trace is continued, and the `tracestate` the
+/// upstream gets.
+type Case<'a> = (&'a [(&'a str, &'a str)], bool, Option<&'a str>);
+
 /// Sends one chat request with `fields` over HTTP/1.1 and reads the answer to its end.
 fn send(proxy: SocketAddr, fields: &[(&str, &str)]) {
     let mut tcp = std::net::TcpStream::connect(proxy).unwrap();
@@ -45,7 +49,7 @@ async fn the_upstream_gets_a_continued_trace_only_from_one_valid_traceparent() {
         .await
         .unwrap();
     let valid = "00-12345678901234567890123456789012-1234567890123456-00";
-    let cases: &[(&[(&str, &str)], bool, Option<&str>)] = &[
+    let cases: &[Case] = &[
         (
             &[("traceparent", valid), ("tracestate", "foo=1,bar=2")],
             true,

@@ -238,6 +238,8 @@ pub struct SpanExporter {
     pub exports: IntCounterVec,
     /// The batch detector, whose settled hitches give each span its episode events.
     pub batch: Arc<BatchDetector>,
+    /// Whether the last export failed, so a failing receiver is logged once, not per batch.
+    pub failing: bool,
 }
 
 // === impl SpanExporter ===
@@ -300,14 +302,21 @@ impl SpanExporter {
             .collect()
     }
 
-    async fn send(&self, ended: Vec<EndedStream>) {
+    async fn send(&mut self, ended: Vec<EndedStream>) {
         let spans = self.spans(&ended);
         let n = spans.len() as u64;
         let body = request(spans, &self.resource).encode_to_vec();
         match self.transport.send(Signal::Traces, body).await {
-            Ok(()) => self.exports.with_label_values(&["traces", "ok"]).inc(),
+            Ok(()) => {
+                self.exports.with_label_values(&["traces", "ok"]).inc();
+                if std::mem::take(&mut self.failing) {
+                    tracing::info!("OTLP traces export works again");
+                }
+            }
             Err(e) => {
-                tracing::debug!(error = %e, spans = n, "OTLP traces export failed");
+                if !std::mem::replace(&mut self.failing, true) {
+                    tracing::warn!(error = %e, spans = n, "OTLP traces export failed (counted in metronome_otlp_exports_total and metronome_otlp_spans_dropped_total; logged again once it recovers)");
+                }
                 self.exports.with_label_values(&["traces", "failed"]).inc();
                 add_saturating(&self.sink.dropped.with_label_values(&["export_failed"]), n);
             }
