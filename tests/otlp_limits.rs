@@ -1,11 +1,14 @@
 //! What an OTLP receiver can make metronome hold: an answer body that never ends is cut at
 //! `MAX_REPLY_BYTES` on both transports (HTTP/1.1 POST and gRPC over HTTP/2), one that trickles
 //! ends at `otlp.timeout`, and each is a failed export; the process's memory stays within a
-//! stated bound while it happens.
+//! stated bound while it happens. And a receiver that never answers, behind stall-heavy streams,
+//! keeps the span queue within `otlp.traces_queue_bytes`.
 //!
 //! The tests read this process's resident set size, so they run one at a time.
 
 #![cfg(feature = "otlp")]
+
+mod support;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -189,4 +192,64 @@ async fn a_trickling_answer_ends_at_the_timeout() {
             "grpc {grpc}: {took:?}"
         );
     }
+}
+
+/// A receiver that takes connections and never answers: every export waits its whole timeout.
+async fn black_hole() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_span_queue_stays_within_its_bytes_under_a_black_hole_receiver() {
+    let _alone = ALONE.lock().await;
+    let upstream = support::Upstream::openai_chat()
+        .tokens(300)
+        .every(support::ms(2))
+        .start()
+        .await;
+    let bound = 64 * 1024;
+    let toml = format!(
+        "{}\n[metering]\nstall_threshold = \"1ms\"\n[otlp]\nendpoint = \"http://{}\"\ntimeout = \"2s\"\ntraces = true\ntraces_queue_bytes = {bound}\n",
+        support::proxy_toml(upstream.addr),
+        black_hole().await
+    );
+    let proxy =
+        metronome::proxy::ProxyHandle::start(metronome::config::Config::from_toml(&toml).unwrap())
+            .await
+            .unwrap();
+    let sink = proxy.state.spans.clone().unwrap();
+    let streams = 40;
+    let addr = proxy.proxy_addr;
+    let clients = tokio::spawn(futures_util::future::join_all(
+        (0..streams).map(move |_| support::stream_chat(addr)),
+    ));
+    let mut most = 0;
+    while !clients.is_finished() {
+        most = most.max(sink.queued_bytes());
+        tokio::time::sleep(support::ms(5)).await;
+    }
+    clients.await.unwrap();
+    support::scrape_until(&proxy, |m| {
+        m.value("metronome_streams_total", &[]) >= streams as f64
+    })
+    .await;
+    most = most.max(sink.queued_bytes());
+    let dropped = |reason| sink.dropped.with_label_values(&[reason]).get();
+    println!(
+        "{streams} stall-heavy streams, a receiver that never answers: at most {most} bytes queued, {} dropped for bytes, {} for count",
+        dropped("queue_bytes"),
+        dropped("queue_full")
+    );
+    assert!(most <= bound, "{most} bytes queued");
+    assert!(dropped("queue_bytes") > 0, "the bound was reached");
+    assert_eq!(dropped("queue_full"), 0);
+    proxy.shutdown().await;
 }

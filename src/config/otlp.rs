@@ -27,6 +27,8 @@ pub struct RawOtlp {
     pub traces: bool,
     /// Ended streams waiting for the span exporter at most; more are dropped and counted.
     pub traces_queue: usize,
+    /// Bytes those streams may hold at most; more are dropped and counted.
+    pub traces_queue_bytes: usize,
 }
 
 impl Default for RawOtlp {
@@ -40,6 +42,7 @@ impl Default for RawOtlp {
             service_name: "metronome".into(),
             traces: false,
             traces_queue: 4096,
+            traces_queue_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -70,9 +73,16 @@ pub struct OtlpConfig {
     pub service_name: String,
     /// One span per stream.
     pub traces: bool,
-    /// Capacity of the span queue.
+    /// Capacity of the span queue, in ended streams.
     pub traces_queue: usize,
+    /// Capacity of the span queue, in the bytes its streams hold.
+    pub traces_queue_bytes: usize,
 }
+
+/// The smallest span queue in bytes: room for about twenty streams of 128 stalls each.
+const MIN_QUEUE_BYTES: usize = 64 * 1024;
+/// The largest span queue in bytes (1 GiB): more is a typo.
+const MAX_QUEUE_BYTES: usize = 1 << 30;
 
 /// Why an endpoint with user information (`http://user:secret@collector`) is refused: the
 /// endpoint is written into every failed-export warning, and a password does not belong there.
@@ -154,6 +164,15 @@ impl RawOtlp {
                 format!("{} is out of range (1 to 1000000)", self.traces_queue),
             ));
         }
+        if !(MIN_QUEUE_BYTES..=MAX_QUEUE_BYTES).contains(&self.traces_queue_bytes) {
+            problems.push((
+                "otlp.traces_queue_bytes".into(),
+                format!(
+                    "{} is out of range ({MIN_QUEUE_BYTES} to {MAX_QUEUE_BYTES})",
+                    self.traces_queue_bytes
+                ),
+            ));
+        }
         let mut duration = |key: &str, text: &str| match crate::units::parse_duration(text) {
             Ok(d) if !d.is_zero() && d <= Duration::from_secs(24 * 3600) => Some(d),
             Ok(_) => {
@@ -178,6 +197,7 @@ impl RawOtlp {
                     service_name: self.service_name.clone(),
                     traces: self.traces,
                     traces_queue: self.traces_queue,
+                    traces_queue_bytes: self.traces_queue_bytes,
                 }))
             }
             _ => Err(problems),

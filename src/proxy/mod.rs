@@ -205,6 +205,7 @@ impl ProxyState {
             Some(otlp) if otlp.traces => Some(crate::otlp::traces::SpanSink::new(
                 metrics.clone(),
                 otlp.traces_queue,
+                otlp.traces_queue_bytes,
             )?),
             _ => None,
         };
