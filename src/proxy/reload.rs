@@ -246,6 +246,11 @@ fn describe_needs_restart(old: &Config, new: &Config, needs_restart: &mut Vec<St
         format!("{:?}", old.timeline),
         format!("{:?}", new.timeline),
     ));
+    keys.push((
+        "admin",
+        format!("{:?}", old.admin),
+        format!("{:?}", new.admin),
+    ));
     if new.buckets != old.buckets {
         keys.push((
             "buckets",
