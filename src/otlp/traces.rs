@@ -376,6 +376,44 @@ mod tests {
         assert_eq!(sink.queued_bytes(), 0);
     }
 
+    /// A measurement, not a check (RELIABILITY.md): the resident set the span queue adds when
+    /// 4,096 streams stalling at each of 1,024 frames end and nothing takes them (a receiver
+    /// that never answers), at the default bounds. Run alone:
+    /// `cargo test --lib queue_memory_at_the_default_bounds -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement of this process's memory: run alone"]
+    fn queue_memory_at_the_default_bounds() {
+        let rss = || {
+            let status = std::fs::read_to_string("/proc/self/status").unwrap();
+            let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+            line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+        };
+        let metrics = Arc::new(
+            crate::metrics::Metrics::new(
+                &crate::metrics::Buckets::default(),
+                crate::metrics::ModelLabels::new(&[], 8),
+                Duration::from_micros(500),
+            )
+            .unwrap(),
+        );
+        let defaults = crate::config::otlp::RawOtlp::default();
+        let sink = SpanSink::new(metrics, defaults.traces_queue, defaults.traces_queue_bytes).unwrap();
+        let _queue = sink.take_receiver().unwrap();
+        let stream = stalling_at_every_frame("s", 1024);
+        let before = rss();
+        for _ in 0..4096 {
+            sink.offer(&stream);
+        }
+        let dropped = |reason| sink.dropped.with_label_values(&[reason]).get();
+        println!(
+            "4096 stall-heavy streams queued: resident set +{} KiB, {} bytes accounted, dropped {} for bytes and {} for count",
+            (rss() - before) / 1024,
+            sink.queued_bytes(),
+            dropped("queue_bytes"),
+            dropped("queue_full")
+        );
+    }
+
     #[test]
     fn stall_events_are_the_long_gaps_between_token_frames() {
         let mut ingress = IngressTimeline::default();
