@@ -284,14 +284,7 @@ mod tests {
 
     #[test]
     fn finished_streams_feed_a_bounded_span_queue_that_drops_and_counts() {
-        let metrics = Arc::new(
-            crate::metrics::Metrics::new(
-                &crate::metrics::Buckets::default(),
-                crate::metrics::ModelLabels::new(&[], 8),
-                Duration::from_millis(200),
-            )
-            .unwrap(),
-        );
+        let metrics = metrics_with_stall_threshold(Duration::from_millis(200));
         let sink = SpanSink::new(metrics, 1, 1 << 20).unwrap();
         let registry = StreamRegistry::new(4, 16).with_sink(Some(sink.clone()));
         let sampled = SpanContext::continue_from(None);
@@ -313,6 +306,12 @@ mod tests {
         assert!(queue.try_recv().is_err());
         // The unsampled stream was not kept; the two kept ones behind a full queue were dropped.
         assert_eq!(sink.dropped.with_label_values(&["queue_full"]).get(), 2);
+    }
+
+    fn metrics_with_stall_threshold(threshold: Duration) -> Arc<Metrics> {
+        let models = crate::metrics::ModelLabels::new(&[], 8);
+        let buckets = crate::metrics::Buckets::default();
+        Arc::new(Metrics::new(&buckets, models, threshold).unwrap())
     }
 
     /// A finished stream of `frames` token frames 1 ms apart at ingress and egress, every gap
@@ -340,14 +339,7 @@ mod tests {
 
     #[test]
     fn the_span_queue_holds_at_most_its_bytes_and_counts_every_stream_it_drops() {
-        let metrics = Arc::new(
-            crate::metrics::Metrics::new(
-                &crate::metrics::Buckets::default(),
-                crate::metrics::ModelLabels::new(&[], 8),
-                Duration::from_micros(500),
-            )
-            .unwrap(),
-        );
+        let metrics = metrics_with_stall_threshold(Duration::from_micros(500));
         let bound = 64 * 1024;
         let sink = SpanSink::new(metrics, 4096, bound).unwrap();
         // Nothing takes from the queue: a receiver that never answers holds its batch as long.
@@ -386,18 +378,17 @@ mod tests {
         let rss = || {
             let status = std::fs::read_to_string("/proc/self/status").unwrap();
             let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-            line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+            line.split_whitespace()
+                .nth(1)
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                * 1024
         };
-        let metrics = Arc::new(
-            crate::metrics::Metrics::new(
-                &crate::metrics::Buckets::default(),
-                crate::metrics::ModelLabels::new(&[], 8),
-                Duration::from_micros(500),
-            )
-            .unwrap(),
-        );
+        let metrics = metrics_with_stall_threshold(Duration::from_micros(500));
         let defaults = crate::config::otlp::RawOtlp::default();
-        let sink = SpanSink::new(metrics, defaults.traces_queue, defaults.traces_queue_bytes).unwrap();
+        let sink =
+            SpanSink::new(metrics, defaults.traces_queue, defaults.traces_queue_bytes).unwrap();
         let _queue = sink.take_receiver().unwrap();
         let stream = stalling_at_every_frame("s", 1024);
         let before = rss();
