@@ -25,10 +25,6 @@ pub struct UsageRefusals {
 impl UsageRefusals {
     /// The figure to keep once the upstream reported `reported` where `kept` was kept: the
     /// report when it is plausible, else `kept`, with the refusal counted.
-    ///
-    /// Not inlined: most streams report usage once, and the token event's path through
-    /// `IngressSink::on_event` stays as short as it was without the check.
-    #[inline(never)]
     pub fn accept(&mut self, kept: Option<u64>, reported: u64) -> Option<u64> {
         if reported > MAX_STREAM_TOKENS {
             self.over_bound += 1;
