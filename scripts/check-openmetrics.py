@@ -4,16 +4,19 @@ what tests/exposition.rs checks, as JSON: per family its type and unit, per hist
 (name, labels, value) and the exemplars (labels, value) of the buckets that carry one.
 
 The parser raises on anything not OpenMetrics 1.0.0 (a missing `# EOF`, a bad exemplar, buckets
-out of order), and then this exits 1 with its message.
+out of order), and then this exits 1 with its message. With `--text` the exposition is read as
+the Prometheus text format 0.0.4, by prometheus_client's parser of that format.
 Install: pip install prometheus_client
 """
 import json
 import sys
 
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics
+from prometheus_client.parser import text_string_to_metric_families as text_format
 
 
 def main():
+    text_string_to_metric_families = text_format if "--text" in sys.argv[1:] else openmetrics
     text = sys.stdin.read()
     try:
         families = list(text_string_to_metric_families(text))

@@ -6,6 +6,15 @@
 //! The upstream check runs in the background every `readiness.interval`, so a probe never waits
 //! on the upstream and a burst of probes never becomes a burst of upstream connections; `/readyz`
 //! answers from its last result. Only before the first result does it wait for one.
+//!
+//! The listener is bounded apart from the proxy's (`[admin]`), so its clients can never use up
+//! what the proxy needs: at most `admin.max_connections` connections (more are answered 503 and
+//! closed), each with a head deadline, an idle deadline and a head size bound ([`connection`]).
+//! It speaks HTTP/1.1 only (hyper's server, which Prometheus and the kubelet use), and a head is
+//! checked by the proxy's own request-form rules ([`AdminView::check_form`]) before it is
+//! answered.
+
+mod connection;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -17,10 +26,11 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
+
+use connection::{Watch, WatchedBody, WatchedIo};
 
 use crate::batch::BatchDetector;
 use crate::config::{Config, ReadinessConfig, Upstream};
@@ -42,6 +52,12 @@ pub trait AdminView: Send + Sync + 'static {
     fn draining(&self) -> bool;
     /// The configuration in force now, reloads included (the readiness check reads it).
     fn live_config(&self) -> Arc<Config>;
+    /// The proxy's checks of a request's form (`Host`, the target, dot segments,
+    /// `Transfer-Encoding`), applied to admin requests too; why a head is refused.
+    fn check_form(
+        &self,
+        head: &http::request::Parts,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
 }
 
 /// The proxy's view as the admin tasks hold it.
@@ -53,9 +69,19 @@ const BEACON_MODULE: &str = include_str!("../assets/metronome-beacon.js");
 /// The content type of the Prometheus text exposition format.
 pub const METRICS_CONTENT_TYPE: &str = crate::metrics::TEXT_CONTENT_TYPE;
 
+/// What a connection beyond `admin.max_connections` is told before it is closed.
+const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 38\r\nconnection: close\r\n\r\ntoo many admin connections; try again\n";
+
 /// Serves the admin endpoints until `shutdown` resolves.
 pub async fn serve(listener: TcpListener, state: View, shutdown: impl Future<Output = ()> + Send) {
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let bounds = state.live_config().admin.clone();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .max_header_size(bounds.max_header_bytes)
+        .max_buf_size(bounds.max_header_bytes.max(8192))
+        // The head deadline is `connection::serve`'s, which tells it from the idle wait.
+        .header_read_timeout(None);
+    let permits = Arc::new(Semaphore::new(bounds.max_connections));
     let (checked, upstream) = watch::channel(UpstreamCheck::Pending);
     let checker = tokio::spawn(check_upstream(state.clone(), checked));
     tokio::pin!(shutdown);
@@ -71,15 +97,24 @@ pub async fn serve(listener: TcpListener, state: View, shutdown: impl Future<Out
             },
             _ = &mut shutdown => break,
         };
-        let state = state.clone();
-        let upstream = upstream.clone();
-        let service = service_fn(move |request| answer(request, state.clone(), upstream.clone()));
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        tokio::spawn(async move {
-            let _ = conn.await;
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            // Not waited for: a client that does not read gets the close alone.
+            let _ = stream.try_write(BUSY);
+            continue;
+        };
+        let watch = Watch::new();
+        let (state, upstream, answers) = (state.clone(), upstream.clone(), watch.clone());
+        let service = service_fn(move |request| {
+            answers.answering();
+            let (state, upstream, answers) = (state.clone(), upstream.clone(), answers.clone());
+            async move {
+                let response = answer(request, state, upstream).await?;
+                Ok::<_, Infallible>(response.map(|body| WatchedBody::new(body, answers)))
+            }
         });
+        let io = TokioIo::new(WatchedIo::new(stream, watch.clone()));
+        let conn = builder.serve_connection(io, service);
+        tokio::spawn(connection::serve(conn, watch, bounds.clone(), permit));
     }
     checker.abort();
 }
@@ -89,6 +124,15 @@ async fn answer(
     state: View,
     upstream: watch::Receiver<UpstreamCheck>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (head, _body) = request.into_parts();
+    if let Err(refused) = state.check_form(&head) {
+        let mut response = text(StatusCode::BAD_REQUEST, format!("{refused}\n"));
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(response);
+    }
+    let request = Request::from_parts(head, ());
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"));
     }

@@ -117,6 +117,44 @@ struct RawConfig {
     readiness: RawReadiness,
     /// `[batch]` (issue 29: batch-wide hitches and their episodes).
     batch: RawBatch,
+    /// `[admin]`: the admin listener's own bounds.
+    admin: RawAdmin,
+}
+
+/// `[admin]` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawAdmin {
+    max_connections: usize,
+    head_timeout: String,
+    idle_timeout: String,
+    max_header_bytes: usize,
+}
+
+impl Default for RawAdmin {
+    fn default() -> Self {
+        RawAdmin {
+            max_connections: 128,
+            head_timeout: "10s".into(),
+            idle_timeout: "60s".into(),
+            max_header_bytes: 16 * 1024,
+        }
+    }
+}
+
+/// `[admin]`, validated: the admin listener's bounds, apart from the proxy listener's so that a
+/// client of one can never use up what the other needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminConfig {
+    /// Admin connections open at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// How long a client may take to send a request head, from its connection (or the first
+    /// byte of a later request) to the blank line that ends it.
+    pub head_timeout: Duration,
+    /// How long a connection may wait for its next request, or for its answer to be taken.
+    pub idle_timeout: Duration,
+    /// Largest request head (request line and headers), in bytes; larger ones get 431.
+    pub max_header_bytes: usize,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -544,6 +582,8 @@ pub struct Config {
     pub readiness: ReadinessConfig,
     /// `[batch]`: batch-wide hitches and episodes (issue 29).
     pub batch: BatchSettings,
+    /// `[admin]`: the admin listener's bounds.
+    pub admin: AdminConfig,
 }
 
 /// `[server]`, validated.
@@ -693,6 +733,12 @@ impl Config {
 
     /// The configuration for `serve`: the file if given, then the flag and environment overrides.
     pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        Self::from_args_with_text(args).map(|(config, _)| config)
+    }
+
+    /// [`Config::from_args`], with the file's text as it was read (`None` without a file), so a
+    /// reload can tell a key the file writes from one it leaves to its default.
+    pub fn from_args_with_text(args: &ServeArgs) -> Result<(Self, Option<String>), ConfigError> {
         let mut text = None;
         let mut raw = match &args.config {
             Some(path) => {
@@ -728,10 +774,13 @@ impl Config {
         }
         // A problem with a value from a flag is reported at the file's key only if the file
         // wrote it; `located_in` names a line only for keys the text has.
-        validate(raw).map_err(|e| match &text {
-            Some(text) => e.located_in(text),
-            None => e,
-        })
+        match validate(raw) {
+            Ok(config) => Ok((config, text)),
+            Err(e) => Err(match &text {
+                Some(text) => e.located_in(text),
+                None => e,
+            }),
+        }
     }
 }
 
@@ -968,6 +1017,43 @@ mod tests {
         assert_eq!(config.timeouts.sniff, Duration::from_secs(5));
         assert_eq!(config.metering.stall_threshold, Duration::from_millis(200));
         assert_eq!(config.buckets, Buckets::default());
+    }
+
+    #[test]
+    fn the_admin_listeners_bounds_default_apart_and_are_checked_at_their_lines() {
+        let admin = Config::default().admin;
+        assert_eq!(admin.max_connections, 128);
+        assert_eq!(admin.head_timeout, Duration::from_secs(10));
+        assert_eq!(admin.idle_timeout, Duration::from_secs(60));
+        assert_eq!(admin.max_header_bytes, 16 * 1024);
+        let text = "[admin]\nmax_connections = 0\nhead_timeout = \"0s\"\nidle_timeout = \"soon\"\nmax_header_bytes = 100\n";
+        let problems = Config::from_toml(text).unwrap_err().0;
+        let found: Vec<(&str, &str)> = problems
+            .iter()
+            .map(|p| (p.key.as_str(), &p.reason[..7]))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("admin.head_timeout", "line 3,"),
+                ("admin.idle_timeout", "line 4,"),
+                ("admin.max_connections", "line 2,"),
+                ("admin.max_header_bytes", "line 5,"),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_allowed_model_that_could_never_be_a_label_is_refused_at_its_line() {
+        let text = "[models]\nallow = [\"llama\", \"other\", \"gpt\\u202e4\"]\n";
+        let problems = Config::from_toml(text).unwrap_err().0;
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["models.allow[1]", "models.allow[2]"]);
+        assert!(
+            problems[0].reason.starts_with("line 2, column"),
+            "{problems:?}"
+        );
+        assert!(problems[1].reason.contains("\\u{202e}"), "{problems:?}");
     }
 
     #[test]

@@ -87,6 +87,25 @@ fn span_of(text: &str, path: &str) -> Option<Range<usize>> {
     best
 }
 
+/// Whether `text` writes the key `path` itself (not only a table around it), so a value that
+/// equals the default can be told from one left out.
+pub fn writes(text: &str, path: &str) -> bool {
+    let Ok(document) = ImDocument::parse(text) else {
+        return false;
+    };
+    let Some(steps) = steps(path) else {
+        return false;
+    };
+    let mut node = Node::Item(document.as_item());
+    for step in &steps {
+        match node.step(step) {
+            Some(next) => node = next,
+            None => return false,
+        }
+    }
+    true
+}
+
 /// The 1-based line and column (in characters) where `path` is written in `text`, or where
 /// its nearest enclosing table is, if the key itself is not written.
 pub fn locate(text: &str, path: &str) -> Option<(usize, usize)> {
@@ -142,6 +161,21 @@ upstream = \"ftp://x\"
         assert_eq!(locate(FILE, "--config"), None);
         assert_eq!(locate(FILE, "timeline.max_frames"), None);
         assert_eq!(locate("not [valid", "server.admin"), None);
+    }
+
+    #[test]
+    fn a_key_is_written_only_when_the_text_has_it() {
+        assert!(writes(FILE, "routes"));
+        assert!(writes(FILE, "server.listen"));
+        assert!(writes(FILE, "routes[1].upstream"));
+        assert!(!writes(FILE, "server.upstream"));
+        assert!(!writes(FILE, "routes[0].upstream"));
+        assert!(!writes("", "routes"));
+        assert!(writes("routes = []\n", "routes"));
+        assert!(!writes(
+            "[server]\nupstream = \"http://x\"\n",
+            "server.upstream[0]"
+        ));
     }
 
     #[test]

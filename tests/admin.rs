@@ -191,3 +191,71 @@ async fn a_drain_lets_the_stream_in_flight_finish_and_refuses_new_connections() 
         .unwrap();
     assert_eq!(upstream.stats.completed.load(Ordering::SeqCst), 1);
 }
+
+/// Sends `bytes` on a new admin connection and reads until the listener closes it (at most
+/// `limit`): the answer, and how long the connection lived.
+async fn exchange(admin: SocketAddr, bytes: &[u8], limit: Duration) -> (String, Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(admin).await.unwrap();
+    let began = Instant::now();
+    tcp.write_all(bytes).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(limit, tcp.read_to_end(&mut answer)).await;
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        began.elapsed(),
+    )
+}
+
+/// The admin listener's own bounds: a kept-alive connection is closed after `idle_timeout`, a
+/// head over `max_header_bytes` gets 431, a head the proxy would refuse gets 400, and a
+/// connection beyond `max_connections` gets 503.
+#[tokio::test]
+async fn the_admin_listener_keeps_its_own_bounds() {
+    let (down, _held) = closed_port();
+    let proxy = proxy_with(down, |config| {
+        config.admin.idle_timeout = ms(500);
+        config.admin.head_timeout = Duration::from_secs(5);
+        config.admin.max_header_bytes = 8192;
+        config.admin.max_connections = 2;
+    })
+    .await;
+    let admin = proxy.admin_addr;
+    let limit = Duration::from_secs(10);
+
+    let (answer, lived) = exchange(admin, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n", limit).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("ok\n"), "{answer}");
+    assert!(
+        lived >= ms(500) && lived < Duration::from_secs(4),
+        "idle for {lived:?}"
+    );
+
+    let big = format!(
+        "GET /healthz HTTP/1.1\r\nhost: x\r\nx-pad: {}\r\n\r\n",
+        "a".repeat(9000)
+    );
+    let (answer, _) = exchange(admin, big.as_bytes(), limit).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+
+    for refused in [
+        &b"GET /healthz HTTP/1.1\r\n\r\n"[..],
+        b"GET /healthz HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n",
+        b"GET /streams/../metrics HTTP/1.1\r\nhost: x\r\n\r\n",
+    ] {
+        let (answer, lived) = exchange(admin, refused, limit).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(
+            lived < Duration::from_secs(4),
+            "closed at once, not after {lived:?}"
+        );
+    }
+
+    // Two connections held idle fill the listener; a third is told so and closed.
+    let held: Vec<_> =
+        futures_util::future::join_all((0..2).map(|_| tokio::net::TcpStream::connect(admin))).await;
+    let (answer, _) = exchange(admin, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n", limit).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    drop(held);
+    proxy.shutdown().await;
+}

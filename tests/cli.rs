@@ -83,6 +83,40 @@ fn serve_refuses_a_bad_config_at_start() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("timeouts.idle"));
 }
 
+/// An OTLP endpoint with user information is refused where it is written, and the password
+/// reaches neither `check-config`'s answer nor `serve`'s log.
+#[test]
+fn otlp_endpoint_credentials_are_refused_and_never_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        &dir,
+        "otlp.toml",
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[otlp]\nendpoint = \"http://user:s3cret@127.0.0.1:9\"\ninterval = \"1s\"\n",
+    );
+    let check = Command::new(BIN)
+        .arg("check-config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(check.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert!(
+        err.contains("otlp.endpoint") && err.contains("line 5, column 12"),
+        "{err}"
+    );
+    assert!(err.contains("[otlp] headers"), "{err}");
+    let serve = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "trace")
+        .output()
+        .unwrap();
+    assert_eq!(serve.status.code(), Some(2));
+    for out in [&check.stdout, &check.stderr, &serve.stdout, &serve.stderr] {
+        assert!(!String::from_utf8_lossy(out).contains("s3cret"));
+    }
+}
+
 #[test]
 fn environment_variables_override_the_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -223,3 +223,78 @@ async fn http2_clients_that_send_the_preface_slowly_are_served() {
     assert_eq!(metrics.value("metronome_sniff_timeouts_total", &[]), 0.0);
     proxy.shutdown().await;
 }
+
+/// A partial request head on the admin listener, held open: how long until the listener closed
+/// it (read 0 or a reset), and whether it was first told 503 (over `admin.max_connections`);
+/// `None` when it was still open after `limit`.
+async fn partial_admin_head(admin: SocketAddr, limit: Duration) -> Option<(Duration, bool)> {
+    let mut tcp = TcpStream::connect(admin).await.ok()?;
+    let head = format!(
+        "GET /metrics HTTP/1.1\r\nhost: x\r\nx-pad: {}",
+        "a".repeat(1000)
+    );
+    let began = Instant::now();
+    let _ = tcp.write_all(head.as_bytes()).await;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 512];
+    loop {
+        match tokio::time::timeout_at((began + limit).into(), tcp.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some((began.elapsed(), answer.starts_with(b"HTTP/1.1 503")))
+}
+
+/// 2,000 partial request heads on the admin listener at once: those beyond
+/// `admin.max_connections` are told 503 at once, the rest closed at `admin.head_timeout`; the
+/// proxy answers meanwhile, and every descriptor comes back. Before the admin listener had its
+/// own bounds, all 2,000 were still open a minute later, and enough of them used up the
+/// process's descriptors, the proxy's included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_admin_heads_are_closed_at_the_head_timeout_and_the_proxy_answers() {
+    let _alone = ALONE.lock().await;
+    const HEADS: usize = 2000;
+    let head_timeout = Duration::from_secs(1);
+    let upstream = Upstream::openai_chat().tokens(3).start().await;
+    let proxy = proxy_with(upstream.addr, |config| {
+        config.admin.head_timeout = head_timeout;
+        config.admin.max_connections = 128;
+    })
+    .await;
+    let before = descriptors();
+    let admin = proxy.admin_addr;
+    let limit = Duration::from_secs(15);
+    let heads: Vec<_> = (0..HEADS)
+        .map(|_| tokio::spawn(partial_admin_head(admin, limit)))
+        .collect();
+    // The proxy answers while the admin listener is full.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(stream_chat(proxy.proxy_addr).await.status, 200);
+    let mut slowest = Duration::ZERO;
+    let (mut busy, mut open) = (0, 0);
+    for head in heads {
+        match head.await.unwrap() {
+            Some((took, told_busy)) => {
+                slowest = slowest.max(took);
+                busy += usize::from(told_busy);
+            }
+            None => open += 1,
+        }
+    }
+    println!("{HEADS} partial admin heads: {open} still open after {limit:?}, {busy} told 503, the last closed after {slowest:?}");
+    assert_eq!(open, 0, "heads still open after {limit:?}");
+    // Each closed within the head timeout of its connection (slot reuse and a loaded machine
+    // aside: the margin is generous).
+    assert!(
+        slowest < head_timeout + Duration::from_secs(5),
+        "{slowest:?}"
+    );
+    assert!(busy >= HEADS - 1000, "{busy} told 503");
+    let fell = descriptors_fall_to(before + 16, Duration::from_secs(10)).await;
+    assert!(fell.is_ok(), "descriptors: {before} before, {fell:?} after");
+    let health = request(admin, "GET", "/healthz", "", false).await;
+    assert_eq!(health.status, 200);
+    proxy.shutdown().await;
+}

@@ -184,7 +184,7 @@ async fn a_broken_file_is_refused_counted_and_changes_nothing() {
     std::fs::write(
         &file,
         format!(
-            "[server]\nupstream = \"http://{}\"\n[metering]\nstall_threshold = \"250ms\"\n",
+            "routes = []\n[server]\nupstream = \"http://{}\"\n[metering]\nstall_threshold = \"250ms\"\n",
             upstream.addr
         ),
     )
@@ -201,5 +201,59 @@ async fn a_broken_file_is_refused_counted_and_changes_nothing() {
     assert_eq!(proxy.state.metrics.stall_threshold(), ms(220));
     let m = scrape(&proxy).await;
     assert_eq!(m.value("metronome_config_reload_failures_total", &[]), 1.0);
+    proxy.shutdown().await;
+}
+
+/// An empty or cut-short file is valid TOML whose every section is the default: it must not
+/// take the routes away or send the traffic to the built-in upstream unless it says so.
+#[tokio::test]
+async fn an_empty_or_cut_short_file_does_not_reset_routes_or_upstream() {
+    let upstream = Upstream::openai_chat().start().await;
+    let proxy = proxy_to(upstream.addr).await;
+    let whole = proxy_toml(upstream.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("metronome.toml");
+    let args = ServeArgs {
+        config: Some(file.clone()),
+        ..ServeArgs::default()
+    };
+    let cut = &whole[..whole.find("[[routes]]").unwrap()];
+    let no_server = &whole[whole.find("[[routes]]").unwrap()..];
+    for (text, keys) in [
+        ("", vec!["routes", "server.upstream"]),
+        (
+            "\n# nothing but a comment\n",
+            vec!["routes", "server.upstream"],
+        ),
+        (cut, vec!["routes"]),
+        (no_server, vec!["server.upstream"]),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let err = reload(&proxy.state, &args).unwrap_err();
+        let found: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(found, keys, "{text:?}");
+        let live = proxy.state.live_config();
+        assert_eq!(live.routes.len(), 1, "{text:?}");
+        assert_eq!(
+            live.server.upstream.authority.as_str(),
+            upstream.addr.to_string()
+        );
+    }
+    let m = scrape(&proxy).await;
+    assert_eq!(m.value("metronome_config_reload_failures_total", &[]), 4.0);
+    assert_eq!(stream_chat(proxy.proxy_addr).await.status, 200);
+
+    // Said on purpose, both go; and a flag may name the upstream the file leaves out.
+    std::fs::write(&file, format!("routes = []\n{cut}")).unwrap();
+    let done = reload(&proxy.state, &args).unwrap();
+    assert!(done.applied.contains(&"route `chat` removed".to_string()));
+    assert!(proxy.state.live_config().routes.is_empty());
+    std::fs::write(&file, "routes = []\n").unwrap();
+    let flagged = ServeArgs {
+        upstream: Some(format!("http://{}/v1", upstream.addr)),
+        ..args.clone()
+    };
+    reload(&proxy.state, &flagged).unwrap();
+    assert_eq!(proxy.state.live_config().server.upstream.base_path, "/v1");
     proxy.shutdown().await;
 }

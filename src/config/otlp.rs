@@ -27,6 +27,8 @@ pub struct RawOtlp {
     pub traces: bool,
     /// Ended streams waiting for the span exporter at most; more are dropped and counted.
     pub traces_queue: usize,
+    /// Bytes those streams may hold at most; more are dropped and counted.
+    pub traces_queue_bytes: usize,
 }
 
 impl Default for RawOtlp {
@@ -40,6 +42,7 @@ impl Default for RawOtlp {
             service_name: "metronome".into(),
             traces: false,
             traces_queue: 4096,
+            traces_queue_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -70,8 +73,33 @@ pub struct OtlpConfig {
     pub service_name: String,
     /// One span per stream.
     pub traces: bool,
-    /// Capacity of the span queue.
+    /// Capacity of the span queue, in ended streams.
     pub traces_queue: usize,
+    /// Capacity of the span queue, in the bytes its streams hold.
+    pub traces_queue_bytes: usize,
+}
+
+/// The smallest span queue in bytes: room for about twenty streams of 128 stalls each.
+const MIN_QUEUE_BYTES: usize = 64 * 1024;
+/// The largest span queue in bytes (1 GiB): more is a typo.
+const MAX_QUEUE_BYTES: usize = 1 << 30;
+
+/// Why an endpoint with user information (`http://user:secret@collector`) is refused: the
+/// endpoint is written into every failed-export warning, and a password does not belong there.
+const USER_INFORMATION: &str = "has user information (`user:password@`), which would be written \
+     to the logs; send credentials as request headers in `[otlp] headers` \
+     (e.g. `headers = { authorization = \"Basic ...\" }`)";
+
+/// `text` with anything between `://` and an `@` before the next `/` replaced by `***`, for a
+/// message that echoes an endpoint that did not even parse as a URL.
+fn without_user_information(text: &str) -> String {
+    let (scheme, rest) = text.split_once("://").unwrap_or(("", text));
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) if scheme.is_empty() => format!("***{}", &rest[at..]),
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => text.to_string(),
+    }
 }
 
 // === impl RawOtlp ===
@@ -92,11 +120,18 @@ impl RawOtlp {
             ));
         }
         match endpoint.parse::<http::Uri>() {
+            // Checked first: a URL with credentials is never echoed, whatever else is wrong.
+            Ok(uri) if uri.authority().is_some_and(|a| a.as_str().contains('@')) => {
+                problems.push(("otlp.endpoint".into(), USER_INFORMATION.into()))
+            }
             Ok(uri)
                 if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => {}
             _ => problems.push((
                 "otlp.endpoint".into(),
-                format!("`{}` is not an http:// or https:// URL", self.endpoint),
+                format!(
+                    "`{}` is not an http:// or https:// URL",
+                    without_user_information(&self.endpoint)
+                ),
             )),
         }
         let protocol = match self.protocol.as_str() {
@@ -129,6 +164,15 @@ impl RawOtlp {
                 format!("{} is out of range (1 to 1000000)", self.traces_queue),
             ));
         }
+        if !(MIN_QUEUE_BYTES..=MAX_QUEUE_BYTES).contains(&self.traces_queue_bytes) {
+            problems.push((
+                "otlp.traces_queue_bytes".into(),
+                format!(
+                    "{} is out of range ({MIN_QUEUE_BYTES} to {MAX_QUEUE_BYTES})",
+                    self.traces_queue_bytes
+                ),
+            ));
+        }
         let mut duration = |key: &str, text: &str| match crate::units::parse_duration(text) {
             Ok(d) if !d.is_zero() && d <= Duration::from_secs(24 * 3600) => Some(d),
             Ok(_) => {
@@ -153,6 +197,7 @@ impl RawOtlp {
                     service_name: self.service_name.clone(),
                     traces: self.traces,
                     traces_queue: self.traces_queue,
+                    traces_queue_bytes: self.traces_queue_bytes,
                 }))
             }
             _ => Err(problems),
@@ -181,6 +226,33 @@ mod tests {
         assert_eq!(config.endpoint, "http://127.0.0.1:4318");
         assert_eq!(config.interval, Duration::from_secs(2));
         assert_eq!(config.headers.len(), 1);
+    }
+
+    #[test]
+    fn an_endpoint_with_user_information_is_refused_without_echoing_it() {
+        for endpoint in [
+            "http://user:s3cret@collector:4318",
+            "https://s3cret@collector",
+            "ftp://user:s3cret@collector",
+            "http://user:s3cret@[bad/v1",
+        ] {
+            let raw = RawOtlp {
+                endpoint: endpoint.into(),
+                ..RawOtlp::default()
+            };
+            let problems = raw.validate().unwrap_err();
+            assert_eq!(problems.len(), 1, "{endpoint}: {problems:?}");
+            assert_eq!(problems[0].0, "otlp.endpoint");
+            assert!(
+                !problems[0].1.contains("s3cret"),
+                "{endpoint}: {problems:?}"
+            );
+        }
+        let raw = RawOtlp {
+            endpoint: "http://user:s3cret@collector:4318".into(),
+            ..RawOtlp::default()
+        };
+        assert!(raw.validate().unwrap_err()[0].1.contains("[otlp] headers"));
     }
 
     #[test]

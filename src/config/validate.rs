@@ -206,6 +206,14 @@ fn readiness(raw: &RawReadiness, problem: &mut Problem<'_>) -> Option<ReadinessC
 }
 
 fn models(raw: &ModelsConfig, problem: &mut Problem<'_>) {
+    for (i, name) in raw.allow.iter().enumerate() {
+        if let Some(why) = crate::metrics::models::refusal(name) {
+            problem(
+                &format!("models.allow[{i}]"),
+                format!("`{}` {why}", name.escape_debug()),
+            );
+        }
+    }
     if raw.max == 0 && raw.allow.is_empty() {
         problem(
             "models.max",
@@ -270,6 +278,32 @@ fn upstream_tls(ut: &RawUpstreamTls, problem: &mut Problem<'_>) -> UpstreamTls {
         }
     }
     upstream_tls
+}
+
+/// `[admin]`: the admin listener's connection limit, timeouts and head bound.
+fn admin(raw: &RawAdmin, problem: &mut Problem<'_>) -> Option<AdminConfig> {
+    let head_timeout = timeout("admin.head_timeout", &raw.head_timeout, problem);
+    let idle_timeout = timeout("admin.idle_timeout", &raw.idle_timeout, problem);
+    for (key, value, low, high) in [
+        ("admin.max_connections", raw.max_connections, 1, 65_536),
+        // hyper's HTTP/1 server reads into a buffer of at least 8 KiB.
+        (
+            "admin.max_header_bytes",
+            raw.max_header_bytes,
+            8192,
+            1024 * 1024,
+        ),
+    ] {
+        if !(low..=high).contains(&value) {
+            problem(key, format!("{value} is out of range ({low} to {high})"));
+        }
+    }
+    Some(AdminConfig {
+        max_connections: raw.max_connections,
+        head_timeout: head_timeout?,
+        idle_timeout: idle_timeout?,
+        max_header_bytes: raw.max_header_bytes,
+    })
 }
 
 fn limits(l: &LimitsConfig, problem: &mut Problem<'_>) {
@@ -496,9 +530,16 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         &mut problem,
     );
     let batch = validate_batch(&raw.batch, &mut problem);
+    let admin = admin(&raw.admin, &mut problem);
 
-    let (Some(server), Some(timeouts), Some(metering), Some(readiness), Some(flush_interval)) =
-        (server, timeouts, metering, readiness, flush_interval)
+    let (
+        Some(server),
+        Some(timeouts),
+        Some(metering),
+        Some(readiness),
+        Some(flush_interval),
+        Some(admin),
+    ) = (server, timeouts, metering, readiness, flush_interval, admin)
     else {
         return Err(ConfigError(problems));
     };
@@ -521,5 +562,6 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         routes,
         readiness,
         batch,
+        admin,
     })
 }

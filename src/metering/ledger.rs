@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::format::{FinishReason, Format};
 use crate::metering::clock::{FrameStamp, Tick};
+use crate::metrics::counter::add_saturating;
 use crate::metrics::{
     BucketCounts, Exemplar, LocalHistogram, Metrics, NativeCounts, Outcome, Point,
 };
@@ -266,10 +267,10 @@ impl PointLedger {
         }
         let stalls = self.stalls - self.flushed.stalls;
         if stalls > 0 {
-            metrics
-                .stalls
-                .with_label_values(&[route, model, p])
-                .inc_by(stalls);
+            add_saturating(
+                &metrics.stalls.with_label_values(&[route, model, p]),
+                stalls,
+            );
             if let Some(stall_durations) = self.stall_durations.as_deref_mut() {
                 metrics.stall_duration.merge_with(
                     &[route, model, p],
@@ -357,6 +358,8 @@ pub struct IngressLedger {
     pub unparsed_events: u64,
     /// Events too long to inspect.
     pub oversize_events: u64,
+    /// Usage figures refused as implausible (`metering::usage`).
+    pub usage_refusals: super::usage::UsageRefusals,
     /// Frames read from the upstream.
     pub frames_total: u64,
     /// The first `max_frames` frames, for the stream's timeline.
@@ -890,17 +893,21 @@ fn record_ingress(ledger: &mut IngressLedger, to: &Target<'_>) {
         .tokens_per_event
         .merge(&[route, model], &ledger.tokens_per_event.to_local(bounds));
     let (tokens, source) = ledger.output_tokens();
+    // A counted figure (a server's running count) is bounded like a reported one.
+    let tokens = ledger.usage_refusals.bound(tokens).unwrap_or(0);
     if tokens > 0 {
-        metrics
-            .output_tokens
-            .with_label_values(&[route, model, source])
-            .inc_by(tokens);
+        add_saturating(
+            &metrics
+                .output_tokens
+                .with_label_values(&[route, model, source]),
+            tokens,
+        );
     }
     if let Some(prompt) = ledger.prompt_tokens.filter(|n| *n > 0) {
-        metrics
-            .prompt_tokens
-            .with_label_values(&[route, model])
-            .inc_by(prompt);
+        add_saturating(
+            &metrics.prompt_tokens.with_label_values(&[route, model]),
+            prompt,
+        );
     }
     if let Some(prompt) = ledger.prompt_tokens {
         metrics
@@ -918,15 +925,18 @@ fn record_ingress(ledger: &mut IngressLedger, to: &Target<'_>) {
             metrics.tpot.observe(&[route, model], tpot);
         }
     }
+    let [over_bound, decreased] = ledger.usage_refusals.by_reason();
     for (count, kind) in [
         (ledger.unparsed_events, "invalid"),
         (ledger.oversize_events, "oversize"),
+        over_bound,
+        decreased,
     ] {
         if count > 0 {
-            metrics
-                .unparsed_events
-                .with_label_values(&[route, kind])
-                .inc_by(count);
+            add_saturating(
+                &metrics.unparsed_events.with_label_values(&[route, kind]),
+                count,
+            );
         }
     }
 }

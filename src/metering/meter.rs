@@ -137,11 +137,13 @@ impl EventSink for IngressSink<'_> {
             return;
         }
         self.ledger.error_event |= classified.error;
-        if classified.usage_total.is_some() {
-            self.ledger.usage_tokens = classified.usage_total;
+        if let Some(total) = classified.usage_total {
+            let kept = self.ledger.usage_tokens;
+            self.ledger.usage_tokens = self.ledger.usage_refusals.accept(kept, total);
         }
-        if classified.usage_prompt.is_some() {
-            self.ledger.prompt_tokens = classified.usage_prompt;
+        if let Some(prompt) = classified.usage_prompt {
+            let kept = self.ledger.prompt_tokens;
+            self.ledger.prompt_tokens = self.ledger.usage_refusals.accept(kept, prompt);
         }
         if classified.finish.is_some() {
             self.ledger.finish = classified.finish;

@@ -4,6 +4,7 @@
 //! - [`meter`]: the work at ingress: scan, classify, update the ledger.
 //! - [`ledger`]: fixed-size per-stream state, recorded exactly once at the end of a stream.
 //! - [`clock`]: the monotonic stamps every frame gets at ingress and egress.
+//! - [`usage`]: the usage figures an upstream reports, believed only when plausible.
 //!
 //! The gap sketch (`crate::sketch`) and the cache hints (`crate::prefetch`) are per-frame work too
 //! but stay leaves at the crate root: the token formats, the histograms and the timelines use
@@ -15,3 +16,4 @@
 pub mod clock;
 pub mod ledger;
 pub mod meter;
+pub mod usage;

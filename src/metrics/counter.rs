@@ -26,6 +26,14 @@ use prometheus::{IntCounterVec, Opts};
 
 use super::histogram::StoredExemplar;
 
+/// Adds `n` to `counter`, stopping at `u64::MAX` rather than wrapping past it: a counter that
+/// wraps goes down, which Prometheus reads as a reset. The `prometheus` crate's `inc_by` is a
+/// plain `fetch_add`; the room is read first, so two additions racing at the very top could
+/// still pass it, which every figure's own bound (`metering::usage`) keeps out of reach.
+pub fn add_saturating(counter: &prometheus::IntCounter, n: u64) {
+    counter.inc_by(n.min(u64::MAX - counter.get()));
+}
+
 /// The value a counter's exemplar shows: the increment of the event it names.
 pub const COUNTER_EXEMPLAR_VALUE: f64 = 1.0;
 
@@ -199,6 +207,16 @@ impl CounterExemplars {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_counter_stops_at_the_top_instead_of_wrapping() {
+        let counter = prometheus::IntCounter::new("c", "c").unwrap();
+        add_saturating(&counter, 10);
+        add_saturating(&counter, u64::MAX);
+        assert_eq!(counter.get(), u64::MAX);
+        add_saturating(&counter, 1);
+        assert_eq!(counter.get(), u64::MAX);
+    }
 
     fn offer(family: &CounterFamily, scope: &str, stream_id: &str, rank: f64) {
         family.inc(

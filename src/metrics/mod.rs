@@ -320,15 +320,12 @@ impl Buckets {
     }
 }
 
-/// The trace ID of a W3C `traceparent` (`version-traceid-parentid-flags`): 32 lowercase hex
-/// digits, not all zero; `None` for anything else.
+/// The trace ID of a W3C `traceparent` (`version-traceid-parentid-flags`) that
+/// `trace_context::TraceParent::parse` accepts, as its 32 lowercase hex digits; `None` for
+/// anything else, so an exemplar names exactly the traces a span continues.
 pub fn trace_id(traceparent: &str) -> Option<&str> {
-    let id = traceparent.trim().split('-').nth(1)?;
-    let hex = id.len() == 32
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-    (hex && id.bytes().any(|b| b != b'0')).then_some(id)
+    crate::trace_context::TraceParent::parse(traceparent)?;
+    traceparent.trim_matches([' ', '\t']).get(3..35)
 }
 
 // --- end of issue 27's block ---
@@ -637,7 +634,7 @@ impl Metrics {
             )?,
             unparsed_events: counter(
                 "metronome_unparsed_events_total",
-                "Events forwarded untouched that the token accountant could not inspect, by reason (invalid, oversize).",
+                "Events forwarded untouched that the token accountant could not inspect or believe, by reason (invalid, oversize; usage_over_bound: a usage figure above 100,000,000 tokens per stream; usage_decreased: a usage figure below one the stream reported before).",
                 &["route", "reason"],
             )?,
             config_reload_failures: {

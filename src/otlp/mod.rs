@@ -107,6 +107,7 @@ mod exporter {
                 naming: naming.clone(),
                 exports: exports.clone(),
                 batch: state.batch.clone(),
+                failing: false,
             })
         });
         let traces = traces.map(|exporter| tokio::spawn(exporter.run(stop.clone())));

@@ -17,9 +17,10 @@ use prost014::Message;
 use tokio::sync::{mpsc, watch};
 
 use super::names::{Naming, Value};
-use super::traces::{failed, EndedStream, SpanSink};
+use super::traces::{failed, EndedStream, Queued, SpanSink};
 use super::transport::{Signal, Transport};
 use crate::batch::{BatchDetector, Episode, HitchMark};
+use crate::metrics::counter::add_saturating;
 
 /// Spans sent in one request at most.
 const MAX_BATCH: usize = 512;
@@ -195,6 +196,7 @@ pub fn span(ended: &EndedStream, naming: &Naming, episodes: &[EpisodeEvent]) -> 
         end_time_unix_nano: start + ended.duration_us * 1_000,
         attributes,
         events,
+        dropped_events_count: ended.dropped_stalls,
         status: is_failure.then(|| Status {
             message: ended.outcome.into(),
             code: status::StatusCode::Error as i32,
@@ -224,7 +226,7 @@ fn request(spans: Vec<Span>, resource: &Resource) -> ExportTraceServiceRequest {
 /// What the span exporter task needs.
 pub struct SpanExporter {
     /// The queue's receiving end.
-    pub receiver: mpsc::Receiver<EndedStream>,
+    pub receiver: mpsc::Receiver<Queued>,
     /// The queue's producer (for the drop counter).
     pub sink: Arc<SpanSink>,
     /// Where the batches go.
@@ -237,6 +239,8 @@ pub struct SpanExporter {
     pub exports: IntCounterVec,
     /// The batch detector, whose settled hitches give each span its episode events.
     pub batch: Arc<BatchDetector>,
+    /// Whether the last export failed, so a failing receiver is logged once, not per batch.
+    pub failing: bool,
 }
 
 // === impl SpanExporter ===
@@ -279,8 +283,9 @@ impl SpanExporter {
     /// The spans of `ended`, built now rather than as each stream ended: by the batch's flush
     /// (up to [`FLUSH_EVERY`] later) a stream's last hitches have their scope, so the episodes
     /// it was caught in are known. One pass over the detector's marks for the whole batch.
-    fn spans(&self, ended: &[EndedStream]) -> Vec<Span> {
-        let ids: HashSet<&str> = ended.iter().map(|e| e.stream_id.as_ref()).collect();
+    fn spans(&self, queued: &[Queued]) -> Vec<Span> {
+        let ended = queued.iter().map(|q| &q.stream);
+        let ids: HashSet<&str> = ended.clone().map(|e| e.stream_id.as_ref()).collect();
         let marks = self.batch.batch_hitches_of(&ids);
         let episodes = if marks.is_empty() {
             Vec::new()
@@ -288,7 +293,6 @@ impl SpanExporter {
             self.batch.episodes()
         };
         ended
-            .iter()
             .map(|e| {
                 let caught = marks
                     .get(&e.stream_id)
@@ -299,19 +303,25 @@ impl SpanExporter {
             .collect()
     }
 
-    async fn send(&self, ended: Vec<EndedStream>) {
-        let spans = self.spans(&ended);
+    /// Sends one batch; its streams give their bytes back to the queue's bound when `queued`
+    /// is dropped, after the receiver answered or the export failed.
+    async fn send(&mut self, queued: Vec<Queued>) {
+        let spans = self.spans(&queued);
         let n = spans.len() as u64;
         let body = request(spans, &self.resource).encode_to_vec();
         match self.transport.send(Signal::Traces, body).await {
-            Ok(()) => self.exports.with_label_values(&["traces", "ok"]).inc(),
+            Ok(()) => {
+                self.exports.with_label_values(&["traces", "ok"]).inc();
+                if std::mem::take(&mut self.failing) {
+                    tracing::info!("OTLP traces export works again");
+                }
+            }
             Err(e) => {
-                tracing::debug!(error = %e, spans = n, "OTLP traces export failed");
+                if !std::mem::replace(&mut self.failing, true) {
+                    tracing::warn!(error = %e, spans = n, "OTLP traces export failed (counted in metronome_otlp_exports_total and metronome_otlp_spans_dropped_total; logged again once it recovers)");
+                }
                 self.exports.with_label_values(&["traces", "failed"]).inc();
-                self.sink
-                    .dropped
-                    .with_label_values(&["export_failed"])
-                    .inc_by(n);
+                add_saturating(&self.sink.dropped.with_label_values(&["export_failed"]), n);
             }
         }
     }
@@ -345,6 +355,7 @@ mod tests {
                 start_us: 100_000,
                 length_us: 600_000,
             }],
+            dropped_stalls: 2,
         };
         let s = span(&ended, &Naming::with(Names::Metronome, false), &[]);
         assert_eq!(s.name, "chat m");
@@ -355,6 +366,7 @@ mod tests {
         );
         assert_eq!(s.end_time_unix_nano - s.start_time_unix_nano, 2_000_000_000);
         assert_eq!(s.events.len(), 1);
+        assert_eq!(s.dropped_events_count, 2);
         assert_eq!(s.events[0].time_unix_nano, 1_100_000_000);
         assert_eq!(
             s.status.as_ref().map(|st| st.code),
@@ -415,6 +427,7 @@ mod tests {
             output_tokens: 1,
             token_events: 1,
             stalls: Vec::new(),
+            dropped_stalls: 0,
         };
         let s = span(&ended, &Naming::with(Names::Metronome, false), &events);
         let names: Vec<&str> = s.events.iter().map(|e| e.name.as_str()).collect();

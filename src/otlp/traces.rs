@@ -7,6 +7,7 @@
 //! done per frame: the stall events are read from the stream's timeline after it ended.
 
 use crate::poison::LockExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus::{IntCounterVec, Opts};
@@ -49,8 +50,49 @@ pub struct EndedStream {
     pub output_tokens: u64,
     /// Token events.
     pub token_events: u64,
-    /// Every stall at both points, among the frames the timeline kept.
+    /// The stalls at both points among the frames the timeline kept, the first
+    /// [`MAX_SPAN_STALLS`] by start.
     pub stalls: Vec<StallEvent>,
+    /// Stalls beyond [`MAX_SPAN_STALLS`], left out (the span's `dropped_events_count`).
+    pub dropped_stalls: u32,
+}
+
+/// Stall events one span carries at most: OpenTelemetry's default span event count limit
+/// (`OTEL_SPAN_EVENT_COUNT_LIMIT`, 128). It bounds what a stream that stalls at every frame puts
+/// in the queue and in an export (a few kilobytes rather than tens).
+pub const MAX_SPAN_STALLS: usize = 128;
+
+/// An ended stream waiting in the span queue, with its share of the queue's byte bound, given
+/// back when it is dropped (sent, or refused by the receiver).
+#[derive(Debug)]
+pub struct Queued {
+    /// The stream.
+    pub stream: EndedStream,
+    _charge: Charge,
+}
+
+/// Bytes held against the queue's bound while a [`Queued`] lives.
+#[derive(Debug)]
+struct Charge {
+    bytes: usize,
+    held: Arc<AtomicUsize>,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// What one queued stream holds in memory, estimated from what it owns: its slot in the channel
+/// (the whole struct), its stall events' buffer, and its stream ID with the `Arc`'s counts (the
+/// registry's ring may let go of the ID first). Its route and model are labels the metrics keep
+/// anyway.
+fn queued_bytes(stream: &EndedStream) -> usize {
+    std::mem::size_of::<Queued>()
+        + stream.stalls.capacity() * std::mem::size_of::<StallEvent>()
+        + stream.stream_id.len()
+        + 2 * std::mem::size_of::<usize>()
 }
 
 /// Whether a stream that ended this way is kept whatever its trace's sampling said.
@@ -97,11 +139,17 @@ pub fn stalls(stream: &FinishedStream, threshold_us: u64) -> Vec<StallEvent> {
 }
 
 /// The producer side of the span queue: shared by every worker, fed at each stream's end.
+/// Bounded twice: by streams (`otlp.traces_queue`, the channel's capacity) and by the bytes they
+/// hold (`otlp.traces_queue_bytes`), until the exporter has sent them or given up on them.
 pub struct SpanSink {
     metrics: Arc<Metrics>,
-    sender: tokio::sync::mpsc::Sender<EndedStream>,
+    sender: tokio::sync::mpsc::Sender<Queued>,
     /// Taken once by the exporter task.
-    receiver: Mutex<Option<tokio::sync::mpsc::Receiver<EndedStream>>>,
+    receiver: Mutex<Option<tokio::sync::mpsc::Receiver<Queued>>>,
+    /// Bytes the queued streams (and a batch being sent) hold now.
+    held: Arc<AtomicUsize>,
+    /// The most `held` may reach.
+    max_bytes: usize,
     /// `metronome_otlp_spans_dropped_total{reason}`.
     pub dropped: IntCounterVec,
 }
@@ -117,16 +165,21 @@ impl std::fmt::Debug for SpanSink {
 // === impl SpanSink ===
 
 impl SpanSink {
-    /// A queue of at most `capacity` ended streams; registers the drop counter in `metrics`.
-    pub fn new(metrics: Arc<Metrics>, capacity: usize) -> prometheus::Result<Arc<Self>> {
+    /// A queue of at most `capacity` ended streams holding at most `max_bytes`; registers the
+    /// drop counter in `metrics`.
+    pub fn new(
+        metrics: Arc<Metrics>,
+        capacity: usize,
+        max_bytes: usize,
+    ) -> prometheus::Result<Arc<Self>> {
         let dropped = IntCounterVec::new(
             Opts::new(
                 "metronome_otlp_spans_dropped_total",
-                "Stream spans not exported, by reason: queue_full (the bounded export queue was full, the span was dropped rather than waited for) or export_failed (the receiver was down, slow or refused).",
+                "Stream spans not exported, by reason: queue_full (the export queue held otlp.traces_queue streams), queue_bytes (it held otlp.traces_queue_bytes), each dropped rather than waited for; export_failed (the receiver was down, slow or refused).",
             ),
             &["reason"],
         )?;
-        for reason in ["queue_full", "export_failed"] {
+        for reason in ["queue_full", "queue_bytes", "export_failed"] {
             dropped.with_label_values(&[reason]);
         }
         metrics.register(Box::new(dropped.clone()))?;
@@ -135,19 +188,52 @@ impl SpanSink {
             metrics,
             sender,
             receiver: Mutex::new(Some(receiver)),
+            held: Arc::new(AtomicUsize::new(0)),
+            max_bytes,
             dropped,
         }))
     }
 
     /// The receiving end, for the exporter (once).
-    pub fn take_receiver(&self) -> Option<tokio::sync::mpsc::Receiver<EndedStream>> {
+    pub fn take_receiver(&self) -> Option<tokio::sync::mpsc::Receiver<Queued>> {
         self.receiver.lock_or_recover().take()
+    }
+
+    /// Bytes the queued streams hold now (at most `otlp.traces_queue_bytes`).
+    pub fn queued_bytes(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Queues `stream` when both bounds allow it; otherwise drops it and counts why.
+    fn queue(&self, stream: EndedStream) {
+        let bytes = queued_bytes(&stream);
+        let max = self.max_bytes;
+        let charged = self
+            .held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                held.checked_add(bytes).filter(|after| *after <= max)
+            });
+        if charged.is_err() {
+            self.dropped.with_label_values(&["queue_bytes"]).inc();
+            return;
+        }
+        let queued = Queued {
+            stream,
+            _charge: Charge {
+                bytes,
+                held: self.held.clone(),
+            },
+        };
+        // A refused send drops `queued`, and with it the charge.
+        if self.sender.try_send(queued).is_err() {
+            self.dropped.with_label_values(&["queue_full"]).inc();
+        }
     }
 }
 
 impl FinishedSink for SpanSink {
     /// The tail decision for a stream that ended: kept when its trace is sampled, it stalled or
-    /// it failed; then queued, or dropped and counted when the queue is full.
+    /// it failed; then queued, or dropped and counted when the queue is full in streams or bytes.
     fn offer(&self, stream: &FinishedStream) {
         let Some(context) = stream.span else {
             return;
@@ -157,6 +243,17 @@ impl FinishedSink for SpanSink {
             return;
         }
         let threshold_us = self.metrics.stall_threshold_nanos() / 1_000;
+        let mut stall_events = if stalled {
+            stalls(stream, threshold_us)
+        } else {
+            Vec::new()
+        };
+        let dropped_stalls = stall_events.len().saturating_sub(MAX_SPAN_STALLS);
+        if dropped_stalls > 0 {
+            stall_events.sort_by_key(|s| s.start_us);
+            stall_events.truncate(MAX_SPAN_STALLS);
+            stall_events.shrink_to_fit();
+        }
         let ended = EndedStream {
             context,
             start_unix_nanos: stream.started_unix_nanos(),
@@ -168,15 +265,10 @@ impl FinishedSink for SpanSink {
             ttft_egress_us: stream.ttft_us.egress,
             output_tokens: stream.output_tokens,
             token_events: stream.token_events,
-            stalls: if stalled {
-                stalls(stream, threshold_us)
-            } else {
-                Vec::new()
-            },
+            stalls: stall_events,
+            dropped_stalls: u32::try_from(dropped_stalls).unwrap_or(u32::MAX),
         };
-        if self.sender.try_send(ended).is_err() {
-            self.dropped.with_label_values(&["queue_full"]).inc();
-        }
+        self.queue(ended);
     }
 }
 
@@ -192,15 +284,8 @@ mod tests {
 
     #[test]
     fn finished_streams_feed_a_bounded_span_queue_that_drops_and_counts() {
-        let metrics = Arc::new(
-            crate::metrics::Metrics::new(
-                &crate::metrics::Buckets::default(),
-                crate::metrics::ModelLabels::new(&[], 8),
-                Duration::from_millis(200),
-            )
-            .unwrap(),
-        );
-        let sink = SpanSink::new(metrics, 1).unwrap();
+        let metrics = metrics_with_stall_threshold(Duration::from_millis(200));
+        let sink = SpanSink::new(metrics, 1, 1 << 20).unwrap();
         let registry = StreamRegistry::new(4, 16).with_sink(Some(sink.clone()));
         let sampled = SpanContext::continue_from(None);
         let unsampled = SpanContext {
@@ -217,10 +302,107 @@ mod tests {
         registry.finished(with("queue-full", sampled, "complete"));
         registry.finished(with("failed", unsampled, "upstream_error"));
         let mut queue = sink.take_receiver().unwrap();
-        assert_eq!(&*queue.try_recv().unwrap().stream_id, "first");
+        assert_eq!(&*queue.try_recv().unwrap().stream.stream_id, "first");
         assert!(queue.try_recv().is_err());
         // The unsampled stream was not kept; the two kept ones behind a full queue were dropped.
         assert_eq!(sink.dropped.with_label_values(&["queue_full"]).get(), 2);
+    }
+
+    fn metrics_with_stall_threshold(threshold: Duration) -> Arc<Metrics> {
+        let models = crate::metrics::ModelLabels::new(&[], 8);
+        let buckets = crate::metrics::Buckets::default();
+        Arc::new(Metrics::new(&buckets, models, threshold).unwrap())
+    }
+
+    /// A finished stream of `frames` token frames 1 ms apart at ingress and egress, every gap
+    /// a stall at a 0.5 ms threshold.
+    fn stalling_at_every_frame(id: &str, frames: u32) -> FinishedStream {
+        let mut ingress = IngressTimeline::default();
+        let mut egress = EgressStamps::default();
+        for i in 0..frames {
+            ingress.push(IngressFrame {
+                ingress_us: i * 1_000,
+                bytes: 10,
+                events: 1,
+                token_events: 1,
+            });
+            egress.set(i, i * 1_000, i * 1_000 + 10);
+        }
+        let mut stream = FinishedStream {
+            span: Some(SpanContext::continue_from(None)),
+            frames: StreamFrames::new(ingress, egress),
+            ..timeline::finished(id)
+        };
+        stream.stalls.ingress = u64::from(frames) - 1;
+        stream
+    }
+
+    #[test]
+    fn the_span_queue_holds_at_most_its_bytes_and_counts_every_stream_it_drops() {
+        let metrics = metrics_with_stall_threshold(Duration::from_micros(500));
+        let bound = 64 * 1024;
+        let sink = SpanSink::new(metrics, 4096, bound).unwrap();
+        // Nothing takes from the queue: a receiver that never answers holds its batch as long.
+        let mut queue = sink.take_receiver().unwrap();
+        let offered = 200;
+        for i in 0..offered {
+            sink.offer(&stalling_at_every_frame(&format!("s{i}"), 1024));
+            assert!(sink.queued_bytes() <= bound, "{}", sink.queued_bytes());
+        }
+        let mut kept = Vec::new();
+        while let Ok(queued) = queue.try_recv() {
+            kept.push(queued);
+        }
+        let dropped = sink.dropped.with_label_values(&["queue_bytes"]).get();
+        assert_eq!(kept.len() as u64 + dropped, offered);
+        assert!(kept.len() >= 10, "{} streams kept", kept.len());
+        let first = &kept[0].stream;
+        assert_eq!(first.stalls.len(), MAX_SPAN_STALLS);
+        assert_eq!(first.dropped_stalls, 2 * 1023 - 128);
+        assert!(first
+            .stalls
+            .windows(2)
+            .all(|w| w[0].start_us <= w[1].start_us));
+        // Sent (or given up on), the streams give their bytes back.
+        drop(kept);
+        assert_eq!(sink.queued_bytes(), 0);
+    }
+
+    /// A measurement, not a check (RELIABILITY.md): the resident set the span queue adds when
+    /// 4,096 streams stalling at each of 1,024 frames end and nothing takes them (a receiver
+    /// that never answers), at the default bounds. Run alone:
+    /// `cargo test --lib queue_memory_at_the_default_bounds -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement of this process's memory: run alone"]
+    fn queue_memory_at_the_default_bounds() {
+        let rss = || {
+            let status = std::fs::read_to_string("/proc/self/status").unwrap();
+            let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+            line.split_whitespace()
+                .nth(1)
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                * 1024
+        };
+        let metrics = metrics_with_stall_threshold(Duration::from_micros(500));
+        let defaults = crate::config::otlp::RawOtlp::default();
+        let sink =
+            SpanSink::new(metrics, defaults.traces_queue, defaults.traces_queue_bytes).unwrap();
+        let _queue = sink.take_receiver().unwrap();
+        let stream = stalling_at_every_frame("s", 1024);
+        let before = rss();
+        for _ in 0..4096 {
+            sink.offer(&stream);
+        }
+        let dropped = |reason| sink.dropped.with_label_values(&[reason]).get();
+        println!(
+            "4096 stall-heavy streams queued: resident set +{} KiB, {} bytes accounted, dropped {} for bytes and {} for count",
+            (rss() - before) / 1024,
+            sink.queued_bytes(),
+            dropped("queue_bytes"),
+            dropped("queue_full")
+        );
     }
 
     #[test]

@@ -5,12 +5,16 @@
 //!   `http://`, ALPN on `https://`): the request framed as one gRPC message (a flag byte, a
 //!   32-bit length, the protobuf), and the outcome read from the `grpc-status` trailer (or from
 //!   the headers of a trailers-only answer).
+//!
+//! The receiver's answer is bounded in time (`otlp.timeout` covers the whole exchange, body
+//! included) and in bytes ([`MAX_REPLY_BYTES`]): a receiver that answers with an endless body
+//! fails the export at the bound instead of growing the process's memory.
 
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{header, HeaderMap, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -26,6 +30,9 @@ pub enum ExportError {
     /// The connection failed (refused, reset, TLS).
     #[error("cannot send: {0}")]
     Send(#[from] hyper_util::client::legacy::Error),
+    /// The receiver's answer body went past [`MAX_REPLY_BYTES`].
+    #[error("the receiver's answer is longer than {0} bytes")]
+    ReplyTooLarge(usize),
     /// The receiver answered with a status other than 2xx.
     #[error("the receiver answered {0}")]
     Status(StatusCode),
@@ -86,6 +93,10 @@ impl Signal {
         }
     }
 }
+
+/// The longest answer body read from a receiver. An OTLP answer is an `Export*ServiceResponse`
+/// (a partial-success count and message) or an error status: bytes to a few kilobytes.
+pub const MAX_REPLY_BYTES: usize = 64 * 1024;
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
@@ -158,12 +169,15 @@ impl Transport {
             let response = self.client.request(request).await?;
             let (parts, body) = response.into_parts();
             // Read the body to its end so the connection can be used again; a gRPC answer's
-            // outcome is in the trailers that end it.
-            let trailers = body
-                .collect()
-                .await
-                .ok()
-                .and_then(|b| b.trailers().cloned());
+            // outcome is in the trailers that end it. Past the bound the body is dropped, which
+            // closes the connection.
+            let trailers = match Limited::new(body, MAX_REPLY_BYTES).collect().await {
+                Ok(collected) => collected.trailers().cloned(),
+                Err(e) if e.is::<LengthLimitError>() => {
+                    return Err(ExportError::ReplyTooLarge(MAX_REPLY_BYTES))
+                }
+                Err(_) => None,
+            };
             if !parts.status.is_success() {
                 return Err(ExportError::Status(parts.status));
             }

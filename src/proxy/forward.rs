@@ -94,7 +94,10 @@ async fn forward(
         .try_acquire_owned()
         .map_err(|_| Refusal::Overloaded)?;
     let started_unix_ms = unix_ms();
-    let traceparent = bounded_header(request.headers(), "traceparent");
+    // Two `traceparent` fields name no one parent: the W3C processing model starts a new trace.
+    let traceparent = Some(request.headers().get_all("traceparent").iter().count())
+        .filter(|n| *n == 1)
+        .and_then(|_| bounded_header(request.headers(), "traceparent"));
     let request_id = bounded_header(request.headers(), "x-request-id");
     let slo = crate::slo::StreamSlo::from_headers(request.headers());
     // Known before the request moves on; with the response's framing it hints at the API.

@@ -142,6 +142,14 @@ impl crate::admin::AdminView for ProxyState {
     fn live_config(&self) -> Arc<Config> {
         ProxyState::live_config(self)
     }
+
+    fn check_form(
+        &self,
+        head: &http::request::Parts,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        request_form::check(&head.method, &head.uri, head.version, &head.headers)?;
+        Ok(())
+    }
 }
 
 /// Warns at startup when an `https://` upstream will be verified against the system trust store
@@ -205,6 +213,7 @@ impl ProxyState {
             Some(otlp) if otlp.traces => Some(crate::otlp::traces::SpanSink::new(
                 metrics.clone(),
                 otlp.traces_queue,
+                otlp.traces_queue_bytes,
             )?),
             _ => None,
         };

@@ -2,8 +2,10 @@
 //!
 //! The configuration is read again exactly as at start (the file, then flags and `METRONOME_*`
 //! environment variables over it) and validated whole. An invalid file changes nothing: every
-//! problem is logged and `metronome_config_reload_failures_total` counts the refusal. A valid one
-//! puts these in force at once:
+//! problem is logged and `metronome_config_reload_failures_total` counts the refusal. So does a
+//! file that would take every route away or put the default upstream back to its built-in value
+//! without writing so (an empty or cut-short file parses as all defaults). A valid one puts these
+//! in force at once:
 //!
 //! - routes, their upstreams and `server.upstream`: each request takes the routing table once, so
 //!   new requests follow the new table while a stream in flight keeps its route and connection;
@@ -18,7 +20,7 @@
 
 use std::future::Future;
 
-use crate::config::{Config, ConfigError, ServeArgs};
+use crate::config::{Config, ConfigError, ConfigProblem, ServeArgs};
 
 use super::ProxyState;
 
@@ -34,7 +36,11 @@ pub struct Reloaded {
 /// Re-reads the configuration the way `serve` read it at start and applies it; on an invalid
 /// file logs every problem, counts the failure and keeps the running configuration.
 pub fn reload(state: &ProxyState, args: &ServeArgs) -> Result<Reloaded, ConfigError> {
-    match Config::from_args(args) {
+    let checked = Config::from_args_with_text(args).and_then(|(config, text)| {
+        refuse_emptied(&state.live_config(), &config, text.as_deref(), args)?;
+        Ok(config)
+    });
+    match checked {
         Ok(config) => Ok(apply(state, config)),
         Err(error) => {
             state.metrics.config_reload_failures.inc();
@@ -53,6 +59,47 @@ pub fn reload(state: &ProxyState, args: &ServeArgs) -> Result<Reloaded, ConfigEr
             }
             Err(error)
         }
+    }
+}
+
+/// Refuses a reload that would take every route away, or put the default upstream back to its
+/// built-in value, when neither the file nor a flag says so: an empty or cut-short file is
+/// valid TOML whose every section is the default, and applied it would send all traffic to
+/// `http://127.0.0.1:8000` under route `other`. `routes = []` and a written `server.upstream`
+/// say it on purpose.
+fn refuse_emptied(
+    old: &Config,
+    new: &Config,
+    text: Option<&str>,
+    args: &ServeArgs,
+) -> Result<(), ConfigError> {
+    let writes = |key: &str| text.is_some_and(|text| crate::config_spans::writes(text, key));
+    let mut problems = Vec::new();
+    if !old.routes.is_empty() && new.routes.is_empty() && !writes("routes") {
+        problems.push(ConfigProblem {
+            key: "routes".into(),
+            reason: format!(
+                "the file names no routes, so the {} running ones would all go (an empty or \
+                 cut-short file?); write `routes = []` to remove them on purpose",
+                old.routes.len()
+            ),
+        });
+    }
+    let upstream_named = args.upstream.is_some() || writes("server.upstream");
+    if new.server.upstream != old.server.upstream && !upstream_named {
+        problems.push(ConfigProblem {
+            key: "server.upstream".into(),
+            reason: format!(
+                "the file does not set it, so the default upstream would go from {} back to {} \
+                 (an empty or cut-short file?); write it to change it",
+                old.server.upstream, new.server.upstream
+            ),
+        });
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigError(problems))
     }
 }
 
@@ -198,6 +245,11 @@ fn describe_needs_restart(old: &Config, new: &Config, needs_restart: &mut Vec<St
         "timeline",
         format!("{:?}", old.timeline),
         format!("{:?}", new.timeline),
+    ));
+    keys.push((
+        "admin",
+        format!("{:?}", old.admin),
+        format!("{:?}", new.admin),
     ));
     if new.buckets != old.buckets {
         keys.push((

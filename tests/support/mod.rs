@@ -285,9 +285,20 @@ impl Metrics {
 
 /// The exposition as scripts/check-openmetrics.py reads it with prometheus_client's parser.
 pub fn parse_openmetrics(body: &[u8]) -> serde_json::Value {
+    parse_exposition(body, &[])
+}
+
+/// The text format 0.0.4 read by prometheus_client's parser of it, as [`parse_openmetrics`]
+/// gives OpenMetrics.
+pub fn parse_text_format(body: &[u8]) -> serde_json::Value {
+    parse_exposition(body, &["--text"])
+}
+
+fn parse_exposition(body: &[u8], args: &[&str]) -> serde_json::Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/check-openmetrics.py");
     let mut child = std::process::Command::new("python3")
         .arg(script)
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
