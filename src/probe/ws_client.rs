@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use http::header::{self, HeaderValue};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
@@ -172,9 +172,10 @@ async fn run(
     shared.starts.sent_one();
     let deadline = Instant::now() + shared.config.timeout;
     let outcome = tokio::time::timeout_at(deadline.into(), async {
-        let reusable = socket
-            .as_ref()
-            .is_some_and(|s| !s.closed && s.responses < plan.settings.per_socket);
+        let reusable = match socket.as_mut() {
+            Some(open) => open.responses < plan.settings.per_socket && open.still_open(),
+            None => false,
+        };
         if !reusable {
             if let Some(old) = socket.take() {
                 old.close().await;
@@ -474,6 +475,19 @@ impl Socket {
                 crate::units::format_duration(GREETING_WAIT)
             )))
         })
+    }
+
+    /// Whether the socket can carry another response: reads what waits in it without waiting
+    /// (a server that closed after its last response has said so by now, in the same write).
+    fn still_open(&mut self) -> bool {
+        while !self.closed {
+            match self.ws.next().now_or_never() {
+                None => break,
+                Some(Some(frame)) if frame.opcode() != OpCode::Close => {}
+                Some(_) => self.closed = true,
+            }
+        }
+        !self.closed
     }
 
     /// Closes the socket politely (1000), waiting briefly for the server's close.

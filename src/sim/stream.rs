@@ -256,6 +256,11 @@ impl SimStream {
         }
     }
 
+    /// Whether the last frame was handed over.
+    pub(crate) fn is_done(&self) -> bool {
+        self.progress == Progress::Done
+    }
+
     /// The stream's sequence number (its IDs, its timeline lines).
     pub(crate) fn seq(&self) -> u64 {
         self.wire.seq

@@ -264,11 +264,14 @@ impl Session {
         });
     }
 
-    /// The running response's next frame, or its end.
+    /// The running response's next frame, or its end (the end is taken with the last frame, so
+    /// what follows a response, a close above all, goes out in the same write).
     fn on_response_frame(&mut self, frame: Option<Bytes>) -> Next {
         if let (Some(frame), Some(running)) = (&frame, &mut self.running) {
             running.framer.messages(frame, &mut self.out);
-            return Next::Continue;
+            if !running.stream.is_done() {
+                return Next::Continue;
+            }
         }
         self.running = None;
         self.served += 1;
