@@ -453,3 +453,113 @@ async fn a_plain_get_on_a_websocket_endpoint_is_told_to_upgrade() {
     assert!(answer.starts_with("HTTP/1.1 426"), "{answer}");
     assert!(answer.contains("websocket_upgrade_required"), "{answer}");
 }
+
+#[tokio::test]
+async fn pings_both_ways() {
+    let config = WebSocketConfig {
+        deflate: false,
+        ping: Some(ms(20)),
+        ..WebSocketConfig::default()
+    };
+    let sim = sim_with(sim(3, 0, 0, config)).await;
+    let mut client = RawClient::connect(&sim, "/v1/responses", None).await;
+    let ping = loop {
+        let frame = client.frame().await;
+        if frame.opcode == 9 {
+            break frame;
+        }
+    };
+    assert_eq!(ping.payload, b"sim");
+    // A masked ping of ours, "tick", is answered with a pong of the same payload.
+    let mask = [7u8, 7, 7, 7];
+    let mut frame = vec![0x89, 0x84];
+    frame.extend_from_slice(&mask);
+    frame.extend(b"tick".iter().map(|b| b ^ 7));
+    client.tcp.write_all(&frame).await.unwrap();
+    let pong = loop {
+        let frame = client.frame().await;
+        if frame.opcode == 10 {
+            break frame;
+        }
+    };
+    assert_eq!(pong.payload, b"tick");
+}
+
+/// An upstream of its own for the probe: it answers the upgrade with a stream ID header (as
+/// the proxy's tunnel does) and one Responses-mode response of two text deltas per
+/// `response.create`.
+async fn upstream_with_stream_id() -> std::net::SocketAddr {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            tcp.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8(head).unwrap();
+        let key = head
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("sec-websocket-key: ")
+                    .or_else(|| l.strip_prefix("Sec-WebSocket-Key: "))
+            })
+            .unwrap()
+            .trim();
+        let mut sha1 = sha1::Sha1::new();
+        sha1.update(format!("{key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11").as_bytes());
+        let accept = base64::engine::general_purpose::STANDARD.encode(sha1.finalize());
+        let answer = format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Accept: {accept}\r\nx-metronome-stream-id: 0123abcd\r\n\r\n"
+        );
+        tcp.write_all(answer.as_bytes()).await.unwrap();
+        // The client's response.create (masked, small), then the response.
+        let mut frame = [0u8; 2];
+        tcp.read_exact(&mut frame).await.unwrap();
+        let len = match frame[1] & 0x7f {
+            126 => {
+                let mut ext = [0u8; 2];
+                tcp.read_exact(&mut ext).await.unwrap();
+                usize::from(u16::from_be_bytes(ext))
+            }
+            n => usize::from(n),
+        };
+        let mut rest = vec![0u8; 4 + len];
+        tcp.read_exact(&mut rest).await.unwrap();
+        for message in [
+            r#"{"type":"response.created","response":{"status":"in_progress"}}"#,
+            r#"{"type":"response.output_text.delta","delta":"Hi"}"#,
+            r#"{"type":"response.output_text.delta","delta":" there"}"#,
+            r#"{"type":"response.completed","response":{"status":"completed","usage":{"output_tokens":2}}}"#,
+        ] {
+            let mut frame = vec![0x81, message.len() as u8];
+            frame.extend_from_slice(message.as_bytes());
+            tcp.write_all(&frame).await.unwrap();
+        }
+        let mut drain = Vec::new();
+        let _ = tcp.read_to_end(&mut drain).await;
+    });
+    addr
+}
+
+#[tokio::test]
+async fn the_stream_id_of_the_101_goes_to_the_sockets_first_response() {
+    let addr = upstream_with_stream_id().await;
+    let mut config = ProbeConfig::new(&format!("http://{addr}/v1/responses"), "m").unwrap();
+    config.stop = Stop::Requests(1);
+    config.websocket = Some(WsSettings {
+        protocol: WsProtocol::Responses,
+        per_socket: 1,
+        realtime: RealtimeAsk::default(),
+    });
+    let run = measure(&config).await.unwrap();
+    let record = &run.streams[0];
+    assert_eq!(record.error, None, "{:?}", record.error_body);
+    assert_eq!(record.stream_id.as_deref(), Some("0123abcd"));
+    assert_eq!((record.token_times.len(), record.output_tokens()), (2, 2));
+}
