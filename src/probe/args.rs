@@ -12,6 +12,7 @@ use http::Uri;
 
 use super::secrets::{ApiKey, Secrets};
 use super::workload::{chat_request, read_dataset, synthetic_prompt, OutputLength, RequestShape};
+use super::ws_protocol::{RealtimeAsk, WsProtocol};
 use crate::units::parse_duration;
 
 /// The response header that carries the proxy's stream ID, joined later with its timeline.
@@ -37,7 +38,8 @@ pub struct ProbeArgs {
     pub command: Option<ProbeCommand>,
 
     /// URL to stream from (POST), `http://` or `https://`. A URL without a path gets
-    /// `/v1/chat/completions`.
+    /// `/v1/chat/completions`. A `ws://` or `wss://` URL (or `--websocket`) streams over a
+    /// WebSocket instead.
     #[arg(long, required = true)]
     pub url: Option<String>,
 
@@ -161,6 +163,34 @@ pub struct RequestArgs {
     #[arg(long = "header", short = 'H')]
     pub headers: Vec<String>,
 
+    /// Stream over a WebSocket: the Responses API's WebSocket mode (`responses`, a
+    /// `response.create` per response) or the Realtime API (`realtime`); without a value, the
+    /// URL's path tells (`/v1/responses`, `/v1/realtime`). TTFT counts from sending the
+    /// `response.create`.
+    #[arg(
+        long,
+        value_enum,
+        num_args = 0..=1,
+        default_missing_value = "auto",
+        value_name = "API",
+        help_heading = "WebSocket"
+    )]
+    pub websocket: Option<WsChoice>,
+
+    /// Responses each WebSocket carries, one after another, before the probe opens a new one
+    /// (closed loop only).
+    #[arg(
+        long,
+        default_value_t = 1,
+        value_name = "K",
+        help_heading = "WebSocket"
+    )]
+    pub responses_per_socket: u64,
+
+    /// Realtime API: ask for spoken responses (audio and its transcript) or text.
+    #[arg(long, value_enum, default_value_t = RealtimeOutput::Audio, help_heading = "WebSocket")]
+    pub realtime_output: RealtimeOutput,
+
     /// An API key, sent as `Authorization: Bearer KEY` with every request and to `/v1/models`
     /// (as vLLM's `--api-key` and OpenAI's API expect). It is never printed nor written to a
     /// report, and whatever a server echoes of it is masked.
@@ -171,6 +201,37 @@ pub struct RequestArgs {
         value_name = "KEY"
     )]
     pub api_key: Option<ApiKey>,
+}
+
+/// `--websocket`'s value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WsChoice {
+    /// The API the URL's path names.
+    Auto,
+    /// The Responses API's WebSocket mode.
+    Responses,
+    /// The Realtime API.
+    Realtime,
+}
+
+/// `--realtime-output`'s value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RealtimeOutput {
+    /// Spoken responses: transcript and audio deltas.
+    Audio,
+    /// Text responses.
+    Text,
+}
+
+/// How a run streams over a WebSocket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WsSettings {
+    /// The API spoken.
+    pub protocol: WsProtocol,
+    /// Responses per socket (at least 1).
+    pub per_socket: u64,
+    /// How the Realtime API's responses are asked for.
+    pub realtime: RealtimeAsk,
 }
 
 /// The report: thresholds, files and gates.
@@ -369,6 +430,9 @@ pub struct ProbeConfig {
     pub shape: RequestShape,
     /// The credentials sent, masked in whatever the server answers before it is kept.
     pub secrets: Secrets,
+    /// `--websocket`: stream over a WebSocket (`url` keeps its `http` or `https` scheme);
+    /// `None` for HTTP streams.
+    pub websocket: Option<WsSettings>,
 }
 
 /// A usage error: the command line or the configuration asks for something the probe cannot do.
@@ -420,6 +484,14 @@ pub enum ConfigError {
     /// `--dataset` cannot be used.
     #[error(transparent)]
     Dataset(#[from] super::workload::DatasetError),
+    /// `--websocket` without an API, and a URL path that names none.
+    #[error(
+        "--websocket: `{0}` names neither API; give --websocket responses or --websocket realtime"
+    )]
+    WebSocketApi(String),
+    /// A WebSocket setting that does not fit the rest of the command line.
+    #[error("{0}")]
+    WebSocket(&'static str),
 }
 
 // === impl ProbeConfig ===
@@ -450,6 +522,7 @@ impl ProbeConfig {
                 ..RequestShape::default()
             },
             secrets: Secrets::default(),
+            websocket: None,
         })
     }
 }
@@ -458,7 +531,9 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
     type Error = ConfigError;
 
     fn try_from(args: &ProbeArgs) -> Result<Self, Self::Error> {
-        let url = parse_url(args.url.as_deref().unwrap_or_default())?;
+        let text = args.url.as_deref().unwrap_or_default();
+        let (text, ws_scheme) = http_form(text);
+        let url = parse_url(&text)?;
         let (load_args, request) = (&args.load, &*args.request);
         let max_error_rate = args.output.max_error_rate;
         if !(0.0..=1.0).contains(&max_error_rate) {
@@ -519,6 +594,7 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
             }
         };
         let (headers, secrets) = request_headers(request)?;
+        let websocket = websocket_settings(args, &url, &headers, ws_scheme)?;
         let ca = load_args.cacert.clone();
         if let Some(path) = &ca {
             if url.scheme_str() != Some("https") {
@@ -548,7 +624,77 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
             stream_id_header: HeaderName::from_static(STREAM_ID_HEADER),
             shape: RequestShape::of(request, output),
             secrets,
+            websocket,
         })
+    }
+}
+
+/// `text` with a `ws://` or `wss://` scheme written as `http://` or `https://`, and whether it
+/// had one.
+fn http_form(text: &str) -> (String, bool) {
+    for (ws, http) in [("ws://", "http://"), ("wss://", "https://")] {
+        if let Some(rest) = text.strip_prefix(ws) {
+            return (format!("{http}{rest}"), true);
+        }
+    }
+    (text.to_owned(), false)
+}
+
+/// The WebSocket settings of a run: with `--websocket` or a `ws://` URL, the API (named, or
+/// the URL's path's) and how it is driven; `None` for HTTP streams.
+fn websocket_settings(
+    args: &ProbeArgs,
+    url: &Uri,
+    headers: &HeaderMap,
+    ws_scheme: bool,
+) -> Result<Option<WsSettings>, ConfigError> {
+    let request = &*args.request;
+    let choice = match (request.websocket, ws_scheme) {
+        (Some(choice), _) => choice,
+        (None, true) => WsChoice::Auto,
+        (None, false) if request.responses_per_socket != 1 => {
+            return Err(ConfigError::WebSocket(
+                "--responses-per-socket applies to --websocket runs only",
+            ))
+        }
+        (None, false) => return Ok(None),
+    };
+    let protocol = match choice {
+        WsChoice::Responses => WsProtocol::Responses,
+        WsChoice::Realtime => WsProtocol::Realtime,
+        WsChoice::Auto => WsProtocol::from_path(url.path())
+            .ok_or_else(|| ConfigError::WebSocketApi(url.path().to_owned()))?,
+    };
+    let per_socket = positive_u64(request.responses_per_socket, "--responses-per-socket")?;
+    if per_socket > 1 && args.load.rate.is_some() {
+        return Err(ConfigError::WebSocket(
+            "--responses-per-socket above 1 needs the closed loop (no --rate)",
+        ));
+    }
+    if args.load.http2 {
+        return Err(ConfigError::WebSocket(
+            "--websocket speaks HTTP/1.1 upgrades only, not --http2",
+        ));
+    }
+    let beta = headers
+        .get_all("openai-beta")
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| v.contains("realtime=v1")));
+    Ok(Some(WsSettings {
+        protocol,
+        per_socket,
+        realtime: RealtimeAsk {
+            audio: request.realtime_output == RealtimeOutput::Audio,
+            beta,
+        },
+    }))
+}
+
+fn positive_u64(value: u64, flag: &'static str) -> Result<u64, ConfigError> {
+    if value == 0 {
+        Err(ConfigError::Zero(flag))
+    } else {
+        Ok(value)
     }
 }
 
@@ -726,6 +872,62 @@ mod tests {
         assert!(err.contains("--join"), "{err}");
         let ok = parse(&["--gaps-csv", "g.csv", "--join", "http://a:1"]).unwrap();
         assert_eq!(ok.args.output.gaps_csv, Some(PathBuf::from("g.csv")));
+    }
+
+    #[test]
+    fn websocket_runs() {
+        let c = config(&["--url", "ws://h:1/v1/realtime", "--realtime-output", "text"]).unwrap();
+        assert_eq!(c.url.to_string(), "http://h:1/v1/realtime");
+        let ws = c.websocket.unwrap();
+        assert_eq!(ws.protocol, WsProtocol::Realtime);
+        assert!(!ws.realtime.audio && !ws.realtime.beta);
+        let c = config(&[
+            "--url",
+            "https://h/v1/responses",
+            "--websocket",
+            "--responses-per-socket",
+            "3",
+        ])
+        .unwrap();
+        let ws = c.websocket.unwrap();
+        assert_eq!((ws.protocol, ws.per_socket), (WsProtocol::Responses, 3));
+        let c = config(&[
+            "--url",
+            "http://h/x",
+            "--websocket",
+            "realtime",
+            "-H",
+            "OpenAI-Beta: realtime=v1",
+        ])
+        .unwrap();
+        assert!(c.websocket.unwrap().realtime.beta);
+        assert!(config(&["--url", "http://h"]).unwrap().websocket.is_none());
+        assert!(matches!(
+            config(&["--url", "ws://h/v1/chat/completions"]),
+            Err(ConfigError::WebSocketApi(_))
+        ));
+        for refused in [
+            &[
+                "--url",
+                "http://h/v1/responses",
+                "--responses-per-socket",
+                "2",
+            ][..],
+            &[
+                "--url",
+                "ws://h/v1/responses",
+                "--rate",
+                "2",
+                "--responses-per-socket",
+                "2",
+            ],
+            &["--url", "ws://h/v1/responses", "--http2"],
+        ] {
+            assert!(
+                matches!(config(refused), Err(ConfigError::WebSocket(_))),
+                "{refused:?}"
+            );
+        }
     }
 
     #[test]

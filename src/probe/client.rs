@@ -24,6 +24,7 @@ use super::backoff::{self, Starts};
 use super::secrets::Secrets;
 use super::stream::{Recorder, StreamError, StreamRecord};
 use super::workload::pick;
+use super::ws_client::{self, WsPlan};
 use crate::error::Chain;
 use crate::scan::Framing;
 
@@ -59,14 +60,16 @@ pub struct ProbeRun {
 }
 
 /// What every stream task needs, shared.
-struct ProbeShared {
+pub(crate) struct ProbeShared {
     /// One pool for the whole run, so closed-loop workers reuse their connections as a real
     /// client would.
     client: HttpClient,
     /// The run's settings (request, timeout, stop rule).
-    config: ProbeConfig,
+    pub(crate) config: ProbeConfig,
     /// Streams sent and ended: the progress line's "in flight", and whether to go on.
-    starts: Arc<Starts>,
+    pub(crate) starts: Arc<Starts>,
+    /// `--websocket`: the messages of each request and the TLS connector, built once.
+    pub(crate) ws: Option<WsPlan>,
 }
 
 /// Runs the configured load and returns every stream's record.
@@ -92,14 +95,22 @@ pub async fn measure_counting(
     let client = build_client(config)?;
     // Fail on an unbuildable request once, up front, rather than in every stream.
     build_request(config, 0).map_err(|e| ProbeError::InvalidRequest(e.to_string()))?;
+    let ws = config
+        .websocket
+        .map(|settings| WsPlan::new(config, settings))
+        .transpose()?;
     let shared = Arc::new(ProbeShared {
         client,
         config: config.clone(),
         starts,
+        ws,
     });
     let (tx, mut rx) = mpsc::unbounded_channel();
     let started = Instant::now();
     match config.load {
+        Load::Closed { concurrency } if shared.ws.is_some() => {
+            ws_client::closed_loop(&shared, concurrency, started, &tx);
+        }
         Load::Closed { concurrency } => closed_loop(&shared, concurrency, started, &tx),
         Load::Open {
             rate,
@@ -240,14 +251,18 @@ async fn open_loop(
         };
         let (shared, tx) = (shared.clone(), tx.clone());
         tokio::spawn(async move {
-            let record = run_stream(&shared, index, scheduled).await;
+            let record = match shared.ws {
+                Some(_) => ws_client::run_one(&shared, index, scheduled).await,
+                None => run_stream(&shared, index, scheduled).await,
+            };
             drop(permit);
             let _ = tx.send(record);
         });
     }
 }
 
-fn may_start(stop: Stop, index: u64, at: Instant, started: Instant) -> bool {
+/// Whether stream `index`, starting at `at`, is within the run's stop rule.
+pub(crate) fn may_start(stop: Stop, index: u64, at: Instant, started: Instant) -> bool {
     match stop {
         Stop::Requests(n) => index < n,
         Stop::After(duration) => at < started + duration,

@@ -555,6 +555,7 @@ mod tests {
             },
             verdict: Verdict::Janky,
             reading_bands: ReadingBands::default(),
+            phases: None,
             attribution: None,
             throughput: Default::default(),
             goodput: None,

@@ -29,6 +29,8 @@
 //! - [`report_ci`]: `--junit` and `--markdown`, the reports CI systems render.
 //! - [`reports`]: writes every report file asked for, on every exit path.
 //! - [`meta`]: the run's metadata in the JSON.
+//! - [`ws_protocol`] and [`ws_client`]: `--websocket`, the Responses API's WebSocket mode and
+//!   the Realtime API: the messages of a response, their reading, and the sockets.
 //!
 //! Exit codes of the command: 0 when every gate passes (or there are none), 1 when a gate fails,
 //! 2 for a usage error (bad flag, bad gate, unreadable `--body`, `--cacert` or `--baseline`) or
@@ -60,14 +62,16 @@ pub mod stats;
 pub mod stream;
 pub mod verdict;
 pub mod workload;
+pub mod ws_client;
+pub mod ws_protocol;
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
 pub use args::{
-    ConfigError, Load, LoadArgs, OutputArgs, ProbeArgs, ProbeCommand, ProbeConfig, RequestArgs,
-    Stop,
+    ConfigError, Load, LoadArgs, OutputArgs, ProbeArgs, ProbeCommand, ProbeConfig, RealtimeOutput,
+    RequestArgs, Stop, WsChoice, WsSettings,
 };
 pub use attribution::{
     gaps_csv, Attribution, AttributionBuilder, GapRow, Unjoined, GAP_ROWS_CSV_HEADER,
@@ -82,8 +86,9 @@ pub use judged::{Judged, RunFailure, Status};
 pub use report_html::render_html;
 pub use report_text::render_text;
 pub use stats::{detail_json, summarize, Report};
-pub use stream::{Read, StreamError, StreamRecord};
+pub use stream::{Phase, Read, StreamError, StreamRecord};
 pub use verdict::Verdict;
+pub use ws_protocol::{RealtimeAsk, WsProtocol};
 
 use goodput::{Slo, StreamFigures};
 use judged::FailureKind;

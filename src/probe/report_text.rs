@@ -72,6 +72,18 @@ pub fn render_text(report: &Report) -> String {
         number(report.stream_jank_ratio.p95, 2),
         d.streams_with_jank
     );
+    for (phase, f) in report.phases.iter().flatten() {
+        let _ = writeln!(
+            out,
+            "  {phase:<12} {} token events; first p50 {}  p99 {}; ITL p50 {}  p99 {}; {} stalls",
+            f.token_events,
+            ms(f.first_ms.p50),
+            ms(f.first_ms.p99),
+            ms(f.itl_ms.p50),
+            ms(f.itl_ms.p99),
+            f.stalls
+        );
+    }
     let b = &report.reading_bands;
     let _ = writeln!(
         out,

@@ -31,6 +31,7 @@ use serde::Serialize;
 use super::attribution::Attribution;
 use super::client::ProbeRun;
 use super::goodput::Goodput;
+use super::stream::{Phase, StreamRecord};
 use super::verdict::{Evidence, Verdict};
 use super::workload::RequestShape;
 
@@ -67,6 +68,10 @@ pub struct Report {
     pub verdict: Verdict,
     /// Share of streams in each reading-speed band.
     pub reading_bands: ReadingBands,
+    /// Per-phase figures (reasoning, content, tool_call) over the streams that say the phase of
+    /// each token event (WebSocket runs); absent otherwise, so the other keys stay as they are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phases: Option<BTreeMap<&'static str, PhaseFigures>>,
     /// Where the client's gaps come from (`--join` only; absent otherwise, so the other keys
     /// stay as they are).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -82,6 +87,21 @@ pub struct Report {
     /// Context for the human-readable reports; not part of the JSON contract.
     #[serde(skip)]
     pub detail: ReportDetail,
+}
+
+/// One phase's figures (DESIGN.md section 3: a gap belongs to the phase of the event that ends
+/// it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PhaseFigures {
+    /// Token events of the phase.
+    pub token_events: u64,
+    /// Per stream, the intended start to the phase's first token event, in milliseconds (for
+    /// content, the time to the first answer token).
+    pub first_ms: Quantiles,
+    /// The gaps that end at a token event of the phase, pooled, in milliseconds.
+    pub itl_ms: Quantiles,
+    /// Of those gaps, the ones longer than the stall threshold.
+    pub stalls: u64,
 }
 
 /// The run's throughput, over its wall time (first start to last end), as vllm bench serve
@@ -343,6 +363,7 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         output_tokens_per_second: per_second(detail.output_tokens),
     };
     Report {
+        phases: phase_figures(run, stall_threshold),
         requests: run.streams.len() as u64,
         errors,
         ttft_ms: quantiles_ms(&ttfts),
@@ -360,6 +381,67 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         meta: None,
         detail,
     }
+}
+
+/// Per-phase figures over the streams that say the phase of each token event; `None` when none
+/// does.
+fn phase_figures(
+    run: &ProbeRun,
+    stall_threshold: Duration,
+) -> Option<BTreeMap<&'static str, PhaseFigures>> {
+    let mut firsts: BTreeMap<Phase, Vec<Duration>> = BTreeMap::new();
+    let mut gaps: BTreeMap<Phase, Vec<Duration>> = BTreeMap::new();
+    let mut any = false;
+    for stream in &run.streams {
+        let Some(tokens) = stream.phased_tokens() else {
+            continue;
+        };
+        any = true;
+        let mut seen = BTreeSet::new();
+        let mut previous = None;
+        for (at, phase) in tokens {
+            if seen.insert(phase) {
+                let first = at.saturating_duration_since(stream.scheduled);
+                firsts.entry(phase).or_default().push(first);
+            }
+            let phase_gaps = gaps.entry(phase).or_default();
+            if let Some(previous) = previous {
+                phase_gaps.push(at.saturating_duration_since(previous));
+            }
+            previous = Some(at);
+        }
+    }
+    if !any {
+        return None;
+    }
+    let mut figures = BTreeMap::new();
+    for phase in Phase::ALL {
+        let (Some(mut first), mut phase_gaps) = (
+            firsts.remove(&phase),
+            gaps.remove(&phase).unwrap_or_default(),
+        ) else {
+            continue;
+        };
+        first.sort_unstable();
+        phase_gaps.sort_unstable();
+        let stalls = phase_gaps.iter().filter(|g| **g > stall_threshold).count();
+        let token_events = run
+            .streams
+            .iter()
+            .filter_map(StreamRecord::phased_tokens)
+            .map(|tokens| tokens.filter(|(_, p)| *p == phase).count() as u64)
+            .sum();
+        figures.insert(
+            phase.as_str(),
+            PhaseFigures {
+                token_events,
+                first_ms: quantiles_ms(&first),
+                itl_ms: quantiles_ms(&phase_gaps),
+                stalls: stalls as u64,
+            },
+        );
+    }
+    Some(figures)
 }
 
 /// The nearest-rank percentile of `sorted` (ascending): the sample of rank ⌈percent·n/100⌉,
@@ -470,11 +552,52 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::probe::stream::{StreamError, StreamRecord};
+    use crate::probe::stream::{Phase, StreamError, StreamRecord};
 
     use crate::units::ms;
 
     /// A stream whose token events arrive after the given gaps (first token at `ttft`).
+    #[test]
+    fn phases_split_first_events_gaps_and_stalls_by_the_event_that_ends_each_gap() {
+        let t0 = Instant::now();
+        // Reasoning at 10, 20, 30 ms; content at 330 (a 300 ms think pause) and 340; one tool
+        // call event at 350.
+        let mut phased = stream(0, t0, ms(10), &[ms(10), ms(10), ms(300), ms(10), ms(10)]);
+        phased.token_phases = vec![
+            Phase::Reasoning,
+            Phase::Reasoning,
+            Phase::Reasoning,
+            Phase::Content,
+            Phase::Content,
+            Phase::ToolCall,
+        ];
+        let unphased = stream(1, t0, ms(5), &[ms(5)]);
+        let run = ProbeRun {
+            started: t0,
+            finished: t0 + ms(400),
+            streams: vec![phased, unphased],
+        };
+        let phases = summarize(&run, ms(200)).phases.unwrap();
+        let reasoning = &phases["reasoning"];
+        assert_eq!(reasoning.token_events, 3);
+        assert_eq!(reasoning.first_ms.p50, Some(10.0));
+        assert_eq!(reasoning.itl_ms.max, Some(10.0));
+        let content = &phases["content"];
+        assert_eq!(content.token_events, 2);
+        assert_eq!(
+            content.first_ms.p50,
+            Some(330.0),
+            "the time to the first answer token"
+        );
+        assert_eq!((content.itl_ms.max, content.stalls), (Some(300.0), 1));
+        assert_eq!(phases["tool_call"].token_events, 1);
+        let without = ProbeRun {
+            streams: vec![stream(0, t0, ms(5), &[ms(5)])],
+            ..run
+        };
+        assert!(summarize(&without, ms(200)).phases.is_none());
+    }
+
     fn stream(index: u64, t0: Instant, ttft: Duration, gaps: &[Duration]) -> StreamRecord {
         let mut record = StreamRecord::new(index, t0);
         let mut at = t0 + ttft;

@@ -17,6 +17,33 @@ use crate::units::format_duration;
 /// timeline, so a join never runs short on the client's side first.
 pub const MAX_READS: usize = 8192;
 
+/// The phase of a token event (DESIGN.md section 3): what kind of output it shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Phase {
+    /// The model's thinking.
+    Reasoning,
+    /// Answer text (or speech) a person reads.
+    Content,
+    /// Tool-call arguments.
+    ToolCall,
+}
+
+// === impl Phase ===
+
+impl Phase {
+    /// Every phase, in the order a stream goes through them.
+    pub const ALL: [Phase; 3] = [Phase::Reasoning, Phase::Content, Phase::ToolCall];
+
+    /// The name in reports (the `phase` label's values).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Reasoning => "reasoning",
+            Phase::Content => "content",
+            Phase::ToolCall => "tool_call",
+        }
+    }
+}
+
 /// One body read at the client: when it arrived and what it completed. The clumping figure of a
 /// join compares these with the upstream's frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +81,9 @@ pub struct StreamRecord {
     pub reads_dropped: u64,
     /// The arrival of each token event, in order (events of one frame share their frame's time).
     pub token_times: Vec<Instant>,
+    /// The phase of each token event, in order, where the stream says it (WebSocket messages
+    /// name it); empty where it does not, so per-phase figures leave the stream out.
+    pub token_phases: Vec<Phase>,
     /// Output tokens counted from the token events (exact per-event counts where the format
     /// gives them, otherwise one per token event).
     pub counted_tokens: u64,
@@ -139,6 +169,7 @@ impl StreamRecord {
             reads: Vec::new(),
             reads_dropped: 0,
             token_times: Vec::new(),
+            token_phases: Vec::new(),
             counted_tokens: 0,
             usage_tokens: None,
             unparsed_events: 0,
@@ -158,6 +189,18 @@ impl StreamRecord {
     /// Output tokens: the server's usage total if it reported one, else the counted tokens.
     pub fn output_tokens(&self) -> u64 {
         self.usage_tokens.unwrap_or(self.counted_tokens)
+    }
+
+    /// Each token event's arrival with its phase, when the stream says the phases of all.
+    pub fn phased_tokens(&self) -> Option<impl Iterator<Item = (Instant, Phase)> + '_> {
+        let known =
+            !self.token_phases.is_empty() && self.token_phases.len() == self.token_times.len();
+        known.then(|| {
+            self.token_times
+                .iter()
+                .copied()
+                .zip(self.token_phases.iter().copied())
+        })
     }
 
     /// The gaps between consecutive token events (0 within a frame).

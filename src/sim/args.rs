@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::{
-    ConfigError, Engine, ReasoningField, ResponsesReasoning, SimConfig, ThinkTags, UsageMode,
+    CloseSpec, ConfigError, Engine, ReasoningField, ResponsesReasoning, SimConfig, ThinkTags,
+    UsageMode, WebSocketConfig,
 };
 use super::replay::Replay;
 use crate::units::parse_duration;
@@ -59,6 +60,51 @@ pub struct SimArgs {
     /// What each stream outputs besides the answer: reasoning, a think pause, tool calls.
     #[command(flatten)]
     pub phases: Box<PhaseArgs>,
+
+    /// The WebSocket endpoints' framing and closing.
+    #[command(flatten)]
+    pub websocket: Box<WebSocketArgs>,
+}
+
+/// Whether the WebSocket endpoints accept `permessage-deflate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Deflate {
+    /// Accept it when the client offers it.
+    Allow,
+    /// Never: every message goes uncompressed, whatever the client offers.
+    Deny,
+}
+
+/// The flags of the WebSocket endpoints: `GET /v1/responses` (the Responses API's WebSocket
+/// mode) and `GET /v1/realtime` (the Realtime API), upgraded.
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "WebSocket (GET /v1/responses and /v1/realtime, upgraded)")]
+pub struct WebSocketArgs {
+    /// Accept permessage-deflate when the client offers it, or never.
+    #[arg(long, value_enum, default_value_t = Deflate::Allow)]
+    pub ws_deflate: Deflate,
+
+    /// Split messages longer than N bytes into fragments of at most N bytes.
+    #[arg(long, value_name = "N")]
+    pub ws_fragment: Option<usize>,
+
+    /// Send a ping this often (e.g. 1s); the client's pings are always answered.
+    #[arg(long, value_parser = parse_duration, value_name = "T")]
+    pub ws_ping: Option<Duration>,
+
+    /// Close each socket with this code and reason, `CODE` or `CODE:REASON` (e.g. 4000:done),
+    /// once it has served --ws-close-after responses. Without it the client closes.
+    #[arg(long, value_parser = CloseSpec::parse, value_name = "CODE[:REASON]")]
+    pub ws_close: Option<CloseSpec>,
+
+    /// With --ws-close: responses a socket serves before the server closes it.
+    #[arg(long, default_value_t = 1, value_name = "N", requires = "ws_close")]
+    pub ws_close_after: u64,
+
+    /// Realtime API: how long the audio of one spoken token lasts (24 kHz 16-bit mono, sent
+    /// base64 in each response.output_audio.delta).
+    #[arg(long, default_value = "50ms", value_parser = parse_duration, value_name = "T")]
+    pub audio_per_token: Duration,
 }
 
 /// The flags that give every stream the phases of a reasoning model or an agent: thinking, a
@@ -187,6 +233,7 @@ impl TryFrom<&SimArgs> for SimConfig {
     fn try_from(args: &SimArgs) -> Result<Self, Self::Error> {
         let cadence = &args.cadence;
         let phases = &args.phases;
+        let ws = &args.websocket;
         let replay = match &args.replay {
             Some(path) => Some(Arc::new(
                 Replay::load(path, &args.model).map_err(|e| ConfigError::new("--replay", e.0))?,
@@ -225,6 +272,14 @@ impl TryFrom<&SimArgs> for SimConfig {
             timeline: args.timeline.clone(),
             drain: args.drain,
             replay,
+            websocket: WebSocketConfig {
+                deflate: ws.ws_deflate == Deflate::Allow,
+                fragment: ws.ws_fragment,
+                ping: ws.ws_ping,
+                close: ws.ws_close.clone(),
+                close_after: ws.ws_close_after,
+                audio_per_token: ws.audio_per_token,
+            },
         };
         config.validate()?;
         Ok(config)
@@ -306,6 +361,39 @@ mod tests {
         let args = parse(&["--tool-call-tokens", "0"]).unwrap();
         let err = SimConfig::try_from(&args).unwrap_err().to_string();
         assert!(err.starts_with("--tool-call-tokens"), "{err}");
+    }
+
+    #[test]
+    fn websocket_flags_are_parsed() {
+        let args = parse(&[
+            "--ws-deflate",
+            "deny",
+            "--ws-fragment",
+            "1024",
+            "--ws-ping",
+            "1s",
+            "--ws-close",
+            "4001:bye now",
+            "--ws-close-after",
+            "2",
+            "--audio-per-token",
+            "20ms",
+        ])
+        .unwrap();
+        let ws = SimConfig::try_from(&args).unwrap().websocket;
+        assert!(!ws.deflate);
+        assert_eq!(ws.fragment, Some(1024));
+        assert_eq!(ws.ping, Some(Duration::from_secs(1)));
+        let close = ws.close.clone().unwrap();
+        assert_eq!((close.code, close.reason.as_str()), (4001, "bye now"));
+        assert_eq!(ws.close_after, 2);
+        assert_eq!(ws.audio_bytes_per_token(), 960);
+        let err = parse(&["--ws-close", "1006"]).err().unwrap().to_string();
+        assert!(err.contains("--ws-close"), "{err}");
+        assert!(
+            parse(&["--ws-close-after", "3"]).is_err(),
+            "needs --ws-close"
+        );
     }
 
     #[test]

@@ -68,6 +68,128 @@ pub enum ResponsesReasoning {
     Text,
 }
 
+/// How the WebSocket endpoints (the Responses API's WebSocket mode, the Realtime API) frame what
+/// they send, and how they end a socket: what a test of a tunnel needs to vary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebSocketConfig {
+    /// Accept `permessage-deflate` when the client offers it (no context takeover is honoured
+    /// as the client asks).
+    pub deflate: bool,
+    /// Split messages longer than this many bytes into fragments of at most this many
+    /// (`None`: every message in one frame).
+    pub fragment: Option<usize>,
+    /// Send a ping this often (`None`: only answer the client's pings).
+    pub ping: Option<Duration>,
+    /// Close each socket with this code and reason once it has served `close_after` responses
+    /// (`None`: the client closes).
+    pub close: Option<CloseSpec>,
+    /// Responses a socket serves before the server closes it with `close`.
+    pub close_after: u64,
+    /// Realtime API: the audio a spoken token lasts (24 kHz 16-bit mono, 48 bytes a
+    /// millisecond), sent base64 in its `response.output_audio.delta`.
+    pub audio_per_token: Duration,
+}
+
+/// A close frame the server sends: its code and reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloseSpec {
+    /// The status code (1000, 1001, 1008, 3000–4999, ...).
+    pub code: u16,
+    /// The reason, at most 123 bytes of UTF-8.
+    pub reason: String,
+}
+
+/// Bytes of 24 kHz 16-bit mono audio per millisecond.
+const AUDIO_BYTES_PER_MS: u128 = 48;
+
+// === impl WebSocketConfig ===
+
+impl Default for WebSocketConfig {
+    fn default() -> Self {
+        WebSocketConfig {
+            deflate: true,
+            fragment: None,
+            ping: None,
+            close: None,
+            close_after: 1,
+            audio_per_token: Duration::from_millis(50),
+        }
+    }
+}
+
+impl WebSocketConfig {
+    /// Audio bytes per spoken token: `audio_per_token` of 24 kHz PCM16, cut to a multiple of 6
+    /// (whole samples, and whole base64 quanta, so tokens' audio joins without padding).
+    pub fn audio_bytes_per_token(&self) -> usize {
+        let bytes = self.audio_per_token.as_micros() * AUDIO_BYTES_PER_MS / 1000;
+        usize::try_from(bytes - bytes % 6).unwrap_or(usize::MAX)
+    }
+
+    /// Checks the values a caller could set out of range, naming the command-line flag.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.fragment == Some(0) {
+            return Err(ConfigError::new("--ws-fragment", "must be at least 1"));
+        }
+        if self.close_after == 0 {
+            return Err(ConfigError::new("--ws-close-after", "must be at least 1"));
+        }
+        if self.ping.is_some_and(|p| p.is_zero()) {
+            return Err(ConfigError::new("--ws-ping", "must be longer than 0"));
+        }
+        if let Some(close) = &self.close {
+            close.validate()?;
+        }
+        let bytes = self.audio_bytes_per_token();
+        if bytes == 0 || bytes > 1 << 20 {
+            return Err(ConfigError::new(
+                "--audio-per-token",
+                "must be between 125us and about 21s",
+            ));
+        }
+        Ok(())
+    }
+}
+
+// === impl CloseSpec ===
+
+impl CloseSpec {
+    /// Parses `CODE` or `CODE:REASON` (`4000:done`).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (code, reason) = text.split_once(':').unwrap_or((text, ""));
+        let code = code
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{code}` is not a close code (write e.g. 4000:done)"))?;
+        let spec = CloseSpec {
+            code,
+            reason: reason.to_owned(),
+        };
+        spec.validate().map_err(|e| e.reason)?;
+        Ok(spec)
+    }
+
+    /// A code an endpoint may send (RFC 6455 section 7.4) and a reason that fits a control frame.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let sendable = matches!(self.code, 1000..=1003 | 1007..=1014 | 3000..=4999);
+        if !sendable {
+            return Err(ConfigError::new(
+                "--ws-close",
+                format!(
+                    "code {} cannot be sent in a close frame (1000-1003, 1007-1014, 3000-4999)",
+                    self.code
+                ),
+            ));
+        }
+        if self.reason.len() > 123 {
+            return Err(ConfigError::new(
+                "--ws-close",
+                "reason must be at most 123 bytes",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Everything the sim needs to answer requests: output length, wire details and the cadence
 /// model. The fields are public so a caller can write
 /// `SimConfig { gap: Duration::from_millis(20), tokens: 40, ..SimConfig::default() }`.
@@ -137,6 +259,8 @@ pub struct SimConfig {
     /// A captured timeline to play back for every streamed request instead of generating
     /// (`--replay`); the cadence fields above are then unused for streams.
     pub replay: Option<Arc<Replay>>,
+    /// The WebSocket endpoints' framing and closing.
+    pub websocket: WebSocketConfig,
 }
 
 // === impl SimConfig ===
@@ -175,6 +299,7 @@ impl Default for SimConfig {
             timeline: None,
             drain: Duration::from_secs(10),
             replay: None,
+            websocket: WebSocketConfig::default(),
         }
     }
 }
@@ -228,7 +353,7 @@ impl SimConfig {
         if self.model.is_empty() {
             return Err(ConfigError::new("--model", "must not be empty"));
         }
-        Ok(())
+        self.websocket.validate()
     }
 }
 
@@ -264,6 +389,32 @@ mod tests {
         let demo = SimConfig::demo_contention();
         assert_eq!(demo.validate(), Ok(()));
         assert!(demo.jitter > 0.0 && demo.stall_prob > 0.0 && !demo.contention_k.is_zero());
+    }
+
+    #[test]
+    fn close_specs_and_audio_sizes() {
+        let spec = CloseSpec::parse("4000:all done").unwrap();
+        assert_eq!((spec.code, spec.reason.as_str()), (4000, "all done"));
+        assert_eq!(CloseSpec::parse("1001").unwrap().reason, "");
+        assert!(CloseSpec::parse("1005:x")
+            .unwrap_err()
+            .contains("cannot be sent"));
+        assert!(CloseSpec::parse("abc").is_err());
+        let ws = WebSocketConfig::default();
+        assert_eq!(ws.audio_bytes_per_token(), 2400);
+        let odd = WebSocketConfig {
+            audio_per_token: Duration::from_micros(1100),
+            ..WebSocketConfig::default()
+        };
+        assert_eq!(odd.audio_bytes_per_token() % 6, 0);
+        let config = SimConfig {
+            websocket: WebSocketConfig {
+                fragment: Some(0),
+                ..WebSocketConfig::default()
+            },
+            ..SimConfig::default()
+        };
+        assert_eq!(config.validate().unwrap_err().flag, "--ws-fragment");
     }
 
     #[test]

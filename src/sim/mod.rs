@@ -16,6 +16,8 @@
 //! - `shapes`: the wire formats, one module per API.
 //! - [`replay`]: `--replay`, a captured `/streams/{id}` timeline played back frame for frame.
 //! - [`stats`] and `timeline`: what was served, live (counters) and exactly (frame send times).
+//! - `websocket`: `GET /v1/responses` and `GET /v1/realtime` upgraded: the Responses API's
+//!   WebSocket mode and the Realtime API, their responses driven by the same streams.
 
 pub mod args;
 mod batch;
@@ -30,6 +32,7 @@ mod shapes;
 pub mod stats;
 mod stream;
 mod timeline;
+mod websocket;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -40,9 +43,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use args::{CadenceArgs, PhaseArgs, SimArgs};
+pub use args::{CadenceArgs, Deflate, PhaseArgs, SimArgs, WebSocketArgs};
 pub use config::{
-    ConfigError, Engine, ReasoningField, ResponsesReasoning, SimConfig, ThinkTags, UsageMode,
+    CloseSpec, ConfigError, Engine, ReasoningField, ResponsesReasoning, SimConfig, ThinkTags,
+    UsageMode, WebSocketConfig,
 };
 pub use routes::STREAM_HEADER;
 pub use server::serve_with_stats;

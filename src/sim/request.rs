@@ -117,6 +117,16 @@ pub(crate) fn parse(api: Api, body: &[u8]) -> Result<GenRequest, BadRequest> {
             request.max_tokens = count(&value, &["generationConfig", "maxOutputTokens"])?;
             request.prompt_bytes = text(&["contents", "systemInstruction"]);
         }
+        Api::Realtime => {
+            // The `response` of a `response.create`: always streamed; `"inf"` is no limit.
+            request.stream = true;
+            request.max_tokens = match fields.get("max_output_tokens") {
+                Some(Value::String(s)) if s == "inf" => None,
+                Some(_) => count(&value, &["max_output_tokens"])?,
+                None => limit_or_inf(&value, "max_response_output_tokens")?,
+            };
+            request.prompt_bytes = text(&["instructions", "input"]);
+        }
     }
     request.phases.reasoning_budget = reasoning_budget(api, &value)?;
     Ok(request)
@@ -193,7 +203,7 @@ fn reasoning_budget(api: Api, value: &Value) -> Result<Option<u64>, BadRequest> 
             let effort = value.pointer("/reasoning/effort").and_then(Value::as_str);
             (effort == Some("none")).then_some(0)
         }
-        Api::Tgi => None,
+        Api::Tgi | Api::Realtime => None,
     };
     Ok(budget)
 }
@@ -204,6 +214,14 @@ fn limit(value: &Value, path: &[&str]) -> Result<Option<u64>, BadRequest> {
     match at_path(value, path) {
         Some(Value::Number(n)) if n.as_i64().is_some_and(|n| n < 0) => Ok(None),
         _ => count(value, path),
+    }
+}
+
+/// The beta Realtime interface's `max_response_output_tokens`: a count, or `"inf"` for none.
+fn limit_or_inf(value: &Value, key: &str) -> Result<Option<u64>, BadRequest> {
+    match value.get(key) {
+        Some(Value::String(s)) if s == "inf" => Ok(None),
+        _ => count(value, &[key]),
     }
 }
 
@@ -256,7 +274,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const APIS: [Api; 7] = Api::ALL;
+    const APIS: [Api; 8] = Api::ALL;
 
     /// JSON made of the field names the sim reads, with values of every type, nested.
     fn request_json() -> impl Strategy<Value = Value> {

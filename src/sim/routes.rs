@@ -17,10 +17,11 @@ use super::phases::Output;
 use super::replay::ReplayBody;
 use super::request::{self, GenRequest};
 use super::server::SimShared;
-use super::shapes::{Api, Finish, Wire};
+use super::shapes::{Api, Finish, RealtimeStyle, Wire};
 use super::stats::StreamGuard;
 use super::stream::{micros, SimBody, SimStream};
 use super::timeline::Record;
+use super::websocket::{is_upgrade, upgrade, Endpoint, NOT_AN_UPGRADE};
 
 /// Largest request body read; a prompt beyond this is refused rather than buffered.
 const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
@@ -30,7 +31,7 @@ const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 pub const STREAM_HEADER: &str = "x-sim-stream";
 
 /// The paths the sim serves, for a clear 405 on the wrong method.
-const KNOWN_PATHS: [&str; 8] = [
+const KNOWN_PATHS: [&str; 9] = [
     "/health",
     "/v1/models",
     "/v1/chat/completions",
@@ -39,6 +40,7 @@ const KNOWN_PATHS: [&str; 8] = [
     "/v1/messages",
     "/v1/responses",
     "/api/chat",
+    "/v1/realtime",
 ];
 
 /// Answers one request.
@@ -48,6 +50,9 @@ pub(crate) async fn handle(
 ) -> Result<Response<SimBody>, Infallible> {
     let start = Instant::now();
     let path = req.uri().path();
+    if let (&Method::GET, Some(endpoint)) = (req.method(), Endpoint::of(path)) {
+        return Ok(websocket(&shared, endpoint, req));
+    }
     let gemini = gemini_method(path);
     let api = match (req.method(), path) {
         (&Method::GET, "/health") => return Ok(full(StatusCode::OK, "text/plain", "ok")),
@@ -112,6 +117,35 @@ pub(crate) async fn handle(
     Ok(generate(shared, api, request, start).await)
 }
 
+/// A `GET` on a WebSocket endpoint: the upgrade, or why there is none.
+fn websocket(
+    shared: &Arc<SimShared>,
+    endpoint: Endpoint,
+    req: Request<hyper::body::Incoming>,
+) -> Response<SimBody> {
+    if !is_upgrade(&req) {
+        let (status, message) = NOT_AN_UPGRADE;
+        return error(
+            Api::Responses,
+            status,
+            "websocket_upgrade_required",
+            message,
+        );
+    }
+    match upgrade(shared, endpoint, req) {
+        Ok(response) => response,
+        Err(reason) => {
+            let message = format!("The WebSocket upgrade was refused: {reason}.");
+            error(
+                Api::Responses,
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &message,
+            )
+        }
+    }
+}
+
 /// Gemini's two generation methods, named at the end of the model's path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum GeminiMethod {
@@ -147,7 +181,66 @@ async fn generate(
     request: GenRequest,
     start: Instant,
 ) -> Response<SimBody> {
-    let config = &shared.config;
+    let (seq, received_unix_us, guard) = begin(&shared, api);
+    if let (Some(replay), true) = (&shared.config.replay, request.stream) {
+        let body = ReplayBody::new(
+            shared.clone(),
+            replay.clone(),
+            guard,
+            start,
+            received_unix_us,
+            seq,
+        );
+        return streamed(SimBody::Replay(Box::new(body)), "text/event-stream", seq);
+    }
+    let (wire, cadence) = plan(
+        &shared,
+        api,
+        &request,
+        seq,
+        received_unix_us,
+        RealtimeStyle::default(),
+    );
+    if request.stream {
+        let stream = SimStream::new(
+            shared.clone(),
+            wire,
+            cadence,
+            guard,
+            start,
+            received_unix_us,
+        );
+        let content_type = api.stream_content_type();
+        return streamed(SimBody::Stream(Box::new(stream)), content_type, seq);
+    }
+    whole_answer(&shared, wire, cadence, guard, start).await
+}
+
+/// A generated stream for a request that came over a WebSocket (a Responses API
+/// `response.create`, a Realtime response), arrived at `start`. Its frames are SSE events whose
+/// data the WebSocket session sends as messages.
+pub(crate) fn websocket_stream(
+    shared: &Arc<SimShared>,
+    api: Api,
+    request: &GenRequest,
+    realtime: RealtimeStyle,
+    start: Instant,
+) -> SimStream {
+    let (seq, received_unix_us, guard) = begin(shared, api);
+    let (wire, cadence) = plan(shared, api, request, seq, received_unix_us, realtime);
+    SimStream::new(
+        shared.clone(),
+        wire,
+        cadence,
+        guard,
+        start,
+        received_unix_us,
+    )
+}
+
+/// Numbers a new generation, logs its arrival and counts it started: its sequence number, its
+/// arrival in wall-clock microseconds, and the guard that counts how it ends.
+fn begin(shared: &Arc<SimShared>, api: Api) -> (u64, u64, StreamGuard) {
     let received_unix_us = micros(
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -161,21 +254,27 @@ async fn generate(
             received_unix_us,
         });
     }
-    let guard = StreamGuard::start(shared.stats.clone());
-    if let (Some(replay), true) = (&config.replay, request.stream) {
-        let body = ReplayBody::new(
-            shared.clone(),
-            replay.clone(),
-            guard,
-            start,
-            received_unix_us,
-            seq,
-        );
-        return streamed(SimBody::Replay(Box::new(body)), "text/event-stream", seq);
-    }
+    (
+        seq,
+        received_unix_us,
+        StreamGuard::start(shared.stats.clone()),
+    )
+}
+
+/// What generation `seq` writes and when: its wire (the API's shape, its output and usage) and
+/// its cadence.
+fn plan(
+    shared: &SimShared,
+    api: Api,
+    request: &GenRequest,
+    seq: u64,
+    received_unix_us: u64,
+    realtime: RealtimeStyle,
+) -> (Wire, StreamCadence) {
+    let config = &shared.config;
     let wanted = request.max_tokens.unwrap_or(config.tokens).max(1);
     let tokens = wanted.min(config.max_tokens_cap);
-    let output = plan_output(config, api, &request, tokens);
+    let output = plan_output(config, api, request, tokens);
     let finish = if output.tool_calls > 0 {
         Finish::ToolCalls
     } else if request.max_tokens.is_some() || wanted > tokens {
@@ -205,6 +304,7 @@ async fn generate(
             .responses_reasoning
             .unwrap_or(config.responses_reasoning),
         written: 0,
+        realtime,
     };
     let prompt_cost = config
         .ttft_per_prompt_token
@@ -214,19 +314,7 @@ async fn generate(
     let cadence = StreamCadence::new(config, seq, ttft, output)
         .with_stall_at(request.stall_at)
         .with_think_pause(phases.think_pause.unwrap_or(config.think_pause));
-    if request.stream {
-        let stream = SimStream::new(
-            shared.clone(),
-            wire,
-            cadence,
-            guard,
-            start,
-            received_unix_us,
-        );
-        let content_type = api.stream_content_type();
-        return streamed(SimBody::Stream(Box::new(stream)), content_type, seq);
-    }
-    whole_answer(&shared, wire, cadence, guard, start).await
+    (wire, cadence)
 }
 
 /// What a stream outputs: `content` answer tokens, and the reasoning and tool calls the flags or
@@ -238,6 +326,9 @@ fn plan_output(config: &SimConfig, api: Api, request: &GenRequest, content: u64)
         .reasoning_tokens
         .unwrap_or(config.reasoning_tokens)
         .min(cap);
+    if !api.streams_reasoning() {
+        reasoning = 0;
+    }
     if let Some(budget) = phases.reasoning_budget {
         reasoning = reasoning.min(budget);
     }
@@ -354,5 +445,6 @@ fn path_of(api: Api) -> &'static str {
         Api::Responses => "/v1/responses",
         Api::Ollama => "/api/chat",
         Api::Gemini => "/v1beta/models/*:streamGenerateContent",
+        Api::Realtime => "/v1/realtime",
     }
 }

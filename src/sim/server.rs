@@ -3,8 +3,10 @@
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use base64::Engine as _;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -36,6 +38,54 @@ pub(crate) struct SimShared {
     pub next_seq: AtomicU64,
     /// The shared decode loop, under `--engine batch`.
     pub batch: Option<Arc<BatchEngine>>,
+    /// True once the server shuts down: WebSocket sessions close after their running response.
+    pub closing: watch::Receiver<bool>,
+    /// The next WebSocket session's number.
+    pub next_session: AtomicU64,
+    /// Base64 of one spoken token's audio (Realtime), made once.
+    pub audio_b64: Arc<str>,
+    /// The WebSocket sessions' tasks, so a shutdown waits for them (and ends the stragglers).
+    sessions: Mutex<JoinSet<()>>,
+}
+
+// === impl SimShared ===
+
+impl SimShared {
+    /// Runs a WebSocket session in a task the shutdown waits for; finished sessions are
+    /// reaped here, so the set holds only the ones alive.
+    pub(crate) fn spawn_session(&self, session: impl Future<Output = ()> + Send + 'static) {
+        let mut sessions = crate::poison::LockExt::lock_or_recover(&self.sessions);
+        while sessions.try_join_next().is_some() {}
+        sessions.spawn(session);
+    }
+
+    /// Waits up to `drain` for the sessions to close, then ends the rest.
+    async fn drain_sessions(&self, drain: Duration) {
+        let mut sessions = std::mem::take(&mut *crate::poison::LockExt::lock_or_recover(
+            &self.sessions,
+        ));
+        let drained = tokio::time::timeout(drain, async {
+            while sessions.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                open = sessions.len(),
+                "sim: closing WebSocket sessions still open after the drain time"
+            );
+            sessions.shutdown().await;
+        }
+    }
+}
+
+/// One spoken token's audio: `bytes` of a quiet 24 kHz 16-bit tone, base64.
+fn token_audio(bytes: usize) -> Arc<str> {
+    let samples = (0..bytes / 2).flat_map(|i| {
+        let phase = i as f64 * 440.0 * std::f64::consts::TAU / 24_000.0;
+        ((phase.sin() * 2000.0) as i16).to_le_bytes()
+    });
+    let pcm: Vec<u8> = samples.collect();
+    base64::engine::general_purpose::STANDARD.encode(pcm).into()
 }
 
 /// Serves on `listener` until `shutdown` resolves, updating `stats` as requests come and go.
@@ -71,6 +121,8 @@ pub async fn serve_with_stats(
         };
         BatchEngine::new(settings, tokio::time::Instant::now())
     });
+    let (close_tx, close_rx) = watch::channel(false);
+    let audio_b64 = token_audio(config.websocket.audio_bytes_per_token());
     let shared = Arc::new(SimShared {
         batch,
         config,
@@ -78,6 +130,10 @@ pub async fn serve_with_stats(
         timeline: timeline.clone(),
         model_json: model_json.into(),
         next_seq: AtomicU64::new(0),
+        closing: close_rx.clone(),
+        next_session: AtomicU64::new(0),
+        audio_b64,
+        sessions: Mutex::new(JoinSet::new()),
     });
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -87,7 +143,6 @@ pub async fn serve_with_stats(
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_H2_STREAMS);
     let builder = Arc::new(builder);
-    let (close_tx, close_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -124,6 +179,7 @@ pub async fn serve_with_stats(
         );
         connections.shutdown().await;
     }
+    shared.drain_sessions(drain).await;
     drop(shared);
     if let (Some(timeline), Some(writer)) = (timeline, writer) {
         let lines = writer.finish().await?;
@@ -151,7 +207,7 @@ async fn connection(
     // Each frame must reach the socket when it is written, not when Nagle decides.
     let _ = stream.set_nodelay(true);
     let service = service_fn(move |req| super::routes::handle(shared.clone(), req));
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(conn);
     let result = tokio::select! {
         result = conn.as_mut() => result,

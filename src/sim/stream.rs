@@ -256,8 +256,18 @@ impl SimStream {
         }
     }
 
+    /// Whether the last frame was handed over.
+    pub(crate) fn is_done(&self) -> bool {
+        self.progress == Progress::Done
+    }
+
+    /// The stream's sequence number (its IDs, its timeline lines).
+    pub(crate) fn seq(&self) -> u64 {
+        self.wire.seq
+    }
+
     /// The next frame once it is due; `None` after the last.
-    fn poll_next_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+    pub(crate) fn poll_next_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
         loop {
             if let Some((bytes, meta)) = self.ready.pop_front() {
                 self.record_frame(meta);

@@ -1,7 +1,8 @@
 //! The wire formats the sim speaks, one module per API: OpenAI chat and completions chunks as
 //! vLLM sends them ([`openai`]), TGI's native `/generate_stream` ([`tgi`]), Anthropic Messages
 //! ([`anthropic`]), the OpenAI Responses API ([`responses`]), Ollama's native NDJSON ([`ollama`])
-//! and Gemini's `streamGenerateContent?alt=sse` ([`gemini`]).
+//! Gemini's `streamGenerateContent?alt=sse` ([`gemini`]) and the Realtime API's server events
+//! ([`realtime`], sent over a WebSocket only).
 //!
 //! A stream is a preamble (events before the first token), one decode step after another and a
 //! trailer (finish, usage, end marker). Its output runs in segments ([`Segment`]: a thinking block,
@@ -17,11 +18,13 @@ mod anthropic;
 mod gemini;
 mod ollama;
 mod openai;
+mod realtime;
 mod responses;
 mod tgi;
 
 use std::fmt::Write as _;
 use std::ops::Range;
+use std::sync::Arc;
 
 use bytes::BytesMut;
 
@@ -45,6 +48,8 @@ pub(crate) enum Api {
     Ollama,
     /// Gemini's `POST /v1beta/models/{model}:streamGenerateContent` (and `:generateContent`).
     Gemini,
+    /// The OpenAI Realtime API, `GET /v1/realtime` upgraded to a WebSocket.
+    Realtime,
 }
 
 // === impl Api ===
@@ -52,7 +57,7 @@ pub(crate) enum Api {
 impl Api {
     /// Every API the sim speaks.
     #[cfg(test)]
-    pub(crate) const ALL: [Api; 7] = [
+    pub(crate) const ALL: [Api; 8] = [
         Api::Chat,
         Api::Completions,
         Api::Tgi,
@@ -60,12 +65,18 @@ impl Api {
         Api::Responses,
         Api::Ollama,
         Api::Gemini,
+        Api::Realtime,
     ];
 
     /// Whether the API has a field or block of its own for reasoning; without one a reasoning
     /// model's thinking travels inline in the text.
     pub(crate) fn has_reasoning_field(self) -> bool {
-        !matches!(self, Api::Completions | Api::Tgi)
+        !matches!(self, Api::Completions | Api::Tgi | Api::Realtime)
+    }
+
+    /// Whether the API streams the model's reasoning at all (the Realtime API does not).
+    pub(crate) fn streams_reasoning(self) -> bool {
+        self != Api::Realtime
     }
 
     /// Whether the API carries tool calls.
@@ -130,8 +141,24 @@ pub(crate) struct Wire {
     pub reasoning_field: ReasoningField,
     /// Responses API: the events of the reasoning.
     pub responses_reasoning: ResponsesReasoning,
-    /// Events written so far: the Responses API numbers every event (`sequence_number`).
+    /// Events written so far: the Responses API numbers every event (`sequence_number`), the
+    /// Realtime API names it (`event_id`).
     pub written: u64,
+    /// Realtime API: the interface's event names and whether the response speaks.
+    pub realtime: RealtimeStyle,
+}
+
+/// How a Realtime response is written: in the beta interface's event names or the GA ones, as
+/// text or as speech, and in which session's conversation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct RealtimeStyle {
+    /// The beta interface (`OpenAI-Beta: realtime=v1`): `response.text.delta` and its kin.
+    pub beta: bool,
+    /// Base64 of one token's audio when the response speaks (each step then sends its
+    /// transcript and its audio); `None` when it writes text.
+    pub audio: Option<Arc<str>>,
+    /// The WebSocket session's number, in the `conversation_id`.
+    pub session: u64,
 }
 
 /// The name of the function every sim tool call calls.
@@ -154,6 +181,7 @@ impl Wire {
             Api::Chat | Api::Completions => openai::preamble_len(self),
             Api::Anthropic => anthropic::preamble_len(self),
             Api::Responses => responses::preamble_len(self),
+            Api::Realtime => realtime::preamble_len(self),
             Api::Tgi | Api::Ollama | Api::Gemini => 0,
         }
     }
@@ -164,6 +192,7 @@ impl Wire {
             Api::Chat | Api::Completions => openai::write_preamble(self, i, buf),
             Api::Anthropic => anthropic::write_preamble(self, i, buf),
             Api::Responses => responses::write_preamble(self, i, buf),
+            Api::Realtime => realtime::write_preamble(self, i, buf),
             Api::Tgi | Api::Ollama | Api::Gemini => {}
         }
     }
@@ -181,6 +210,7 @@ impl Wire {
             Api::Responses => responses::write_step(self, range, buf),
             Api::Ollama => ollama::write_step(self, range, buf),
             Api::Gemini => gemini::write_step(self, range, buf),
+            Api::Realtime => realtime::write_step(self, range, buf),
         }
     }
 
@@ -190,6 +220,7 @@ impl Wire {
             Api::Chat | Api::Completions => openai::trailer_len(self),
             Api::Anthropic => anthropic::trailer_len(self),
             Api::Responses => responses::trailer_len(self),
+            Api::Realtime => realtime::trailer_len(self),
             Api::Tgi | Api::Ollama | Api::Gemini => 1,
         }
     }
@@ -203,6 +234,7 @@ impl Wire {
             Api::Responses => responses::write_trailer(self, i, buf),
             Api::Ollama => ollama::write_trailer(self, buf),
             Api::Gemini => gemini::write_trailer(self, buf),
+            Api::Realtime => realtime::write_trailer(self, i, buf),
         }
     }
 
@@ -211,6 +243,7 @@ impl Wire {
         let whole = usize::try_from(self.output.total()).unwrap_or(0) * 10;
         match (self.api, i) {
             (Api::Tgi, _) | (Api::Responses, _) => 256 + whole,
+            (Api::Realtime, _) => realtime::trailer_size_hint(self),
             _ => 256,
         }
     }
@@ -224,6 +257,8 @@ impl Wire {
             Api::Responses => responses::whole(self, model),
             Api::Ollama => ollama::whole(self, model),
             Api::Gemini => gemini::whole(self, model),
+            // Only streamed, over a WebSocket.
+            Api::Realtime => serde_json::Value::Null,
         }
     }
 
@@ -234,7 +269,7 @@ impl Wire {
             Api::Completions => format!("cmpl-sim-{}", self.seq),
             Api::Tgi => format!("tgi-sim-{}", self.seq),
             Api::Anthropic => format!("msg_sim_{}", self.seq),
-            Api::Responses => format!("resp_sim_{}", self.seq),
+            Api::Responses | Api::Realtime => format!("resp_sim_{}", self.seq),
             Api::Ollama | Api::Gemini => format!("sim-{}", self.seq),
         }
     }
@@ -436,6 +471,7 @@ pub(crate) mod testing {
             reasoning_field: ReasoningField::ReasoningContent,
             responses_reasoning: ResponsesReasoning::Summary,
             written: 0,
+            realtime: RealtimeStyle::default(),
         }
     }
 
@@ -569,6 +605,15 @@ pub(crate) mod testing {
                 "response.function_call_arguments.delta" => field("/delta", Carries::ToolCall),
                 _ => None,
             },
+            Api::Realtime => match v["type"].as_str()? {
+                "response.output_text.delta"
+                | "response.text.delta"
+                | "response.output_audio_transcript.delta"
+                | "response.audio_transcript.delta" => text("/delta"),
+                "response.output_audio.delta" | "response.audio.delta" => None,
+                "response.function_call_arguments.delta" => field("/delta", Carries::ToolCall),
+                _ => None,
+            },
             Api::Ollama => text("/message/content")
                 .or_else(|| {
                     v.pointer("/message/tool_calls/0/function")
@@ -675,7 +720,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const APIS: [Api; 7] = Api::ALL;
+    const APIS: [Api; 8] = Api::ALL;
     const TAGS: [ThinkTags; 3] = [
         ThinkTags::Parser,
         ThinkTags::Inline,
