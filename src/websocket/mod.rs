@@ -258,3 +258,5 @@ pub fn read_all(
 
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod python_fixtures;
