@@ -2,9 +2,7 @@
 //! the reader has not seen, and for a server that speaks WebSocket. The tunnel never writes a
 //! frame.
 
-use miniz_oxide::deflate::core::CompressorOxide;
-use miniz_oxide::deflate::stream::deflate;
-use miniz_oxide::{DataFormat, MZFlush};
+use flate2::{Compress, Compression, FlushCompress};
 
 use super::Opcode;
 
@@ -50,7 +48,7 @@ pub fn write_frame(out: &mut Vec<u8>, spec: FrameSpec, payload: &[u8]) {
 /// Compresses messages for `permessage-deflate` (RFC 7692 §7.2.1): raw DEFLATE flushed at the
 /// message's end, the flush's final `00 00 ff ff` taken off.
 pub struct Deflater {
-    compressor: Box<CompressorOxide>,
+    compressor: Compress,
     context_takeover: bool,
 }
 
@@ -65,38 +63,37 @@ impl std::fmt::Debug for Deflater {
 // === impl Deflater ===
 
 impl Deflater {
-    /// A compressor that keeps its window across messages, or starts each one afresh.
+    /// A compressor with a 32 KiB window that keeps it across messages, or starts each message
+    /// afresh.
     pub fn new(context_takeover: bool) -> Self {
-        let mut compressor = Box::<CompressorOxide>::default();
-        compressor.set_format_and_level(DataFormat::Raw, 6);
         Deflater {
-            compressor,
+            compressor: Compress::new(Compression::default(), false),
             context_takeover,
         }
     }
 
     /// One message's compressed payload.
     pub fn compress(&mut self, message: &[u8]) -> Vec<u8> {
-        let mut out = vec![0; message.len() + 64];
-        let mut input = message;
-        let mut written = 0;
-        loop {
-            let result = deflate(
-                &mut self.compressor,
-                input,
-                &mut out[written..],
-                MZFlush::Sync,
-            );
-            input = &input[result.bytes_consumed..];
-            written += result.bytes_written;
-            if input.is_empty() && written < out.len() {
-                break;
+        let mut out = Vec::with_capacity(message.len() + 64);
+        let start = self.compressor.total_in();
+        // The input first, then the flush, each until it fits: zlib writes no flush marker for
+        // a flush that follows a flush with nothing between.
+        for flush in [FlushCompress::None, FlushCompress::Sync] {
+            loop {
+                let taken = (self.compressor.total_in() - start) as usize;
+                // Given room, a compressor cannot fail.
+                let _ = self
+                    .compressor
+                    .compress_vec(&message[taken..], &mut out, flush);
+                let taken = (self.compressor.total_in() - start) as usize;
+                if taken == message.len() && out.len() < out.capacity() {
+                    break;
+                }
+                out.reserve(out.capacity());
             }
-            out.resize(out.len() * 2, 0);
         }
-        out.truncate(written);
         if out.ends_with(&[0x00, 0x00, 0xff, 0xff]) {
-            out.truncate(written - 4);
+            out.truncate(out.len() - 4);
         }
         if !self.context_takeover {
             self.compressor.reset();

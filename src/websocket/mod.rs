@@ -10,7 +10,7 @@
 //!
 //! Memory is bounded per direction: at most a 14-byte partial header, a 125-byte control
 //! payload, the first [`Limits::max_message_bytes`] of the message in progress, and, once a
-//! compressed message is seen, one inflater with DEFLATE's 32 KiB window. Past the message bound
+//! compressed message is seen, one inflater with the negotiated window (at most 32 KiB). Past the message bound
 //! the reader still follows the framing, so it never loses sync; the message is reported as
 //! `oversize` with only its beginning. A protocol error ([`ReadError`]) stops the reading of that
 //! direction for good; the tunnel goes on forwarding.
@@ -19,7 +19,7 @@
 //! byte, so the read (or write) that carried a message is the one being fed when the sink hears
 //! of it; [`Message::end`] gives its exact offset in the direction's byte stream.
 //!
-//! This is a wire-format layer: it depends on std, `thiserror` and `miniz_oxide` only, never on
+//! This is a wire-format layer: it depends on std, `thiserror` and `flate2` (zlib-rs) only, never on
 //! another module of the crate.
 
 pub mod encode;

@@ -139,7 +139,8 @@ impl FrameReader {
                 bytes: [0; MAX_CONTROL_PAYLOAD],
                 len: 0,
             },
-            inflater: deflate.map(|p| Inflater::new(p.context_takeover(direction))),
+            inflater: deflate
+                .map(|p| Inflater::new(p.window_bits(direction), p.context_takeover(direction))),
         }
     }
 
