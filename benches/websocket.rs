@@ -70,51 +70,61 @@ fn read(direction: Direction, deflate: Option<DeflateParams>, reads: &[Vec<u8>])
     sink.0
 }
 
+/// One way a direction's messages arrive.
+struct Case {
+    name: &'static str,
+    direction: Direction,
+    deflate: Option<DeflateParams>,
+    /// One frame per read.
+    reads: Vec<Vec<u8>>,
+}
+
 fn bench(c: &mut Criterion) {
     let messages = deltas(MESSAGES);
     let no_takeover = DeflateParams {
         server_no_context_takeover: true,
         ..DeflateParams::default()
     };
-    let cases: [(&str, Direction, Option<DeflateParams>, Vec<Vec<u8>>); 4] = [
-        (
-            "server_unmasked",
-            Direction::ServerToClient,
-            None,
-            frames(&messages, None, None),
-        ),
-        (
-            "client_masked",
-            Direction::ClientToServer,
-            None,
-            frames(&messages, Some([0x37, 0xfa, 0x21, 0x3d]), None),
-        ),
-        (
-            "server_deflate",
-            Direction::ServerToClient,
-            Some(DeflateParams::default()),
-            frames(&messages, None, Some(Deflater::new(true))),
-        ),
-        (
-            "server_deflate_no_takeover",
-            Direction::ServerToClient,
-            Some(no_takeover),
-            frames(&messages, None, Some(Deflater::new(false))),
-        ),
+    let cases = [
+        Case {
+            name: "server_unmasked",
+            direction: Direction::ServerToClient,
+            deflate: None,
+            reads: frames(&messages, None, None),
+        },
+        Case {
+            name: "client_masked",
+            direction: Direction::ClientToServer,
+            deflate: None,
+            reads: frames(&messages, Some([0x37, 0xfa, 0x21, 0x3d]), None),
+        },
+        Case {
+            name: "server_deflate",
+            direction: Direction::ServerToClient,
+            deflate: Some(DeflateParams::default()),
+            reads: frames(&messages, None, Some(Deflater::new(true))),
+        },
+        Case {
+            name: "server_deflate_no_takeover",
+            direction: Direction::ServerToClient,
+            deflate: Some(no_takeover),
+            reads: frames(&messages, None, Some(Deflater::new(false))),
+        },
     ];
     let mut group = c.benchmark_group("websocket_messages");
     group.throughput(Throughput::Elements(MESSAGES as u64));
-    for (name, direction, deflate, reads) in &cases {
-        group.bench_function(format!("{name}/message_per_read"), |b| {
-            b.iter(|| read(*direction, *deflate, reads))
+    for case in &cases {
+        group.bench_function(format!("{}/message_per_read", case.name), |b| {
+            b.iter(|| read(case.direction, case.deflate, &case.reads))
         });
-        let cut: Vec<Vec<u8>> = reads
+        let cut: Vec<Vec<u8>> = case
+            .reads
             .concat()
             .chunks(16 * 1024)
             .map(<[u8]>::to_vec)
             .collect();
-        group.bench_function(format!("{name}/16KiB_reads"), |b| {
-            b.iter(|| read(*direction, *deflate, &cut))
+        group.bench_function(format!("{}/16KiB_reads", case.name), |b| {
+            b.iter(|| read(case.direction, case.deflate, &cut))
         });
     }
     group.finish();
