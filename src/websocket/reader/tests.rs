@@ -384,18 +384,26 @@ fn compressed_text(data: &[u8], frames: u32, wire_len: u64, start: u64, end: u64
     }
 }
 
+/// RFC 7692 §7.2.3.1: "Hello" compressed in one frame.
+const HELLO_FRAME: [u8; 9] = [0xc1, 0x07, 0xf2, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00];
+
+/// Feeds `feeds` one by one to a server reader with permessage-deflate.
+fn read_deflated(takeover: bool, feeds: &[&[u8]]) -> Vec<Collected> {
+    let mut sink = CollectedEvents::default();
+    let mut reader = deflate_reader(Direction::ServerToClient, takeover);
+    for bytes in feeds {
+        reader.feed(bytes, &mut sink);
+    }
+    sink.events
+}
+
 #[test]
 fn a_compressed_hello_in_one_frame_and_in_two_reads_hello() {
-    let one = [0xc1, 0x07, 0xf2, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00];
     let two = [
         0x41, 0x03, 0xf2, 0x48, 0xcd, 0x80, 0x04, 0xc9, 0xc9, 0x07, 0x00,
     ];
-    let mut sink = CollectedEvents::default();
-    let mut reader = deflate_reader(Direction::ServerToClient, true);
-    reader.feed(&one, &mut sink);
-    reader.feed(&two, &mut sink);
     assert_eq!(
-        sink.events,
+        read_deflated(true, &[&HELLO_FRAME, &two]),
         [
             compressed_text(b"Hello", 1, 7, 0, 9),
             compressed_text(b"Hello", 2, 7, 9, 20)
@@ -406,13 +414,9 @@ fn a_compressed_hello_in_one_frame_and_in_two_reads_hello() {
 #[test]
 fn two_compressed_hellos_share_the_window_with_context_takeover() {
     // RFC 7692 §7.2.3.2: the second message is one back-reference into the first.
-    let first = [0xc1, 0x07, 0xf2, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00];
     let second = [0xc1, 0x05, 0xf2, 0x00, 0x11, 0x00, 0x00];
-    let mut sink = CollectedEvents::default();
-    let mut reader = deflate_reader(Direction::ServerToClient, true);
-    reader.feed(&[&first[..], &second[..]].concat(), &mut sink);
     assert_eq!(
-        sink.events,
+        read_deflated(true, &[&[&HELLO_FRAME[..], &second[..]].concat()]),
         [
             compressed_text(b"Hello", 1, 7, 0, 9),
             compressed_text(b"Hello", 1, 5, 9, 16)
@@ -422,22 +426,15 @@ fn two_compressed_hellos_share_the_window_with_context_takeover() {
 
 #[test]
 fn without_context_takeover_each_compressed_message_stands_alone() {
-    let first = [0xc1, 0x07, 0xf2, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00];
-    let mut sink = CollectedEvents::default();
-    let mut reader = deflate_reader(Direction::ServerToClient, false);
-    reader.feed(&[first, first].concat(), &mut sink);
+    // The back-reference of §7.2.3.2 finds nothing before its message: a DEFLATE error.
+    let second = [0xc1, 0x05, 0xf2, 0x00, 0x11, 0x00, 0x00];
     assert_eq!(
-        sink.events,
+        read_deflated(false, &[&HELLO_FRAME, &HELLO_FRAME, &second]),
         [
             compressed_text(b"Hello", 1, 7, 0, 9),
-            compressed_text(b"Hello", 1, 7, 9, 18)
+            compressed_text(b"Hello", 1, 7, 9, 18),
+            Collected::Stopped(ReadError::InvalidDeflate, 18)
         ]
-    );
-    // A back-reference into the message before finds nothing there.
-    reader.feed(&[0xc1, 0x05, 0xf2, 0x00, 0x11, 0x00, 0x00], &mut sink);
-    assert_eq!(
-        sink.events[2],
-        Collected::Stopped(ReadError::InvalidDeflate, 18)
     );
 }
 
@@ -549,9 +546,8 @@ fn a_compressed_message_past_the_bound_is_oversize_and_the_next_still_inflates()
 
 #[test]
 fn compressed_frames_without_the_extension_are_refused() {
-    let bytes = [0xc1, 0x07, 0xf2, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00];
     assert_eq!(
-        server(&bytes),
+        server(&HELLO_FRAME),
         [Collected::Stopped(ReadError::ReservedBits(0b100), 0)]
     );
 }
