@@ -10,7 +10,8 @@
 # with debug assertions and AddressSanitizer.
 #
 # Each target starts from fuzz/seeds/TARGET (hand-written) and from the stream fixtures in
-# tests/fixtures (scanners and accountants; config/metronome.toml for the config target); what it
+# tests/fixtures (scanners and accountants; config/metronome.toml for the config target; the
+# recorded WebSocket sessions of tests/fixtures/websocket for the frame reader); what it
 # finds accumulates in fuzz/corpus/TARGET. Unbounded growth is a failure too: libFuzzer stops at
 # a resident set over -rss_limit_mb or a single allocation over -malloc_limit_mb, and a run
 # slower than -timeout seconds is a hang. Crashes land in fuzz/artifacts/TARGET; logs in
@@ -18,7 +19,7 @@
 set -euo pipefail
 
 SECONDS_PER_TARGET=${1:-60}
-TARGETS=${TARGETS:-"sse_scanner ndjson_scanner accounting realtime_accounting config beacon chunked_decoder request_head request_body response_head framing_differential traceparent"}
+TARGETS=${TARGETS:-"sse_scanner ndjson_scanner accounting realtime_accounting config beacon chunked_decoder request_head request_body response_head framing_differential traceparent websocket_reader"}
 RSS_LIMIT_MB=${RSS_LIMIT_MB:-1024}
 MALLOC_LIMIT_MB=${MALLOC_LIMIT_MB:-64}
 MAX_LEN=${MAX_LEN:-65536}
@@ -61,6 +62,18 @@ seed_fixtures() {
         ;;
     config)
         cp "$ROOT/config/metronome.toml" "$corpus/fixture-metronome.toml"
+        ;;
+    websocket_reader)
+        # 1 byte of settings (bit 0 client to server, bit 1 deflate, bit 2 no context takeover),
+        # then the bound and the cut seed, then one direction of a recorded session.
+        for f in "$ROOT"/tests/fixtures/websocket/*.c2s "$ROOT"/tests/fixtures/websocket/*.s2c; do
+            name=$(basename "$f")
+            local settings=0
+            [[ $name == *.c2s ]] && settings=$((settings | 1))
+            [[ $name == deflate* ]] && settings=$((settings | 2))
+            [[ $name == *no_takeover* ]] && settings=$((settings | 4))
+            { printf "\\x$(printf %02x "$settings")"'\xff\x2a\x00\x00\x00\x00\x00\x00\x00'; cat "$f"; } >"$corpus/fixture-$name"
+        done
         ;;
     esac
     shopt -u nullglob

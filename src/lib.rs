@@ -12,6 +12,8 @@
 //! - [`http1`]: HTTP/1.1 on the wire for both roles (head fields, `content-length`, chunk-size
 //!   lines, the body decoder); below the proxy, which serves and sends HTTP/1.1 with it.
 //! - [`scan`]: the incremental SSE / NDJSON scanners; they read frames, never copy or change them.
+//! - [`websocket`]: WebSocket frames (RFC 6455) read as they pass through a tunnel, with
+//!   `permessage-deflate` inflated for reading only; a wire format like `http1`.
 //! - [`format`]: token accounting per streaming API (which events carry tokens, and how many).
 //! - [`metering`]: the per-frame core: meter (scan, classify at ingress), ledger (per-stream state,
 //!   recorded once at the end) and clock; below the proxy.
@@ -57,3 +59,4 @@ pub mod timeline_json;
 pub mod tls;
 pub mod trace_context;
 pub mod units;
+pub mod websocket;

@@ -151,6 +151,11 @@ fn no_two_top_level_modules_depend_on_each_other() {
         "the HTTP/1 codec is a wire format and depends on no module: {:?}",
         graph["http1"]
     );
+    assert!(
+        graph["websocket"].is_empty(),
+        "the WebSocket frame reader is a wire format and depends on no module: {:?}",
+        graph["websocket"]
+    );
     let found = cycles(&graph);
     assert!(
         found.is_empty(),

@@ -345,3 +345,74 @@ pub fn check_framing_differential(data: &[u8]) {
         assert_eq!(target, Some(head.uri));
     }
 }
+
+/// The WebSocket frame reader: cut anywhere (at the fuzzer's cuts, and byte by byte), it reports
+/// exactly what it reports reading the input whole; a message is never longer than the bound, an
+/// uncompressed one that fits is as long as its payload on the wire, and every offset lies in
+/// what was fed; it never panics. Input: 1 byte of settings (bit 0 the client's direction, bit 1
+/// `permessage-deflate`, bit 2 without context takeover), then a scanner input (bound, cut seed,
+/// the direction's bytes).
+pub fn check_websocket_reader(data: &[u8]) {
+    use metronome::websocket::{read_all, Collected, DeflateParams, Direction, Limits};
+    let Some((&settings, rest)) = data.split_first() else {
+        return;
+    };
+    let Some(input) = ScanInput::parse(rest) else {
+        return;
+    };
+    let direction = if settings & 1 != 0 {
+        Direction::ClientToServer
+    } else {
+        Direction::ServerToClient
+    };
+    let deflate = (settings & 2 != 0).then_some(DeflateParams {
+        server_no_context_takeover: settings & 4 != 0,
+        client_no_context_takeover: settings & 4 != 0,
+        ..DeflateParams::default()
+    });
+    let limits = Limits {
+        max_message_bytes: input.max_event_bytes,
+        // A message inflating to more is a bomb the reader gives up on: small, so a run is fast.
+        max_inflated_bytes: 1 << 20,
+    };
+    let whole = read_all(direction, deflate, limits, input.body);
+    let read_frames = |frames: &[&[u8]]| {
+        let mut reader = metronome::websocket::FrameReader::new(direction, deflate, limits);
+        let mut sink = metronome::websocket::CollectedEvents::default();
+        for frame in frames {
+            reader.feed(frame, &mut sink);
+        }
+        assert_eq!(reader.offset(), input.body.len() as u64);
+        sink
+    };
+    assert_eq!(read_frames(&input.frames()), whole, "cut at {:?}", input.cuts);
+    if input.body.len() <= 2048 {
+        let bytewise: Vec<&[u8]> = input.body.chunks(1).collect();
+        assert_eq!(read_frames(&bytewise), whole, "byte by byte");
+    }
+    let fed = input.body.len() as u64;
+    for event in &whole.events {
+        match event {
+            Collected::Message {
+                data,
+                oversize,
+                compressed,
+                wire_len,
+                start,
+                end,
+                ..
+            } => {
+                assert!(data.len() <= limits.max_message_bytes);
+                if !compressed && !oversize {
+                    assert_eq!(data.len() as u64, *wire_len);
+                }
+                assert!(start < end && *end <= fed);
+            }
+            Collected::Stopped(_, at) => assert!(*at <= fed),
+            _ => {}
+        }
+    }
+    for frame in &whole.frames {
+        assert!(frame.start < frame.end && frame.start < fed);
+    }
+}
