@@ -280,6 +280,7 @@ struct RawTimeouts {
     idle: String,
     tls_handshake: String,
     client_idle: String,
+    client_head: String,
     upstream_idle: String,
     // Issue 26 (security): the protocol sniff's own deadline.
     sniff: String,
@@ -293,6 +294,7 @@ impl Default for RawTimeouts {
             idle: "120s".into(),
             tls_handshake: "10s".into(),
             client_idle: "300s".into(),
+            client_head: "10s".into(),
             upstream_idle: "4s".into(),
             sniff: "5s".into(),
         }
@@ -618,10 +620,14 @@ pub struct TimeoutsConfig {
     pub idle: Duration,
     /// How long a client may take to finish the TLS handshake.
     pub tls_handshake: Duration,
-    /// How long a client connection may wait for its next request (and take to send a request
-    /// head) before metronome closes it: longer than the keep-alive timeout of whatever sits in
-    /// front, so that metronome never closes a connection the client is about to reuse.
+    /// How long a client connection may wait for its next request before metronome closes it:
+    /// longer than the keep-alive timeout of whatever sits in front, so that metronome never
+    /// closes a connection the client is about to reuse.
     pub client_idle: Duration,
+    /// How long a client may take to send a request head, from its first byte to its last: a
+    /// head begun and never finished holds its connection and bytes only this long, not
+    /// `client_idle`.
+    pub client_head: Duration,
     /// How long an idle upstream connection waits in the pool for its next request: shorter than
     /// the upstream's own keep-alive timeout, so that metronome never sends a request on a
     /// connection the upstream is closing (the request would fail with a 502).

@@ -1042,6 +1042,56 @@ async fn agreeing_response_lengths_reach_the_client_as_one(kind: ServerKind) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The last divergences of the smuggling matrix: request targets and codings a proxy in front
+// could read otherwise, and a HEAD answered as if it had a body.
+
+/// Sends each case on a connection of its own and requires `status` and a close.
+async fn each_refused(proxy: &ProxyHandle, cases: &[&[u8]], status: &str) {
+    for case in cases {
+        let shown = String::from_utf8_lossy(case).into_owned();
+        let mut wire = Wire::connect(proxy.proxy_addr).await;
+        wire.send(case).await;
+        let seen = until_close(&mut wire).await;
+        assert!(
+            seen.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{shown:?}: {seen}"
+        );
+    }
+}
+
+/// `OPTIONS *` asks about the server itself: metronome answers it (200, no body) and the
+/// connection goes on; never is it forwarded (it became `OPTIONS /base*` upstream). Any other
+/// method with the asterisk form gets 400 and a close.
+async fn the_asterisk_form_is_answered_here_or_refused(kind: ServerKind) {
+    let upstream = Upstream::json(JSON).with_content_length().start().await;
+    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let mut wire = Wire::connect(proxy.proxy_addr).await;
+    wire.send("OPTIONS * HTTP/1.1\r\nhost: metronome.test\r\n\r\n")
+        .await;
+    let reply = wire.reply("OPTIONS").await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert!(reply.body.is_empty(), "{}", reply.head);
+    assert_ne!(reply.field("connection"), Some("close"), "{}", reply.head);
+    wire.send(post(CHAT, "{}", "")).await;
+    let reply = wire.reply("POST").await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert_eq!(upstream.stats.requests.load(Ordering::SeqCst), 1);
+    each_refused(
+        &proxy,
+        &[
+            b"GET * HTTP/1.1\r\nhost: a.test\r\n\r\n",
+            b"HEAD * HTTP/1.1\r\nhost: a.test\r\n\r\n",
+            b"POST * HTTP/1.1\r\nhost: a.test\r\ncontent-length: 2\r\n\r\n{}",
+            b"DELETE * HTTP/1.1\r\nhost: a.test\r\n\r\n",
+        ],
+        "400",
+    )
+    .await;
+    assert_eq!(upstream.stats.requests.load(Ordering::SeqCst), 1);
+    proxy.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
 // 6. HEAD.
 
 /// A HEAD request gets the head and no body byte; the connection then carries a POST.
@@ -1319,11 +1369,15 @@ async fn a_shutdown_closes_idle_connections_and_lets_a_stream_finish(kind: Serve
 // ---------------------------------------------------------------------------------------------
 // 9. The idle timeout (`timeouts.client_idle`).
 
-/// With `timeouts.client_idle` at 300 ms: a connection idle after a response is closed, and
-/// not before the timeout.
+/// With `timeouts.client_idle` (and `client_head`) at 300 ms: a connection idle after a
+/// response is closed, and not before the timeout.
 async fn an_idle_connection_is_closed_after_the_timeout(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |c| c.timeouts.client_idle = ms(300)).await;
+    let proxy = proxy(kind, upstream.addr, |c| {
+        c.timeouts.client_idle = ms(300);
+        c.timeouts.client_head = ms(300);
+    })
+    .await;
 
     // Silent from the start.
     let mut wire = Wire::connect(proxy.proxy_addr).await;
@@ -1448,4 +1502,5 @@ on_both_servers!(
     heads_refused_by_their_form_get_400,
     underscored_names_are_dropped_and_lengths_collapsed,
     agreeing_response_lengths_reach_the_client_as_one,
+    the_asterisk_form_is_answered_here_or_refused,
 );

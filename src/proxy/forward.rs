@@ -72,12 +72,26 @@ pub async fn handle(
         }
         return Ok(response);
     }
+    if uri.path() == "*" {
+        // `OPTIONS *` (the only asterisk form the check lets by) asks about metronome itself,
+        // not about a resource of the upstream: forwarded, it became `OPTIONS /base*`.
+        return Ok(server_options());
+    }
     Ok(
         match forward(request, &state, &connection, &route, received).await {
             Ok(response) => response,
             Err(refusal) => refusal.answer(&state, &route),
         },
     )
+}
+
+/// The answer to `OPTIONS *`: 200 with no content (RFC 9110 §9.3.7), from metronome.
+fn server_options() -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::local(""));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    response
 }
 
 /// Sends the request upstream along `route` and turns the response head into the client's.

@@ -31,6 +31,7 @@ use super::body::{ClientBody, ProxyBody};
 use super::egress_clock::{EgressClock, EgressIo};
 use super::forward::{handle, ClientConnection};
 use super::h1;
+use super::head_deadline::{Answered, ClockedIo, HeadClock, HeadDeadline};
 use super::joined_writes::JoinedWrites;
 use super::{ProxyState, UpstreamClient};
 use crate::config::ServerKind;
@@ -82,6 +83,7 @@ pub async fn serve(
     };
     let builders = Arc::new(Builders {
         http1_server: state.config.server.http1_server,
+        client_head: state.config.timeouts.client_head,
         native,
         h1,
         h2,
@@ -189,6 +191,8 @@ type RequestFuture =
 struct Builders {
     /// Which server HTTP/1.x connections get (`server.http1_server`).
     http1_server: ServerKind,
+    /// A request head's bound on hyper's HTTP/1 connections (`timeouts.client_head`).
+    client_head: Duration,
     /// metronome's own HTTP/1.x server's settings.
     native: h1::Settings,
     /// HTTP/1 connections, plain or TLS, under `http1_server = "hyper"`.
@@ -224,6 +228,13 @@ impl Builders {
             tokio::spawn(Drain::watch(&watcher, conn, remote, permit));
             return;
         }
+        let http2 = match protocol {
+            Some(Protocol::Http1) => {
+                return self.spawn_hyper_http1(io, watcher, state, connection, permit);
+            }
+            Some(Protocol::Http2) => true,
+            None => false,
+        };
         let io = TokioIo::new(io);
         // The request's future is boxed, so it is freed once the response head is out: hyper
         // keeps a service future's slot (inline in the HTTP/2 stream's task, boxed beside the
@@ -235,22 +246,59 @@ impl Builders {
                 Box::pin(handle(request, state.clone(), connection.clone()))
             },
         );
-        match protocol {
-            Some(Protocol::Http1) => {
-                let conn = self.h1.serve_connection(io, service);
-                tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
-            }
-            Some(Protocol::Http2) => {
-                let conn = self.h2.serve_connection(io, service);
-                tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
-            }
-            None => {
-                let conn = self.auto.serve_connection(io, service).into_owned();
-                tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
-            }
+        if http2 {
+            let conn = self.h2.serve_connection(io, service);
+            tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
+        } else {
+            let conn = self.auto.serve_connection(io, service).into_owned();
+            tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
         }
     }
 }
+
+impl Builders {
+    /// Serves HTTP/1.x on hyper's server (`server.http1_server = "hyper"`), each request head
+    /// bounded by `timeouts.client_head` from its first byte (`head_deadline`), the wait between
+    /// requests by hyper's `header_read_timeout` (`timeouts.client_idle`).
+    fn spawn_hyper_http1<I>(
+        &self,
+        io: I,
+        watcher: Arc<Drain>,
+        state: Arc<ProxyState>,
+        connection: ClientConnection,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let remote = connection.remote;
+        let clock = HeadClock::new();
+        let answers = clock.clone();
+        // Boxed for the reason `spawn` gives.
+        let service = service_fn(
+            move |request: hyper::Request<hyper::body::Incoming>| -> AnsweredFuture {
+                answers.answering();
+                let request = request.map(|body| ClientBody::Hyper { body });
+                let handling = handle(request, state.clone(), connection.clone());
+                let answers = answers.clone();
+                Box::pin(async move {
+                    let response = handling.await?;
+                    Ok(response.map(|body| Answered::new(body, answers)))
+                })
+            },
+        );
+        let io = TokioIo::new(ClockedIo::new(io, clock.clone()));
+        let conn = Hyper {
+            conn: self.h1.serve_connection(io, service),
+        };
+        let conn = HeadDeadline::new(conn, clock, self.client_head);
+        tokio::spawn(Drain::watch(&watcher, conn, remote, permit));
+    }
+}
+
+/// One request's handling on hyper's HTTP/1 server, its body telling the head clock when the
+/// answer is over.
+type AnsweredFuture =
+    Pin<Box<dyn Future<Output = Result<hyper::Response<Answered<ProxyBody>>, Infallible>> + Send>>;
 
 /// A connection the drain can ask to finish: hyper's or metronome's own HTTP/1.x one.
 trait Serving: Future<Output = Result<(), Self::Error>> {
@@ -280,6 +328,14 @@ where
 
     fn graceful_shutdown(self: Pin<&mut Self>) {
         self.project().conn.graceful_shutdown();
+    }
+}
+
+impl<S: Serving> Serving for HeadDeadline<S> {
+    type Error = S::Error;
+
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.conn().graceful_shutdown();
     }
 }
 

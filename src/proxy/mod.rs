@@ -14,6 +14,7 @@ pub mod body;
 pub mod egress_clock;
 pub mod forward;
 pub mod h1;
+pub mod head_deadline;
 pub mod headers;
 pub mod joined_writes;
 pub mod listener;
