@@ -64,7 +64,7 @@ pub async fn handle(
         .clone();
     // The native server refused these from the head already; hyper's leaves them to us.
     let (method, uri, version) = (request.method(), request.uri(), request.version());
-    if let Err(form) = super::request_form::check(method, uri, version, request.headers()) {
+    if let Err(form) = crate::http1::request_form::check(method, uri, version, request.headers()) {
         let mut response = Refusal::Form(form).answer(&state, &route);
         if version < http::Version::HTTP_2 {
             let close = HeaderValue::from_static("close");
