@@ -298,3 +298,70 @@ async fn partial_admin_heads_are_closed_at_the_head_timeout_and_the_proxy_answer
     assert_eq!(health.status, 200);
     proxy.shutdown().await;
 }
+
+/// A partial request head of `size` bytes on the proxy listener, held open: how long until the
+/// proxy closed it (read 0 or a reset), or `None` when it was still open after `limit`.
+async fn partial_proxy_head(proxy: SocketAddr, size: usize, limit: Duration) -> Option<Duration> {
+    let mut tcp = TcpStream::connect(proxy).await.ok()?;
+    let mut head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-pad: ".to_vec();
+    head.resize(size.max(head.len()), b'a');
+    let began = Instant::now();
+    let _ = tcp.write_all(&head).await;
+    let mut buf = [0u8; 512];
+    loop {
+        match tokio::time::timeout_at((began + limit).into(), tcp.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(began.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// 1,000 partial request heads (60 KiB each) on the proxy listener, on each server: every one
+/// is closed at `timeouts.client_head` (1 s here), not at `client_idle` (300 s), the proxy
+/// answers meanwhile, and every descriptor comes back. Before `client_head`, a partial head
+/// lived `client_idle`: all 1,000 were still open after 15 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_proxy_heads_are_closed_at_client_head_on_both_servers() {
+    let _alone = ALONE.lock().await;
+    const HEADS: usize = 1000;
+    let client_head = Duration::from_secs(1);
+    let upstream = Upstream::openai_chat().tokens(3).start().await;
+    for kind in [ServerKind::Native, ServerKind::Hyper] {
+        let proxy = proxy_with(upstream.addr, |config| {
+            config.server.http1_server = kind;
+            config.timeouts.client_idle = Duration::from_secs(300);
+            config.timeouts.client_head = client_head;
+            config.limits.max_connections = 4096;
+        })
+        .await;
+        let before = descriptors();
+        let limit = Duration::from_secs(15);
+        let addr = proxy.proxy_addr;
+        let heads: Vec<_> = (0..HEADS)
+            .map(|_| tokio::spawn(partial_proxy_head(addr, 60 * 1024, limit)))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(stream_chat(addr).await.status, 200, "{kind:?}");
+        let (mut open, mut slowest) = (0, Duration::ZERO);
+        for head in heads {
+            match head.await.unwrap() {
+                Some(took) => slowest = slowest.max(took),
+                None => open += 1,
+            }
+        }
+        println!("{kind:?}: {HEADS} partial heads of 60 KiB: {open} still open after {limit:?}, the last closed after {slowest:?}");
+        assert_eq!(open, 0, "{kind:?}: heads still open after {limit:?}");
+        assert!(
+            slowest < client_head + Duration::from_secs(8),
+            "{kind:?}: {slowest:?}"
+        );
+        let fell = descriptors_fall_to(before + 16, Duration::from_secs(10)).await;
+        assert!(
+            fell.is_ok(),
+            "{kind:?}: descriptors {before} before, {fell:?} after"
+        );
+        assert_eq!(stream_chat(addr).await.status, 200, "{kind:?}");
+        proxy.shutdown().await;
+    }
+}

@@ -1091,6 +1091,121 @@ async fn the_asterisk_form_is_answered_here_or_refused(kind: ServerKind) {
     proxy.shutdown().await;
 }
 
+/// A request body under a coding before `chunked` (`gzip, chunked`) cannot be forwarded
+/// unmarked, and metronome does not decode it: 501 (RFC 9112 §6.1). `chunked` twice is a
+/// malformed framing: 400. Either way the connection closes and nothing reaches the upstream.
+async fn a_coded_request_body_gets_501_and_chunked_twice_400(kind: ServerKind) {
+    let recorder = Recorder::start().await;
+    let proxy = proxy(kind, recorder.addr, |_| {}).await;
+    let chunked = |fields: &str| {
+        format!("POST {CHAT} HTTP/1.1\r\nhost: a.test\r\n{fields}\r\n2\r\n{{}}\r\n0\r\n\r\n")
+            .into_bytes()
+    };
+    let coded = [
+        chunked("transfer-encoding: gzip, chunked\r\n"),
+        chunked("transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n"),
+        chunked("transfer-encoding: deflate,chunked\r\n"),
+        chunked("transfer-encoding: identity, chunked\r\n"),
+    ];
+    each_refused(
+        &proxy,
+        &coded.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        "501",
+    )
+    .await;
+    let doubled = [
+        chunked("transfer-encoding: chunked, chunked\r\n"),
+        chunked("transfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n"),
+    ];
+    each_refused(
+        &proxy,
+        &doubled.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        "400",
+    )
+    .await;
+    assert_eq!(recorder.seen.lock().unwrap().len(), 0);
+    proxy.shutdown().await;
+}
+
+/// A request target is origin-form (`/path`), absolute-form (`http://host/path`), or `*`:
+/// one without a leading slash, or the authority form of anything but CONNECT, gets 400 and a
+/// close, and reaches no upstream.
+async fn a_target_without_a_leading_slash_gets_400(kind: ServerKind) {
+    let upstream = Upstream::json(JSON).with_content_length().start().await;
+    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    each_refused(
+        &proxy,
+        &[
+            b"GET v1/models HTTP/1.1\r\nhost: a.test\r\n\r\n",
+            b"POST v1/chat/completions HTTP/1.1\r\nhost: a.test\r\ncontent-length: 2\r\n\r\n{}",
+            b"GET a.test:80 HTTP/1.1\r\nhost: a.test\r\n\r\n",
+            b"OPTIONS a.test:443 HTTP/1.1\r\nhost: a.test\r\n\r\n",
+        ],
+        "400",
+    )
+    .await;
+    assert_eq!(upstream.stats.requests.load(Ordering::SeqCst), 0);
+    proxy.shutdown().await;
+}
+
+/// An upstream that answers HEAD with `transfer-encoding: chunked` and, as it must, no body:
+/// the client gets a head framed as no body (no length made up, no chunk nor last chunk), and
+/// the connection carries the next request; for a JSON answer and for an event stream.
+async fn a_head_answered_chunked_gets_no_body(kind: ServerKind) {
+    for content_type in ["application/json", "text/event-stream"] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        while let Some(end) = find(&got, b"\r\n\r\n") {
+                            let head: Vec<u8> = got.drain(..end + 4).collect();
+                            let answer = if head.starts_with(b"HEAD ") {
+                                format!("HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n\r\n")
+                            } else {
+                                format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{JSON}", JSON.len())
+                            };
+                            if stream.write_all(answer.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        let proxy = proxy(kind, addr, |_| {}).await;
+        let mut wire = Wire::connect(proxy.proxy_addr).await;
+        wire.send(format!(
+            "HEAD {CHAT} HTTP/1.1\r\nhost: metronome.test\r\n\r\n"
+        ))
+        .await;
+        let reply = wire.reply("HEAD").await;
+        assert_eq!(reply.status, 200, "{content_type}: {}", reply.head);
+        // The upstream gave no length, so none may be made up (the native server said 0).
+        assert_eq!(
+            reply.field("content-length"),
+            None,
+            "{content_type}: {}",
+            reply.head
+        );
+        wire.silent_for(ms(300), "after a HEAD answered chunked")
+            .await;
+        wire.send("GET /v1/models HTTP/1.1\r\nhost: metronome.test\r\n\r\n")
+            .await;
+        let reply = wire.reply("GET").await;
+        assert_eq!(reply.status, 200, "{content_type}: {}", reply.head);
+        assert_eq!(reply.body, JSON.as_bytes(), "{content_type}");
+        proxy.shutdown().await;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6. HEAD.
 
@@ -1411,6 +1526,50 @@ async fn an_idle_connection_is_closed_after_the_timeout(kind: ServerKind) {
     proxy.shutdown().await;
 }
 
+/// A head begun and never finished is closed at `timeouts.client_head` (300 ms here), not at
+/// `client_idle` (5 s): before, it lived `client_idle`, 300 s by default. A connection idle
+/// between requests keeps `client_idle`, and a head sent slowly but within the bound is served.
+async fn a_partial_head_is_closed_at_client_head_not_client_idle(kind: ServerKind) {
+    let upstream = Upstream::json(JSON).with_content_length().start().await;
+    let proxy = proxy(kind, upstream.addr, |c| {
+        c.timeouts.client_idle = Duration::from_secs(5);
+        c.timeouts.client_head = ms(300);
+    })
+    .await;
+    for partial in [
+        format!("POST {CHAT} HTTP/1.1\r\nhost: metronome.test\r\n"),
+        format!(
+            "POST {CHAT} HTTP/1.1\r\nhost: metronome.test\r\nx-pad: {}",
+            "a".repeat(60 * 1024)
+        ),
+    ] {
+        let mut wire = Wire::connect(proxy.proxy_addr).await;
+        wire.send(&partial).await;
+        let start = Instant::now();
+        until_close(&mut wire).await;
+        let waited = start.elapsed();
+        assert!(
+            waited >= ms(200) && waited < Duration::from_secs(3),
+            "a partial head of {} bytes closed after {waited:?}",
+            partial.len()
+        );
+    }
+    // After a response, the wait for the next head is client_idle's.
+    let mut wire = Wire::connect(proxy.proxy_addr).await;
+    wire.send(post(CHAT, "{}", "")).await;
+    assert_eq!(wire.reply("POST").await.status, 200);
+    wire.silent_for(ms(1000), "idle between requests").await;
+    // A head that trickles in within the bound is served.
+    let head = "GET /v1/models HTTP/1.1\r\nhost: metronome.test\r\n\r\n";
+    let (first, rest) = head.split_at(10);
+    wire.send(first).await;
+    tokio::time::sleep(ms(100)).await;
+    wire.send(rest).await;
+    assert_eq!(wire.reply("GET").await.status, 200);
+    assert_eq!(upstream.stats.requests.load(Ordering::SeqCst), 2);
+    proxy.shutdown().await;
+}
+
 /// The idle timeout does not cut a response that streams for longer than it.
 async fn a_stream_longer_than_the_idle_timeout_is_not_cut(kind: ServerKind) {
     let frames: Vec<Bytes> = (0..8)
@@ -1503,4 +1662,8 @@ on_both_servers!(
     underscored_names_are_dropped_and_lengths_collapsed,
     agreeing_response_lengths_reach_the_client_as_one,
     the_asterisk_form_is_answered_here_or_refused,
+    a_coded_request_body_gets_501_and_chunked_twice_400,
+    a_target_without_a_leading_slash_gets_400,
+    a_head_answered_chunked_gets_no_body,
+    a_partial_head_is_closed_at_client_head_not_client_idle,
 );

@@ -80,6 +80,7 @@ pub async fn serve(
     let native = h1::Settings {
         max_head_bytes: limits.max_header_bytes,
         idle_timeout: header_read_timeout,
+        head_timeout: state.config.timeouts.client_head,
     };
     let builders = Arc::new(Builders {
         http1_server: state.config.server.http1_server,
