@@ -1,4 +1,4 @@
-//! Clients that attack the proxy listener rather than use it (issue 26), each against a real
+//! Clients that attack the proxy listener rather than use it, each against a real
 //! in-process proxy on loopback: what they hold (descriptors, CPU) must go back to idle within the
 //! configured bounds, and a legitimate client must still be answered.
 //!
@@ -85,10 +85,10 @@ async fn descriptors_fall_to(at_most: usize, limit: Duration) -> Result<Duration
     }
 }
 
-/// Issue 26, item 1: thousands of "connect, send `P`, close" connections, then half-prefix
-/// connections held open. Before the fix each closed one was peeked every millisecond until
-/// `timeouts.client_idle` (300 s here): both cores busy, every descriptor held, and the next
-/// client answered 503.
+/// Thousands of "connect, send `P`, close" connections, then half-prefix connections held
+/// open. A sniff that peeked each closed one every millisecond until
+/// `timeouts.client_idle` (300 s here) would keep both cores busy and every descriptor held,
+/// and answer the next client 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_byte_clients_leave_no_descriptor_and_no_cpu_behind() {
     let _alone = ALONE.lock().await;
@@ -177,7 +177,7 @@ async fn trickling_relay(proxy: SocketAddr, slow: usize, gap: Duration) -> Socke
     addr
 }
 
-/// Issue 26, item 1: an HTTP/2 client with prior knowledge whose preface arrives a byte at a
+/// An HTTP/2 client with prior knowledge whose preface arrives a byte at a
 /// time (24 segments, 20 ms apart) is still told apart and served, like one that sends it whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_that_send_the_preface_slowly_are_served() {

@@ -826,7 +826,7 @@ async fn expect_100_continue_is_answered_before_the_body(kind: ServerKind) {
 }
 
 /// A chunked request body with a malformed chunk size ends the exchange: the client gets 400
-/// (its body is at fault, not the upstream: issue 26 item 7), the connection closes and the
+/// (its body is at fault, not the upstream), the connection closes and the
 /// upstream never gets a whole request.
 async fn a_malformed_chunked_request_body_closes_the_connection(kind: ServerKind) {
     let recorder = Recorder::start().await;
@@ -876,7 +876,8 @@ async fn until_close(wire: &mut Wire) -> String {
     String::from_utf8_lossy(&seen).into_owned()
 }
 
-/// Chunked framing leniencies in a request body (issue 26 item 6) are refused: a bare LF after a
+/// Chunked framing leniencies in a request body are refused (a proxy in front may read them
+/// otherwise): a bare LF after a
 /// chunk-size line or a chunk's data, whitespace before a chunk size, a CR in a chunk extension.
 /// Each is a 400 from the client's side (item 7), never a 502, and not counted as an upstream
 /// error; the connection closes and no whole body reaches the upstream.
@@ -942,7 +943,7 @@ async fn until_close_or_reply(wire: &mut Wire) -> String {
     text
 }
 
-/// Heads refused by their form (issue 26 item 6) get 400 and a close, and reach no upstream:
+/// Heads refused by their form get 400 and a close, and reach no upstream:
 /// HTTP/1.1 without `Host`, with two, with an invalid one; `CONNECT`; `GET *`; a dot segment
 /// (raw or percent-encoded) that would climb out of the upstream's base path; a
 /// `Transfer-Encoding` field that is not text, before or after a `chunked` one.
@@ -972,8 +973,9 @@ async fn heads_refused_by_their_form_get_400(kind: ServerKind) {
     proxy.shutdown().await;
 }
 
-/// Header names with an underscore (issue 26 item 7) are dropped; agreeing `content-length`
-/// values (a repeated field, and a list in one field) reach the upstream as one field (item 6).
+/// Header names with an underscore are dropped (a server behind may read them as dashes);
+/// agreeing `content-length` values (a repeated field, and a list in one field) reach the
+/// upstream as one field.
 ///
 /// hyper's server refuses the list form (`content-length: 2, 2`) with its own 400, which is
 /// stricter than RFC 9110 §8.6 asks and just as safe; asserted so a change shows up here.

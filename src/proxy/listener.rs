@@ -397,7 +397,7 @@ enum SniffEnd {
 /// last one clears the socket's readiness, so the task sleeps until more bytes or the peer's close
 /// arrive. A peek never consumes, so a closed peer's bytes stay readable for ever: the close is
 /// seen in the readiness itself (`read_closed`, from the kernel's EPOLLRDHUP), never by a read of
-/// 0 while bytes remain. Issue 26: a 1 ms sleep-and-peek loop here took two cores for
+/// 0 while bytes remain. A 1 ms sleep-and-peek loop here would take two cores for
 /// `timeouts.client_idle` once clients sent "P" and closed.
 async fn sniff(stream: &TcpStream, deadline: tokio::time::Instant) -> Result<Protocol, SniffEnd> {
     let mut first = [0u8; 4];
@@ -675,7 +675,7 @@ mod tests {
         );
     }
 
-    /// Issue 26: a peek never consumes, so a peer that sent a prefix of the preface and closed
+    /// A peek never consumes, so a peer that sent a prefix of the preface and closed
     /// still has bytes to peek; its close must be seen at once, not at the deadline.
     #[tokio::test]
     async fn a_prefix_of_the_preface_then_a_close_ends_the_sniff_at_once() {
