@@ -17,32 +17,8 @@ use crate::units::format_duration;
 /// timeline, so a join never runs short on the client's side first.
 pub const MAX_READS: usize = 8192;
 
-/// The phase of a token event (DESIGN.md section 3): what kind of output it shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Phase {
-    /// The model's thinking.
-    Reasoning,
-    /// Answer text (or speech) a person reads.
-    Content,
-    /// Tool-call arguments.
-    ToolCall,
-}
-
-// === impl Phase ===
-
-impl Phase {
-    /// Every phase, in the order a stream goes through them.
-    pub const ALL: [Phase; 3] = [Phase::Reasoning, Phase::Content, Phase::ToolCall];
-
-    /// The name in reports (the `phase` label's values).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Reasoning => "reasoning",
-            Phase::Content => "content",
-            Phase::ToolCall => "tool_call",
-        }
-    }
-}
+/// The phase of a token event: the proxy's own, so both sides name phases alike.
+pub use crate::format::Phase;
 
 /// One body read at the client: when it arrived and what it completed. The clumping figure of a
 /// join compares these with the upstream's frames.
