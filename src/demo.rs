@@ -92,6 +92,7 @@ async fn demo(args: &DemoArgs) -> Result<(), DemoError> {
         method: None,
         upstream: config.server.upstream.clone(),
         format: None,
+        think: Default::default(),
     }];
     let proxy = ProxyHandle::start(config).await?;
     let proxy_url = format!("http://{}", proxy.proxy_addr);

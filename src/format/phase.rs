@@ -119,6 +119,16 @@ impl PhaseMix {
         }
     }
 
+    /// The four bytes as they travel (a timeline keeps them).
+    pub fn to_bits(self) -> u32 {
+        self.0
+    }
+
+    /// A mix from [`PhaseMix::to_bits`].
+    pub fn from_bits(bits: u32) -> PhaseMix {
+        PhaseMix(bits)
+    }
+
     /// The phase of the frame's first token event.
     pub fn first(self) -> Phase {
         match self.0 & FIRST_BITS {

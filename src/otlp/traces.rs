@@ -325,6 +325,7 @@ mod tests {
                 bytes: 10,
                 events: 1,
                 token_events: 1,
+                mix: Default::default(),
             });
             egress.set(i, i * 1_000, i * 1_000 + 10);
         }
@@ -414,6 +415,7 @@ mod tests {
                 bytes: 10,
                 events: 1,
                 token_events: tokens,
+                mix: Default::default(),
             });
         }
         let stream = FinishedStream {

@@ -41,7 +41,7 @@ use super::egress_clock::{EgressClock, Standby};
 use super::upstream::UpstreamFailure;
 use super::BoxError;
 use crate::batch::StreamProbe;
-use crate::format::Accounting;
+use crate::format::{Accounting, ThinkState};
 use crate::metering::clock::{FrameStamp, Tick};
 use crate::metering::ledger::{IngressEnd, StreamLedger};
 use crate::metering::meter::IngressMeter;
@@ -178,6 +178,7 @@ pub fn meter<B>(
     upstream: B,
     settings: &MeterSettings,
     accounting: Accounting,
+    think: ThinkState,
     ledger: Arc<StreamLedger>,
     clock: Arc<EgressClock>,
 ) -> EgressBody
@@ -188,6 +189,7 @@ where
     let meter = IngressMeter::new(
         Scanner::new(settings.framing, settings.max_event_bytes),
         accounting,
+        think,
         ledger.received(),
         ledger.max_frames(),
     );
@@ -312,6 +314,7 @@ impl StreamShared {
                     ingress: at,
                     events: counts.events,
                     token_events: counts.token_events,
+                    mix: counts.mix,
                     seq: counts.seq,
                 },
             }));
