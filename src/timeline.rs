@@ -290,6 +290,7 @@ impl StreamFrames {
                 events: f.events,
                 token_events: f.token_events,
                 phase: PhaseMark::of(f.mix, f.token_events),
+                mix: f.mix,
             })
             .collect()
     }
@@ -397,6 +398,10 @@ pub struct FrameRecord {
     /// the count of each when they are of several; absent from a frame without token events.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase: Option<PhaseMark>,
+    /// Its token events' phases as the meter carried them (the phase of a stall that ends here
+    /// is [`PhaseMix::first`]).
+    #[serde(skip)]
+    pub mix: PhaseMix,
 }
 
 /// A figure at the ingress and egress points.
