@@ -585,3 +585,106 @@ async fn the_timeline_marks_phases_and_the_list_has_ttfo() {
     assert_eq!(detail["phases"][1]["first_frame"], 4);
     proxy.shutdown().await;
 }
+
+/// The probe reads the phases with the proxy's own accountants: through the proxy, its TTFO of
+/// each stream agrees with the proxy's egress TTFO (within a generous margin: the probe counts
+/// from the moment it sent, the proxy from the moment it received), and its per-phase gap
+/// counts equal the proxy's egress counts exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probes_ttfo_and_gaps_per_phase_agree_with_the_proxys() {
+    use metronome::probe::{measure, summarize, Load, Phase, ProbeConfig, Stop};
+    let sim = sim_with(agent()).await;
+    let proxy = proxy_to(sim.addr()).await;
+    let url = format!("http://{}/v1/chat/completions", proxy.proxy_addr);
+    let mut config = ProbeConfig::new(&url, "m").unwrap();
+    config.stop = Stop::Requests(4);
+    config.load = Load::Closed { concurrency: 2 };
+    config.timeout = Duration::from_secs(10);
+    let run = measure(&config).await.unwrap();
+    let report = summarize(&run, config.stall_threshold);
+    assert_eq!(report.errors, 0);
+    let m = scrape_until(&proxy, |m| m.value("metronome_streams_total", &[]) >= 4.0).await;
+    // Per phase, the gaps that end at its token events, counted from the probe's records.
+    let mut probe_gaps = [0u64; 3];
+    for stream in &run.streams {
+        let phases: Vec<Phase> = stream.phased_tokens().unwrap().map(|(_, p)| p).collect();
+        for phase in &phases[1..] {
+            probe_gaps[phase.index()] += 1;
+        }
+    }
+    // R-1 reasoning and T tool-call gaps per stream; the answer is as long as the probe asks.
+    assert_eq!(
+        (probe_gaps[0], probe_gaps[2]),
+        (4 * 5, 4 * 6),
+        "{probe_gaps:?}"
+    );
+    let proxy_gaps = PHASES.map(|p| m.value(ITL, &[("point", "egress"), ("phase", p)]) as u64);
+    assert_eq!(
+        probe_gaps, proxy_gaps,
+        "the probe and the proxy count the same gaps"
+    );
+    assert_eq!(m.value(TTFO_COUNT, &[("point", "egress")]), 4.0);
+    let ttfo = report.ttfo_ms.p50.unwrap();
+    assert!(
+        ttfo >= 400.0,
+        "the probe's TTFO {ttfo} ms is after the think pause"
+    );
+    assert!(
+        report.ttft_ms.p50.unwrap() < 300.0,
+        "TTFT is the first thought"
+    );
+    // Stream by stream, against `/streams`.
+    let list = request(proxy.admin_addr, "GET", "/streams", "", false).await;
+    let list: serde_json::Value = serde_json::from_slice(&list.bytes()).unwrap();
+    for stream in &run.streams {
+        let id = stream.stream_id.as_deref().unwrap();
+        let entry = list["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap();
+        let proxy_ms = entry["ttfo_us"]["egress"].as_u64().unwrap() as f64 / 1e3;
+        let first_output = stream
+            .phased_tokens()
+            .unwrap()
+            .find(|(_, p)| *p != Phase::Reasoning)
+            .unwrap()
+            .0;
+        let probe_ms = first_output.duration_since(stream.scheduled).as_secs_f64() * 1e3;
+        assert!(
+            (probe_ms - proxy_ms).abs() < 150.0,
+            "stream {id}: the probe's TTFO {probe_ms:.1} ms, the proxy's {proxy_ms:.1} ms"
+        );
+    }
+    proxy.shutdown().await;
+    sim.shutdown().await.unwrap();
+}
+
+/// A route's think keys are read and checked: two tags of 1 to 64 bytes.
+#[test]
+fn a_route_names_its_think_tags_and_whether_it_starts_open() {
+    use metronome::config::Config;
+    let route = |keys: &str| {
+        format!(
+            "[server]\nupstream = \"http://127.0.0.1:1\"\n[[routes]]\nname = \"r\"\npath = \"/\"\n{keys}\n"
+        )
+    };
+    let config = Config::from_toml(&route(
+        "think_tags = [\"<reason>\", \"</reason>\"]\nthink_starts_open = true",
+    ))
+    .unwrap();
+    let think = &config.routes[0].think;
+    assert_eq!(think.start, metronome::format::ThinkStart::Open);
+    assert_eq!(
+        think.tags.as_deref(),
+        metronome::format::ThinkTags::new("<reason>", "</reason>").as_ref()
+    );
+    for bad in [
+        "think_tags = [\"<think>\"]",
+        "think_tags = [\"\", \"</think>\"]",
+    ] {
+        let err = Config::from_toml(&route(bad)).unwrap_err().to_string();
+        assert!(err.contains("think_tags"), "{bad}: {err}");
+    }
+}

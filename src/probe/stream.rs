@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::format::Accounting;
+use crate::format::{Accounting, ThinkState};
 use crate::scan::{Event, EventSink, Framing, Scanner, DEFAULT_MAX_EVENT_BYTES};
 use crate::units::format_duration;
 
@@ -207,6 +207,8 @@ pub struct Recorder {
     scanner: Scanner,
     /// The same token accounting as the proxy's ledger.
     accounting: Accounting,
+    /// The same reading of the no-parser `<think>` shape as the proxy's meter (default tags).
+    think: ThinkState,
     /// Error events seen (an `error` chunk, or llama.cpp's legacy `error:` line).
     error_events: u64,
 }
@@ -220,6 +222,7 @@ impl Recorder {
         Recorder {
             scanner: Scanner::new(framing, DEFAULT_MAX_EVENT_BYTES),
             accounting: Accounting::select(None, framing, None),
+            think: ThinkState::default(),
             error_events: 0,
         }
     }
@@ -230,6 +233,7 @@ impl Recorder {
         record.first_byte.get_or_insert(at);
         let mut sink = FrameSink {
             accounting: &mut self.accounting,
+            think: &mut self.think,
             error_events: &mut self.error_events,
             record,
             at,
@@ -253,6 +257,7 @@ impl Recorder {
     pub fn finish(&mut self, at: Instant, record: &mut StreamRecord) {
         let mut sink = FrameSink {
             accounting: &mut self.accounting,
+            think: &mut self.think,
             error_events: &mut self.error_events,
             record,
             at,
@@ -272,6 +277,8 @@ impl Recorder {
 struct FrameSink<'r> {
     /// The stream's accountant (it carries usage state from event to event).
     accounting: &'r mut Accounting,
+    /// The stream's `<think>` reading.
+    think: &'r mut ThinkState,
     /// The recorder's error-event count, decided on at the end of the stream.
     error_events: &'r mut u64,
     /// Where token events and counts go.
@@ -293,6 +300,7 @@ impl EventSink for FrameSink<'_> {
         if classified.token_event {
             self.token_events = self.token_events.saturating_add(1);
             self.record.token_times.push(self.at);
+            self.record.token_phases.push(self.think.phase(&classified));
             self.record.counted_tokens += u64::from(classified.tokens.unwrap_or(1));
         }
         if let Some(total) = classified.usage_total {
