@@ -34,6 +34,7 @@ fn bench(c: &mut Criterion) {
             let mut meter = IngressMeter::new(
                 Scanner::new(Framing::Sse, DEFAULT_MAX_EVENT_BYTES),
                 Accounting::openai(),
+                Default::default(),
                 started,
                 1024,
             );
@@ -45,6 +46,7 @@ fn bench(c: &mut Criterion) {
                     ingress: at,
                     events: counts.events,
                     token_events: counts.token_events,
+                    mix: counts.mix,
                     seq: counts.seq,
                 };
                 egress.frame(at, seq as u64, &stamp, started, &metrics);

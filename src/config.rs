@@ -466,6 +466,10 @@ struct RawRoute {
     upstream: Option<String>,
     #[serde(default)]
     format: Option<String>,
+    #[serde(default)]
+    think_tags: Option<Vec<String>>,
+    #[serde(default)]
+    think_starts_open: Option<bool>,
 }
 
 /// How a route's path is compared with the request's.
@@ -493,6 +497,9 @@ pub struct RouteConfig {
     /// The streaming API of this route's responses when configured; `None` (`auto`) detects it
     /// per stream from the content type, the request path and the first events.
     pub format: Option<Format>,
+    /// How its streams show thinking without a reasoning parser (`think_tags`,
+    /// `think_starts_open`).
+    pub think: crate::format::ThinkSettings,
 }
 
 /// A validated upstream base URL (`http://host:port`, optionally with a path prefix).

@@ -64,15 +64,21 @@ pub enum DemoError {
 }
 
 async fn demo(args: &DemoArgs) -> Result<(), DemoError> {
+    // A reasoning model: each stream thinks (8 reasoning tokens and a 100 ms pause) before it
+    // answers, so the first report shows TTFT (the first thought) beside TTFO (the answer).
     let sim_config = SimConfig {
         seed: args.seed,
+        reasoning_tokens: 8,
+        think_pause: Duration::from_millis(100),
         ..SimConfig::demo_contention()
     };
     sim_config
         .validate()
         .map_err(|e| DemoError::Sim(e.to_string()))?;
     let sim_description = format!(
-        "jittered {} gaps, +{} per stream in flight, {:.0}% stalls of {}",
+        "a reasoning model ({} reasoning tokens, a {} think pause), jittered {} gaps, +{} per stream in flight, {:.0}% stalls of {}",
+        sim_config.reasoning_tokens,
+        format_duration(sim_config.think_pause),
         format_duration(sim_config.gap),
         format_duration(sim_config.contention_k),
         sim_config.stall_prob * 100.0,
@@ -92,6 +98,7 @@ async fn demo(args: &DemoArgs) -> Result<(), DemoError> {
         method: None,
         upstream: config.server.upstream.clone(),
         format: None,
+        think: Default::default(),
     }];
     let proxy = ProxyHandle::start(config).await?;
     let proxy_url = format!("http://{}", proxy.proxy_addr);
@@ -170,12 +177,17 @@ pub fn proxy_view(metrics: &Metrics) -> String {
             family.quantile(q, filter)
         }
     };
-    let stalls = |point: &str| {
-        metrics
-            .stalls
-            .get_metric_with_label_values(&["chat", "sim-model", point])
+    let stalls = |point: &str| -> u64 {
+        crate::format::Phase::ALL
+            .iter()
+            .filter_map(|phase| {
+                metrics
+                    .stalls
+                    .get_metric_with_label_values(&["chat", "sim-model", point, phase.as_str()])
+                    .ok()
+            })
             .map(|c| c.get())
-            .unwrap_or(0)
+            .sum()
     };
     let mut out = String::new();
     out += &format!("  {:<22}{:>12}{:>12}\n", "", "ingress", "egress");
@@ -192,6 +204,12 @@ pub fn proxy_view(metrics: &Metrics) -> String {
         "TTFT p50",
         ms(quantile(&metrics.ttft, 0.5, &at("ingress"))),
         ms(quantile(&metrics.ttft, 0.5, &at("egress")))
+    );
+    out += &format!(
+        "  {:<22}{:>12}{:>12}\n",
+        "TTFO p50",
+        ms(quantile(&metrics.ttfo, 0.5, &at("ingress"))),
+        ms(quantile(&metrics.ttfo, 0.5, &at("egress")))
     );
     out += &format!(
         "  {:<22}{:>12}{:>12}\n",

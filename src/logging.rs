@@ -132,6 +132,10 @@ pub struct AccessRecord<'a> {
     pub duration: Option<Duration>,
     /// Time to the first token at egress, when a token reached the client.
     pub ttft: Option<Duration>,
+    /// Time to the first output token (not reasoning) at egress, when one reached the client.
+    pub ttfo: Option<Duration>,
+    /// First to last reasoning token event at egress, for a stream that reasoned.
+    pub reasoning: Option<Duration>,
     /// Stalls at egress.
     pub stalls: u64,
     /// How it ended: a stream outcome (`complete`, `client_cancelled`, ...) or an error kind.
@@ -158,6 +162,8 @@ fn write_access(record: &AccessRecord<'_>) {
         status = record.status,
         duration_ms = ms(record.duration),
         ttft_ms = ms(record.ttft),
+        ttfo_ms = ms(record.ttfo),
+        reasoning_ms = ms(record.reasoning),
         stalls = record.stalls,
         outcome = record.outcome,
         "access"
@@ -204,6 +210,8 @@ mod tests {
             status: 200,
             duration: Some(Duration::from_millis(1500)),
             ttft: Some(Duration::from_millis(120)),
+            ttfo: Some(Duration::from_millis(900)),
+            reasoning: Some(Duration::from_millis(750)),
             stalls: 2,
             outcome: "complete",
             stream_id: Some("01JABCDEF"),
@@ -247,6 +255,8 @@ mod tests {
         assert_eq!(line["status"], 200);
         assert_eq!(line["duration_ms"], 1500.0);
         assert_eq!(line["ttft_ms"], 120.0);
+        assert_eq!(line["ttfo_ms"], 900.0);
+        assert_eq!(line["reasoning_ms"], 750.0);
         assert_eq!(line["stalls"], 2);
         assert_eq!(line["outcome"], "complete");
         let mut keys: Vec<&str> = line
@@ -263,12 +273,14 @@ mod tests {
                 "level",
                 "message",
                 "outcome",
+                "reasoning_ms",
                 "route",
                 "stalls",
                 "status",
                 "stream_id",
                 "target",
                 "timestamp",
+                "ttfo_ms",
                 "ttft_ms"
             ]
         );

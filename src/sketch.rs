@@ -237,6 +237,20 @@ impl Buckets {
         }
     }
 
+    /// Takes `n` from bucket `index` (an emptied sparse entry stays, counting 0).
+    fn sub(&mut self, index: usize, n: u32) {
+        match self {
+            Buckets::Sparse(entries) => {
+                let key = index as u64;
+                if let Ok(i) = entries.binary_search_by_key(&key, |e| e >> 32) {
+                    let entry = &mut entries[i];
+                    *entry = key << 32 | u64::from((*entry as u32).saturating_sub(n));
+                }
+            }
+            Buckets::Dense(counts) => counts[index] = counts[index].saturating_sub(n),
+        }
+    }
+
     /// Calls `f` with each non-empty bucket's index and count, in ascending order of index,
     /// until it returns a value.
     fn find<T>(&self, mut f: impl FnMut(usize, u32) -> Option<T>) -> Option<T> {
@@ -307,6 +321,17 @@ impl GapSketch {
             seen += u64::from(count);
             (seen >= rank).then(|| bucket_value(index))
         })
+    }
+
+    /// This sketch less the gaps of `part`, which were all added to this one too: the content
+    /// phase's gaps from the stream's and the other phases'. Exact, bucket for bucket.
+    pub fn subtract(&mut self, part: &GapSketch) {
+        self.zero = self.zero.saturating_sub(part.zero);
+        self.total = self.total.saturating_sub(part.total);
+        part.buckets.find(|index, count| {
+            self.buckets.sub(index, count);
+            None::<()>
+        });
     }
 
     /// p99 gap / max(p50 gap, 1 ms), for streams with at least `min_gaps` gaps.

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::format::PhaseMix;
+
 /// One frame as the ingress reader saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IngressFrame {
@@ -23,6 +25,8 @@ pub struct IngressFrame {
     pub events: u16,
     /// Of those, token events.
     pub token_events: u16,
+    /// Their phases.
+    pub mix: PhaseMix,
 }
 
 /// Appends `value` to `log` as an LEB128 varint (7 bits a byte, low bits first).
@@ -82,8 +86,9 @@ fn unzigzag(value: u64) -> u32 {
 /// differs from the previous frame's gap (µs); how much its length differs from the previous
 /// frame's, shifted left by one, with the low bit set when its event counts are the previous
 /// frame's (both changes zigzag and wrapping, so any frame comes back exactly); and, unless that
-/// bit is set, its event counts (`events << 1 | 1` when every event is a token event, else
-/// `events << 1` and then the token events). A server's cadence, frame sizes and events per
+/// bit is set, its event counts (`events << 2 | 1` when every event is a token event, else
+/// `events << 2` and then the token events; `| 2` and then the [`PhaseMix`] when its token events
+/// are not all content). A server's cadence, frame sizes and events per
 /// frame are steady, so a frame of a token stream takes about 3 bytes (a gap within 8 ms of the
 /// last one, a length within 31 bytes), where an [`IngressFrame`] takes 12; the log grows as
 /// frames come, as a `Vec` does (no allocation for most frames).
@@ -94,7 +99,7 @@ pub struct IngressTimeline {
     last_us: u32,
     last_gap: u32,
     last_bytes: u32,
-    last_events: (u16, u16),
+    last_events: (u16, u16, PhaseMix),
 }
 
 // === impl IngressTimeline ===
@@ -103,12 +108,12 @@ impl IngressTimeline {
     /// Appends a frame.
     #[inline]
     pub fn push(&mut self, frame: IngressFrame) {
-        make_room(&mut self.log, 16); // the most a frame takes: 5 + 5 + 3 + 3
+        make_room(&mut self.log, 21); // the most a frame takes: 5 + 5 + 3 + 3 + 5
         let gap = frame.ingress_us.wrapping_sub(self.last_us);
         put_varint(&mut self.log, zigzag(gap.wrapping_sub(self.last_gap)));
         self.last_us = frame.ingress_us;
         self.last_gap = gap;
-        let counts = (frame.events, frame.token_events);
+        let counts = (frame.events, frame.token_events, frame.mix);
         let same_counts = counts == self.last_events;
         put_varint(
             &mut self.log,
@@ -117,12 +122,16 @@ impl IngressTimeline {
         self.last_bytes = frame.bytes;
         self.last_events = counts;
         if !same_counts {
-            let events = u64::from(frame.events) << 1;
+            let mixed = !frame.mix.is_all_content();
+            let events = u64::from(frame.events) << 2 | u64::from(mixed) << 1;
             if frame.token_events == frame.events {
                 put_varint(&mut self.log, events | 1);
             } else {
                 put_varint(&mut self.log, events);
                 put_varint(&mut self.log, u64::from(frame.token_events));
+            }
+            if mixed {
+                put_varint(&mut self.log, u64::from(frame.mix.to_bits()));
             }
         }
         self.frames += 1;
@@ -148,7 +157,7 @@ impl IngressTimeline {
     pub fn iter(&self) -> impl Iterator<Item = IngressFrame> + '_ {
         let mut pos = 0;
         let (mut at, mut gap, mut bytes) = (0u32, 0u32, 0u32);
-        let (mut events, mut token_events) = (0u16, 0u16);
+        let (mut events, mut token_events, mut mix) = (0u16, 0u16, PhaseMix::ALL_CONTENT);
         std::iter::from_fn(move || {
             let log = &self.log[..];
             gap = gap.wrapping_add(unzigzag(get_varint(log, &mut pos)?));
@@ -157,11 +166,16 @@ impl IngressTimeline {
             bytes = bytes.wrapping_add(unzigzag(length >> 1));
             if length & 1 == 0 {
                 let counts = get_varint(log, &mut pos)?;
-                events = (counts >> 1) as u16;
+                events = (counts >> 2) as u16;
                 token_events = if counts & 1 == 1 {
                     events
                 } else {
                     get_varint(log, &mut pos)? as u16
+                };
+                mix = if counts & 2 == 2 {
+                    PhaseMix::from_bits(get_varint(log, &mut pos)? as u32)
+                } else {
+                    PhaseMix::ALL_CONTENT
                 };
             }
             Some(IngressFrame {
@@ -169,6 +183,7 @@ impl IngressTimeline {
                 bytes,
                 events,
                 token_events,
+                mix,
             })
         })
     }
@@ -274,9 +289,94 @@ impl StreamFrames {
                 bytes: Some(f.bytes),
                 events: f.events,
                 token_events: f.token_events,
+                phase: PhaseMark::of(f.mix, f.token_events),
+                mix: f.mix,
             })
             .collect()
     }
+
+    /// The runs of frames whose token events show one phase, in order: where the phases turn
+    /// (`/streams/{id}`'s `phases`). A frame with token events of several phases counts in the
+    /// phase most of them show.
+    pub fn phase_runs(&self) -> Vec<PhaseRun> {
+        let mut runs: Vec<PhaseRun> = Vec::new();
+        for (i, f) in self.ingress.iter().enumerate() {
+            let Some(phase) = f.mix.main(u32::from(f.token_events)) else {
+                continue;
+            };
+            let events = u64::from(f.token_events);
+            match runs.last_mut() {
+                Some(run) if run.phase == phase.as_str() => {
+                    run.last_frame = i as u32;
+                    run.token_events += events;
+                }
+                _ => runs.push(PhaseRun {
+                    phase: phase.as_str(),
+                    first_frame: i as u32,
+                    last_frame: i as u32,
+                    from_us: f.ingress_us,
+                    token_events: events,
+                }),
+            }
+        }
+        runs
+    }
+}
+
+/// A frame's phase mark in `/streams/{id}`: the phase of its token events, and when they are of
+/// several phases, how many of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum PhaseMark {
+    /// Every token event of the frame is of this phase.
+    One(&'static str),
+    /// Token events of several phases.
+    Mixed {
+        /// Reasoning token events.
+        reasoning: u32,
+        /// Content token events.
+        content: u32,
+        /// Tool-call token events.
+        tool_call: u32,
+    },
+}
+
+// === impl PhaseMark ===
+
+impl PhaseMark {
+    /// The mark of a frame with `token_events` of the phases `mix` says; `None` without any.
+    fn of(mix: PhaseMix, token_events: u16) -> Option<PhaseMark> {
+        let total = u32::from(token_events);
+        let [reasoning, content, tool_call] = mix.counts(total);
+        let phases = [reasoning, content, tool_call]
+            .iter()
+            .filter(|n| **n > 0)
+            .count();
+        match phases {
+            0 => None,
+            1 => mix.main(total).map(|p| PhaseMark::One(p.as_str())),
+            _ => Some(PhaseMark::Mixed {
+                reasoning,
+                content,
+                tool_call,
+            }),
+        }
+    }
+}
+
+/// A run of frames of one phase (see [`StreamFrames::phase_runs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PhaseRun {
+    /// The phase.
+    pub phase: &'static str,
+    /// Its first frame's index in `frames`.
+    pub first_frame: u32,
+    /// Its last frame's index.
+    pub last_frame: u32,
+    /// When its first frame was read, µs since the stream began.
+    pub from_us: u32,
+    /// Its token events.
+    pub token_events: u64,
 }
 
 /// One frame of a finished stream, as `/streams/{id}` shows it.
@@ -294,6 +394,14 @@ pub struct FrameRecord {
     pub events: u16,
     /// Of those, token events.
     pub token_events: u16,
+    /// The phase of its token events (`reasoning`, `content`, `tool_call`), or an object with
+    /// the count of each when they are of several; absent from a frame without token events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<PhaseMark>,
+    /// Its token events' phases as the meter carried them (the phase of a stall that ends here
+    /// is [`PhaseMix::first`]).
+    #[serde(skip)]
+    pub mix: PhaseMix,
 }
 
 /// A figure at the ingress and egress points.
@@ -345,6 +453,13 @@ pub struct FinishedStream {
     pub itl_p99_us: AtPoints<Option<u64>>,
     /// Stalls at each point.
     pub stalls: AtPoints<u64>,
+    /// Time to first output token (the first token event that is not reasoning) at each point;
+    /// `None` where the stream never got past its reasoning.
+    pub ttfo_us: AtPoints<Option<u64>>,
+    /// First to last reasoning token event at each point, for a stream that reasoned.
+    pub reasoning_us: AtPoints<Option<u64>>,
+    /// Reasoning tokens, as the server's usage reported them.
+    pub reasoning_tokens: Option<u64>,
     /// The response content type.
     pub content_type: String,
     /// The request's `traceparent`, if any.
@@ -374,6 +489,9 @@ struct Summary<'a> {
     itl_p50_us: AtPoints<Option<u64>>,
     itl_p99_us: AtPoints<Option<u64>>,
     stalls: AtPoints<u64>,
+    ttfo_us: AtPoints<Option<u64>>,
+    reasoning_us: AtPoints<Option<u64>>,
+    reasoning_tokens: Option<u64>,
 }
 
 /// The body of `/streams/{id}`.
@@ -390,6 +508,7 @@ struct Detail<'a> {
     request_id: Option<&'a str>,
     frames: Vec<FrameRecord>,
     frames_dropped: u64,
+    phases: Vec<PhaseRun>,
 }
 
 /// Who may still send a beacon for a stream.
@@ -545,6 +664,9 @@ impl StreamRegistry {
                 itl_p50_us: s.itl_p50_us,
                 itl_p99_us: s.itl_p99_us,
                 stalls: s.stalls,
+                ttfo_us: s.ttfo_us,
+                reasoning_us: s.reasoning_us,
+                reasoning_tokens: s.reasoning_tokens,
             })
             .collect();
         serde_json::json!({ "streams": summaries }).to_string()
@@ -570,6 +692,7 @@ impl StreamRegistry {
             request_id: stream.request_id.as_deref(),
             frames: self.shown(stream.frames.records()),
             frames_dropped: stream.frames_dropped,
+            phases: stream.frames.phase_runs(),
         };
         serde_json::to_string(&detail).ok()
     }
@@ -615,6 +738,9 @@ pub(crate) mod tests {
             itl_p50_us: AtPoints::default(),
             itl_p99_us: AtPoints::default(),
             stalls: AtPoints::default(),
+            ttfo_us: AtPoints::default(),
+            reasoning_us: AtPoints::default(),
+            reasoning_tokens: None,
             content_type: "text/event-stream".into(),
             traceparent: None,
             request_id: None,
@@ -626,6 +752,7 @@ pub(crate) mod tests {
                     bytes: 10,
                     events: 1,
                     token_events: 1,
+                    mix: Default::default(),
                 });
                 StreamFrames::new(ingress, EgressStamps::default())
             },
@@ -706,6 +833,7 @@ pub(crate) mod tests {
                 bytes,
                 events,
                 token_events,
+                mix: PhaseMix::ALL_CONTENT,
             };
             timeline.push(frame);
             expected.push(frame);
@@ -729,6 +857,7 @@ pub(crate) mod tests {
                 bytes: 220 + (seed >> 20) % 30,
                 events: 1,
                 token_events: 1,
+                mix: PhaseMix::ALL_CONTENT,
             };
             timeline.push(frame);
             expected.push(frame);
@@ -747,18 +876,21 @@ pub(crate) mod tests {
         fn any_frames_come_back_exactly(
             frames in proptest::collection::vec(
                 (proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>(),
-                 proptest::prelude::any::<u16>(), proptest::prelude::any::<u16>()),
+                 proptest::prelude::any::<u16>(), proptest::prelude::any::<u16>(),
+                 proptest::prelude::any::<u32>()),
                 0..64,
             )
         ) {
             let mut timeline = IngressTimeline::default();
             let frames: Vec<IngressFrame> = frames
                 .into_iter()
-                .map(|(ingress_us, bytes, events, token_events)| IngressFrame {
+                .map(|(ingress_us, bytes, events, token_events, mix)| IngressFrame {
                     ingress_us,
                     bytes,
                     events,
                     token_events,
+                    // Half the frames all content, as most are.
+                    mix: PhaseMix::from_bits(if mix % 2 == 0 { 0 } else { mix }),
                 })
                 .collect();
             for frame in &frames {
@@ -819,6 +951,7 @@ pub(crate) mod tests {
                 bytes: 10 + i,
                 events: 1,
                 token_events: u16::from(i % 2 == 0),
+                mix: PhaseMix::ALL_CONTENT,
             });
         }
         egress.set(0, 0, 150);

@@ -84,7 +84,26 @@ struct Api {
     event: fn(usize) -> String,
 }
 
-const APIS: [Api; 5] = [
+const APIS: [Api; 6] = [
+    Api {
+        // Runs of ten reasoning and ten answer token events: every phase's gaps, stalls and
+        // frame marks are counted with what the content path allocates, nothing per frame.
+        name: "OpenAI chat with reasoning and answer in turn (vLLM)",
+        content_type: "text/event-stream",
+        event_end: *b"\n\n",
+        event: |n| {
+            let field = if (n / 10) % 2 == 0 {
+                "reasoning_content"
+            } else {
+                "content"
+            };
+            format!(
+                "data: {{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\
+                 \"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"{field}\":\" token{n}\"}},\
+                 \"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+            )
+        },
+    },
     Api {
         name: "OpenAI chat completions (vLLM)",
         content_type: "text/event-stream",

@@ -344,6 +344,28 @@ async fn every_metric_family_is_in_the_tables_and_every_row_is_exported() {
     )
     .start()
     .await;
+    // A stream that reasons, then answers, and reports its reasoning tokens: TTFO, the reasoning
+    // duration and the reasoning token counter.
+    let reasoning = Upstream::sse_frames(
+        &[
+            Bytes::from_static(
+                b"data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"reasoning_content\":\"hm\"}}]}\n\n",
+            ),
+            Bytes::from_static(
+                b"data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"reasoning_content\":\"so\"}}]}\n\n",
+            ),
+            Bytes::from_static(
+                b"data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+            ),
+            Bytes::from_static(
+                b"data: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":3,\"completion_tokens_details\":{\"reasoning_tokens\":2}}}\n\n",
+            ),
+            Bytes::from_static(b"data: [DONE]\n\n"),
+        ],
+        ms(5),
+    )
+    .start()
+    .await;
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -364,6 +386,11 @@ path = "/v1/odd"
 upstream = "http://{}"
 format = "openai"
 [[routes]]
+name = "reasoning"
+path = "/v1/reasoning"
+upstream = "http://{}"
+format = "openai"
+[[routes]]
 name = "down"
 path = "/v1/down"
 upstream = "http://{closed}"
@@ -375,7 +402,8 @@ traces = true
 "#,
         proxy_toml(stalling.addr),
         answer.addr,
-        unparsable.addr
+        unparsable.addr,
+        reasoning.addr
     );
     let mut config = metronome::config::Config::from_toml(&toml).unwrap();
     config.readiness.check_upstream = false;
@@ -393,6 +421,7 @@ traces = true
     assert_eq!((a, b), (200, 200));
     assert_eq!(send(addr, "/v1/answer", "{}", &[]).await, 200);
     assert_eq!(send(addr, "/v1/odd", chat, &[]).await, 200);
+    assert_eq!(send(addr, "/v1/reasoning", chat, &[]).await, 200);
     assert_eq!(send(addr, "/v1/down", chat, &[]).await, 502);
     let beacon = send(addr, "/.well-known/metronome/beacon", "not a beacon", &[]).await;
     assert_eq!(beacon, 400);

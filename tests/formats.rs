@@ -303,6 +303,7 @@ async fn a_route_format_overrides_detection() {
                 method: None,
                 upstream: config.server.upstream.clone(),
                 format: Some(Format::OpenAi),
+                think: Default::default(),
             })
         },
     )

@@ -111,6 +111,7 @@ async fn a_panicking_stream_task_does_not_take_down_other_streams() {
             upstream,
             &settings,
             Accounting::openai(),
+            Default::default(),
             ledger,
             clock.clone(),
         );

@@ -6,6 +6,8 @@
 //! parts together, so every problem of a file comes in one run.
 
 use super::*;
+use crate::format::{ThinkSettings, ThinkStart, ThinkTags};
+use std::sync::Arc;
 
 /// Where a validator reports a problem: the dotted key and what is wrong.
 type Problem<'a> = dyn FnMut(&str, String) + 'a;
@@ -487,6 +489,34 @@ fn route(
             }
         },
     };
+    let tags = match r.think_tags.as_deref() {
+        None => Some(None),
+        Some([open, close]) => match ThinkTags::new(open, close) {
+            Some(tags) => Some(Some(Arc::new(tags))),
+            None => {
+                problem(
+                    &key("think_tags"),
+                    "each tag must be 1 to 64 bytes long".into(),
+                );
+                None
+            }
+        },
+        Some(other) => {
+            problem(
+                &key("think_tags"),
+                format!(
+                    "must be two tags, opening and closing (found {})",
+                    other.len()
+                ),
+            );
+            None
+        }
+    };
+    let start = if r.think_starts_open == Some(true) {
+        ThinkStart::Open
+    } else {
+        ThinkStart::Detect
+    };
     Some(RouteConfig {
         name: r.name.clone(),
         path: r.path.clone(),
@@ -494,6 +524,7 @@ fn route(
         method: method?,
         upstream: route_upstream?,
         format: format?,
+        think: ThinkSettings { tags: tags?, start },
     })
 }
 

@@ -12,8 +12,8 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::json::{non_empty_string, plain_string};
-use super::{Classified, FinishReason};
+use super::json::{non_empty_string, plain_string, string_inside};
+use super::{Classified, FinishReason, Phase};
 use crate::scan::Event;
 
 /// The Anthropic accountant; the events need no memory of earlier ones.
@@ -34,7 +34,11 @@ impl AnthropicAccounting {
         let mut classified = Classified::default();
         match data.kind.map_or("", RawValue::get) {
             r#""content_block_delta""# => {
-                classified.token_event = data.delta.is_some_and(|d| d.shows_output());
+                if let Some(phase) = data.delta.as_ref().and_then(Delta::phase) {
+                    classified.token_event = true;
+                    classified.phase = phase;
+                    classified.text = data.delta.as_ref().and_then(|d| string_inside(d.text));
+                }
             }
             r#""message_start""# => {
                 classified.usage_prompt = data
@@ -88,13 +92,15 @@ struct Delta<'a> {
 // === impl Delta ===
 
 impl Delta<'_> {
-    fn shows_output(&self) -> bool {
-        match self.kind.map_or("", RawValue::get) {
-            r#""text_delta""# => non_empty_string(self.text),
-            r#""thinking_delta""# => non_empty_string(self.thinking),
-            r#""input_json_delta""# => non_empty_string(self.partial_json),
-            _ => false,
-        }
+    /// The phase of the output the delta shows, when it shows any.
+    fn phase(&self) -> Option<Phase> {
+        let (raw, phase) = match self.kind.map_or("", RawValue::get) {
+            r#""text_delta""# => (self.text, Phase::Content),
+            r#""thinking_delta""# => (self.thinking, Phase::Reasoning),
+            r#""input_json_delta""# => (self.partial_json, Phase::ToolCall),
+            _ => return None,
+        };
+        non_empty_string(raw).then_some(phase)
     }
 }
 

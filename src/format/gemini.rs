@@ -19,8 +19,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::count::RunningCount;
-use super::json::{non_empty_string, plain_string, present};
-use super::{Classified, FinishReason};
+use super::json::{non_empty_string, plain_string, present, string_inside};
+use super::{Classified, FinishReason, Phase};
 use crate::scan::Event;
 
 /// Per-stream state: `candidatesTokenCount` at the previous token event.
@@ -40,7 +40,8 @@ impl GeminiAccounting {
         let Ok(chunk) = serde_json::from_slice::<Chunk<'a>>(event.data) else {
             return Classified::unparsed();
         };
-        let token_event = chunk.candidates.shows_output;
+        let phase = chunk.candidates.phase;
+        let token_event = phase.is_some();
         let usage_total = chunk
             .usage_metadata
             .as_ref()
@@ -51,9 +52,15 @@ impl GeminiAccounting {
         };
         Classified {
             token_event,
+            phase: phase.unwrap_or_default(),
+            text: chunk.candidates.text,
             tokens,
             usage_total,
             usage_prompt: usage_prompt(chunk.usage_metadata.as_ref()),
+            usage_reasoning: chunk
+                .usage_metadata
+                .as_ref()
+                .and_then(|u| u.thoughts_token_count),
             finish: chunk.candidates.finish,
             model: chunk.model_version.and_then(plain_string),
             end: chunk.candidates.finished,
@@ -66,8 +73,8 @@ impl GeminiAccounting {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Chunk<'a> {
-    #[serde(default)]
-    candidates: CandidatesSummary,
+    #[serde(borrow, default)]
+    candidates: CandidatesSummary<'a>,
     #[serde(default)]
     usage_metadata: Option<UsageMetadata>,
     #[serde(borrow, default)]
@@ -83,6 +90,8 @@ struct UsageMetadata {
     candidates_token_count: Option<u64>,
     #[serde(default)]
     prompt_token_count: Option<u64>,
+    #[serde(default)]
+    thoughts_token_count: Option<u64>,
 }
 
 /// `usageMetadata.promptTokenCount`, the prompt's tokens.
@@ -92,20 +101,22 @@ fn usage_prompt(usage: Option<&UsageMetadata>) -> Option<u64> {
 
 /// The `candidates` array folded to what matters, without collecting it.
 #[derive(Default)]
-struct CandidatesSummary {
-    /// Some candidate has a part with text or a function call.
-    shows_output: bool,
+struct CandidatesSummary<'a> {
+    /// The phase of the output the candidates' parts show, when they show any.
+    phase: Option<Phase>,
+    /// The raw inside of the last non-empty text part that is not a thought.
+    text: Option<&'a [u8]>,
     /// Some candidate has a `finishReason`.
     finished: bool,
     /// The last candidate's `finishReason` that names one.
     finish: Option<FinishReason>,
 }
 
-impl<'de> Deserialize<'de> for CandidatesSummary {
+impl<'de: 'a, 'a> Deserialize<'de> for CandidatesSummary<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct CandidatesVisitor;
-        impl<'de> Visitor<'de> for CandidatesVisitor {
-            type Value = CandidatesSummary;
+        struct CandidatesVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for CandidatesVisitor<'a> {
+            type Value = CandidatesSummary<'a>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an array of candidates")
             }
@@ -115,7 +126,12 @@ impl<'de> Deserialize<'de> for CandidatesSummary {
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut summary = CandidatesSummary::default();
                 while let Some(candidate) = seq.next_element::<Candidate<'de>>()? {
-                    summary.shows_output |= candidate.content.is_some_and(|c| c.parts.shows_output);
+                    if let Some(parts) = candidate.content.map(|c| c.parts) {
+                        if let Some(phase) = parts.phase {
+                            summary.phase = Some(Phase::join(summary.phase, phase));
+                        }
+                        summary.text = parts.text.or(summary.text);
+                    }
                     if let Some(raw) = candidate.finish_reason.filter(|r| present(Some(r))) {
                         summary.finished = true;
                         let reason = FinishReason::gemini(raw.get().as_bytes());
@@ -125,36 +141,39 @@ impl<'de> Deserialize<'de> for CandidatesSummary {
                 Ok(summary)
             }
         }
-        deserializer.deserialize_any(CandidatesVisitor)
+        deserializer.deserialize_any(CandidatesVisitor(std::marker::PhantomData))
     }
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Candidate<'a> {
-    #[serde(default)]
-    content: Option<Content>,
+    #[serde(borrow, default)]
+    content: Option<Content<'a>>,
     #[serde(borrow, default)]
     finish_reason: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
-struct Content {
-    #[serde(default)]
-    parts: PartsSummary,
+struct Content<'a> {
+    #[serde(borrow, default)]
+    parts: PartsSummary<'a>,
 }
 
-/// A candidate's `parts` folded to "does any part show output".
+/// A candidate's `parts` folded to the phase of the output they show: a `thought: true` part's
+/// text is reasoning, another's content, a `functionCall` a tool call.
 #[derive(Default)]
-struct PartsSummary {
-    shows_output: bool,
+struct PartsSummary<'a> {
+    phase: Option<Phase>,
+    /// The raw inside of the last non-empty text part that is not a thought.
+    text: Option<&'a [u8]>,
 }
 
-impl<'de> Deserialize<'de> for PartsSummary {
+impl<'de: 'a, 'a> Deserialize<'de> for PartsSummary<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct PartsVisitor;
-        impl<'de> Visitor<'de> for PartsVisitor {
-            type Value = PartsSummary;
+        struct PartsVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for PartsVisitor<'a> {
+            type Value = PartsSummary<'a>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an array of parts")
             }
@@ -164,13 +183,24 @@ impl<'de> Deserialize<'de> for PartsSummary {
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut summary = PartsSummary::default();
                 while let Some(part) = seq.next_element::<Part<'de>>()? {
-                    summary.shows_output |=
-                        non_empty_string(part.text) || present(part.function_call);
+                    let phase = if non_empty_string(part.text) {
+                        if part.thought {
+                            Some(Phase::Reasoning)
+                        } else {
+                            summary.text = string_inside(part.text);
+                            Some(Phase::Content)
+                        }
+                    } else {
+                        present(part.function_call).then_some(Phase::ToolCall)
+                    };
+                    if let Some(phase) = phase {
+                        summary.phase = Some(Phase::join(summary.phase, phase));
+                    }
                 }
                 Ok(summary)
             }
         }
-        deserializer.deserialize_any(PartsVisitor)
+        deserializer.deserialize_any(PartsVisitor(std::marker::PhantomData))
     }
 }
 
@@ -181,6 +211,9 @@ struct Part<'a> {
     text: Option<&'a RawValue>,
     #[serde(borrow, default)]
     function_call: Option<&'a RawValue>,
+    /// A thought summary's part (`includeThoughts`).
+    #[serde(default)]
+    thought: bool,
 }
 
 #[cfg(test)]

@@ -27,6 +27,13 @@ pub(crate) fn non_empty_string(raw: Option<&RawValue>) -> bool {
     })
 }
 
+/// The raw inside of a non-empty JSON string (escapes and all, without its quotes): a content
+/// event's text lent to the no-parser `<think>` shape.
+pub(crate) fn string_inside(raw: Option<&RawValue>) -> Option<&[u8]> {
+    let text = raw.filter(|r| non_empty_string(Some(r)))?.get().as_bytes();
+    Some(&text[1..text.len() - 1])
+}
+
 /// The length of a JSON string's raw (escaped) text, quotes excluded; 0 for anything else.
 ///
 /// Escaping is per character, so the raw text of a string's prefix is a prefix of the string's

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::count::{Indexed, SequenceCount};
-use super::json::{non_empty_string, plain_string, present};
+use super::json::{non_empty_string, plain_string, present, string_inside};
 use super::{Classified, FinishReason};
 use crate::scan::Event;
 
@@ -53,6 +53,7 @@ impl LlamaCppAccounting {
         let end = chunk.stop == Some(true);
         Classified {
             token_event,
+            text: string_inside(chunk.content),
             tokens,
             usage_total: self.reported.then(|| self.predicted.sum(|s| s.latest)),
             // Every chunk repeats `tokens_evaluated`; the final one's is the prompt's length.
@@ -61,7 +62,7 @@ impl LlamaCppAccounting {
             model: chunk.model.and_then(plain_string),
             end,
             error: present(chunk.error),
-            unparsed: false,
+            ..Classified::default()
         }
     }
 }

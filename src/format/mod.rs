@@ -28,6 +28,7 @@ pub(crate) mod json;
 pub mod llamacpp;
 pub mod ollama;
 pub mod openai;
+pub mod phase;
 pub mod realtime;
 pub mod responses;
 pub mod sglang;
@@ -43,6 +44,7 @@ pub use gemini::GeminiAccounting;
 pub use llamacpp::LlamaCppAccounting;
 pub use ollama::OllamaAccounting;
 pub use openai::OpenAiAccounting;
+pub use phase::{Phase, PhaseMix, ThinkSettings, ThinkStart, ThinkState, ThinkTags};
 pub use realtime::RealtimeAccounting;
 pub use responses::ResponsesAccounting;
 pub use sglang::SgLangAccounting;
@@ -54,6 +56,12 @@ pub use unknown::UnknownAccounting;
 pub struct Classified<'a> {
     /// The event shows the reader output (text, reasoning, tool-call arguments).
     pub token_event: bool,
+    /// The phase of a token event, as the API names it (content for anything else). The
+    /// no-parser `<think>` shape is read apart, by the stream's [`ThinkState`].
+    pub phase: Phase,
+    /// A content token event's text, the raw inside of its JSON string (escapes and all), for
+    /// the stream's [`ThinkState`]; `None` where the accountant does not lend it.
+    pub text: Option<&'a [u8]>,
     /// Exact tokens this event carries, where the format says so; otherwise a token event is 1.
     /// On an event that is not a token event: tokens the server produced that show the reader
     /// nothing (TGI's special tokens), counted toward the stream's total only.
@@ -63,6 +71,10 @@ pub struct Classified<'a> {
     /// The request's prompt (input) tokens as the server reports them (`usage.prompt_tokens`
     /// and each format's equivalent), when present.
     pub usage_prompt: Option<u64>,
+    /// The reasoning tokens of the stream so far as the server reports them
+    /// (`completion_tokens_details.reasoning_tokens`, `output_tokens_details.reasoning_tokens`,
+    /// Gemini's `thoughtsTokenCount`), when present.
+    pub usage_reasoning: Option<u64>,
     /// Why generation ended, on the event that says so (the last chunk and its kin).
     pub finish: Option<FinishReason>,
     /// The model the event names, when it names one (borrowed, without JSON escapes).
@@ -380,6 +392,186 @@ mod tests {
         assert_eq!(select(None, Framing::Ndjson, "/x").name(), "ollama");
         let unknown = select(None, Framing::Sse, "/stream");
         assert_eq!(unknown.name(), "unknown");
+    }
+
+    /// The phase of `data` read by `format`'s accountant, when it is a token event.
+    fn phase_of(format: Format, data: &str) -> Option<Phase> {
+        let classified = Accounting::for_format(format).classify(&Event {
+            kind: b"",
+            data: data.as_bytes(),
+            truncated: false,
+        });
+        assert!(!classified.unparsed, "{data}");
+        classified.token_event.then_some(classified.phase)
+    }
+
+    #[test]
+    fn every_api_names_the_phase_of_its_token_events() {
+        use Phase::{Content as C, Reasoning as R, ToolCall as T};
+        let cases: &[(Format, &str, Option<Phase>)] = &[
+            (
+                Format::OpenAi,
+                r#"{"choices":[{"delta":{"reasoning_content":"hm"}}]}"#,
+                Some(R),
+            ),
+            (
+                Format::OpenAi,
+                r#"{"choices":[{"delta":{"reasoning":"hm"}}]}"#,
+                Some(R),
+            ),
+            (
+                Format::OpenAi,
+                r#"{"choices":[{"delta":{"content":"Hi"}}]}"#,
+                Some(C),
+            ),
+            (Format::OpenAi, r#"{"choices":[{"text":"Hi"}]}"#, Some(C)),
+            (
+                Format::OpenAi,
+                r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{"}}]}}]}"#,
+                Some(T),
+            ),
+            (
+                Format::OpenAi,
+                r#"{"choices":[{"delta":{"reasoning":"a","tool_calls":[{"function":{"arguments":"{"}}]}}]}"#,
+                Some(T),
+            ),
+            (
+                Format::OpenAi,
+                r#"{"choices":[{"delta":{"reasoning_content":"a","content":"b"}}]}"#,
+                Some(C),
+            ),
+            (
+                Format::OpenAi,
+                r#"{"choices":[{"delta":{"reasoning_content":""}}]}"#,
+                None,
+            ),
+            (
+                Format::Responses,
+                r#"{"type":"response.reasoning_text.delta","delta":"a"}"#,
+                Some(R),
+            ),
+            (
+                Format::Responses,
+                r#"{"type":"response.reasoning_summary_text.delta","delta":"a"}"#,
+                Some(R),
+            ),
+            (
+                Format::Responses,
+                r#"{"type":"response.output_text.delta","delta":"a"}"#,
+                Some(C),
+            ),
+            (
+                Format::Responses,
+                r#"{"type":"response.refusal.delta","delta":"no"}"#,
+                Some(C),
+            ),
+            (
+                Format::Responses,
+                r#"{"type":"response.function_call_arguments.delta","delta":"{"}"#,
+                Some(T),
+            ),
+            (
+                Format::Anthropic,
+                r#"{"type":"content_block_delta","delta":{"type":"thinking_delta","thinking":"a"}}"#,
+                Some(R),
+            ),
+            (
+                Format::Anthropic,
+                r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"a"}}"#,
+                Some(C),
+            ),
+            (
+                Format::Anthropic,
+                r#"{"type":"content_block_delta","delta":{"type":"input_json_delta","partial_json":"{"}}"#,
+                Some(T),
+            ),
+            (
+                Format::Ollama,
+                r#"{"message":{"role":"assistant","content":"","thinking":"a"},"done":false}"#,
+                Some(R),
+            ),
+            (
+                Format::Ollama,
+                r#"{"message":{"content":"a"},"done":false}"#,
+                Some(C),
+            ),
+            (Format::Ollama, r#"{"response":"a","done":false}"#, Some(C)),
+            (
+                Format::Ollama,
+                r#"{"thinking":"a","response":"","done":false}"#,
+                Some(R),
+            ),
+            (
+                Format::Ollama,
+                r#"{"message":{"content":"","tool_calls":[{"function":{"name":"f","arguments":{}}}]},"done":false}"#,
+                Some(T),
+            ),
+            (
+                Format::Gemini,
+                r#"{"candidates":[{"content":{"parts":[{"text":"a","thought":true}]}}]}"#,
+                Some(R),
+            ),
+            (
+                Format::Gemini,
+                r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}]}"#,
+                Some(C),
+            ),
+            (
+                Format::Gemini,
+                r#"{"candidates":[{"content":{"parts":[{"functionCall":{"name":"f","args":{}}}]}}]}"#,
+                Some(T),
+            ),
+            (
+                Format::Tgi,
+                r#"{"token":{"id":1,"text":"a","special":false}}"#,
+                Some(C),
+            ),
+            (Format::LlamaCpp, r#"{"content":"a","stop":false}"#, Some(C)),
+            (Format::SgLang, r#"{"text":"a","meta_info":{}}"#, Some(C)),
+        ];
+        for (format, data, want) in cases {
+            assert_eq!(phase_of(*format, data), *want, "{format:?} {data}");
+        }
+    }
+
+    #[test]
+    fn content_text_is_lent_to_the_think_tags_in_every_api() {
+        for (format, data) in [
+            (
+                Format::OpenAi,
+                r#"{"choices":[{"delta":{"content":"<think>"}}]}"#,
+            ),
+            (
+                Format::Responses,
+                r#"{"type":"response.output_text.delta","delta":"<think>"}"#,
+            ),
+            (
+                Format::Anthropic,
+                r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"<think>"}}"#,
+            ),
+            (
+                Format::Ollama,
+                r#"{"message":{"content":"<think>"},"done":false}"#,
+            ),
+            (
+                Format::Gemini,
+                r#"{"candidates":[{"content":{"parts":[{"text":"<think>"}]}}]}"#,
+            ),
+            (
+                Format::Tgi,
+                r#"{"token":{"id":1,"text":"<think>","special":false}}"#,
+            ),
+            (Format::LlamaCpp, r#"{"content":"<think>","stop":false}"#),
+            (Format::SgLang, r#"{"text":"<think>","meta_info":{}}"#),
+        ] {
+            let mut think = ThinkState::default();
+            let classified = Accounting::for_format(format).classify(&Event {
+                kind: b"",
+                data: data.as_bytes(),
+                truncated: false,
+            });
+            assert_eq!(think.phase(&classified), Phase::Reasoning, "{format:?}");
+        }
     }
 
     #[test]

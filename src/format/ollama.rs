@@ -11,8 +11,8 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::json::{non_empty_string, plain_string, present, ArrayLen};
-use super::{Classified, FinishReason};
+use super::json::{non_empty_string, plain_string, present, string_inside, ArrayLen};
+use super::{Classified, FinishReason, Phase};
 use crate::scan::Event;
 
 /// The Ollama accountant; its lines need no memory of earlier ones.
@@ -30,15 +30,23 @@ impl OllamaAccounting {
         let Ok(line) = serde_json::from_slice::<Line<'a>>(event.data) else {
             return Classified::unparsed();
         };
-        let message_shows = line.message.as_ref().is_some_and(|m| {
-            non_empty_string(m.content)
-                || non_empty_string(m.thinking)
-                || m.tool_calls.0.is_some_and(|n| n > 0)
-        });
-        let token_event =
-            message_shows || non_empty_string(line.response) || non_empty_string(line.thinking);
+        let message = line.message.as_ref();
+        let content = message.and_then(|m| m.content).or(line.response);
+        let tool_calls = message.is_some_and(|m| m.tool_calls.0.is_some_and(|n| n > 0));
+        let thinking =
+            non_empty_string(message.and_then(|m| m.thinking)) || non_empty_string(line.thinking);
+        // Content before tool_call before reasoning.
+        let phase = if non_empty_string(content) {
+            Some(Phase::Content)
+        } else if tool_calls {
+            Some(Phase::ToolCall)
+        } else {
+            thinking.then_some(Phase::Reasoning)
+        };
         Classified {
-            token_event,
+            token_event: phase.is_some(),
+            phase: phase.unwrap_or_default(),
+            text: string_inside(content),
             tokens: None,
             usage_total: line.eval_count,
             usage_prompt: line.prompt_eval_count,
@@ -48,7 +56,7 @@ impl OllamaAccounting {
             model: line.model.and_then(plain_string),
             end: line.done == Some(true),
             error: present(line.error),
-            unparsed: false,
+            ..Classified::default()
         }
     }
 }

@@ -22,7 +22,7 @@ use serde_json::value::RawValue;
 
 use super::count::RunningCount;
 use super::json::{is_literal, non_empty_string, plain_string, present, ArrayLen};
-use super::{Classified, FinishReason};
+use super::{Classified, FinishReason, Phase};
 use crate::scan::Event;
 
 /// Per-stream state of the OpenAI-compatible accountant.
@@ -83,17 +83,20 @@ impl OpenAiAccounting {
                 tokens = tokens.or(grew);
             }
         }
-        // The prompt's tokens come with the usage chunk at the end (once per stream): read by
-        // serde there only, so the per-token readers stay as they are.
-        let usage_prompt = match usage_total {
-            Some(_) if !token_event => prompt_tokens_by_serde(data),
-            _ => None,
+        // The prompt's and the reasoning tokens come with the usage chunk at the end (once per
+        // stream): read by serde there only, so the per-token readers stay as they are.
+        let (usage_prompt, usage_reasoning) = match usage_total {
+            Some(_) if !token_event => usage_details_by_serde(data),
+            _ => (None, None),
         };
         Classified {
             token_event,
+            phase: chunk.phase,
+            text: chunk.text,
             tokens,
             usage_total,
             usage_prompt,
+            usage_reasoning,
             finish: chunk.finish,
             model: chunk.model,
             end: false,
@@ -124,6 +127,10 @@ struct Summary<'a> {
     error: bool,
     /// Some choice shows the reader output.
     token_event: bool,
+    /// The phase of a token event (content before tool_call before reasoning over the choices).
+    phase: Phase,
+    /// The raw inside of the last non-empty content (or completions `text`) string.
+    text: Option<&'a [u8]>,
     /// The `token_ids` of all choices together, when any choice has them.
     token_ids: Option<u32>,
     /// `usage.completion_tokens`.
@@ -141,7 +148,9 @@ impl<'a> Summary<'a> {
         Some(Summary {
             model: chunk.model.and_then(plain_string),
             error: present(chunk.error) || is_literal(chunk.object, r#""error""#),
-            token_event: chunk.choices.token_event,
+            token_event: chunk.choices.phase.is_some(),
+            phase: chunk.choices.phase.unwrap_or_default(),
+            text: chunk.choices.text,
             token_ids: chunk.choices.token_ids,
             usage_total: chunk.usage.and_then(|u| u.completion_tokens),
             finish: chunk.choices.finish,
@@ -157,8 +166,8 @@ struct Chunk<'a> {
     object: Option<&'a RawValue>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
-    #[serde(default)]
-    choices: ChoicesSummary,
+    #[serde(borrow, default)]
+    choices: ChoicesSummary<'a>,
     #[serde(default)]
     usage: Option<Usage>,
 }
@@ -169,40 +178,56 @@ struct Usage {
     completion_tokens: Option<u64>,
 }
 
-/// `usage.prompt_tokens` of a chunk, when it is a plain unsigned integer.
-fn prompt_tokens_by_serde(data: &[u8]) -> Option<u64> {
+/// `usage.prompt_tokens` and `usage.completion_tokens_details.reasoning_tokens` of a chunk, each
+/// when it is a plain unsigned integer.
+fn usage_details_by_serde(data: &[u8]) -> (Option<u64>, Option<u64>) {
     #[derive(Deserialize)]
-    struct PromptChunk {
+    struct UsageChunk {
         #[serde(default)]
-        usage: Option<PromptUsage>,
+        usage: Option<DetailedUsage>,
     }
     #[derive(Deserialize)]
-    struct PromptUsage {
+    struct DetailedUsage {
         #[serde(default)]
         prompt_tokens: Option<u64>,
+        #[serde(default)]
+        completion_tokens_details: Option<CompletionDetails>,
     }
-    serde_json::from_slice::<PromptChunk>(data)
-        .ok()?
-        .usage?
-        .prompt_tokens
+    #[derive(Deserialize)]
+    struct CompletionDetails {
+        #[serde(default)]
+        reasoning_tokens: Option<u64>,
+    }
+    let Some(usage) = serde_json::from_slice::<UsageChunk>(data)
+        .ok()
+        .and_then(|c| c.usage)
+    else {
+        return (None, None);
+    };
+    let reasoning = usage
+        .completion_tokens_details
+        .and_then(|d| d.reasoning_tokens);
+    (usage.prompt_tokens, reasoning)
 }
 
 /// The `choices` array folded to what matters, without collecting it.
 #[derive(Default)]
-struct ChoicesSummary {
-    /// Some choice shows the reader output.
-    token_event: bool,
+struct ChoicesSummary<'a> {
+    /// The phase of the output the choices show, when some choice shows any.
+    phase: Option<Phase>,
+    /// The raw inside of the last non-empty content or `text` string.
+    text: Option<&'a [u8]>,
     /// The `token_ids` of all choices together, when any choice has them.
     token_ids: Option<u32>,
     /// The last `finish_reason` of the choices that have one.
     finish: Option<FinishReason>,
 }
 
-impl<'de> Deserialize<'de> for ChoicesSummary {
+impl<'de: 'a, 'a> Deserialize<'de> for ChoicesSummary<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ChoicesVisitor;
-        impl<'de> Visitor<'de> for ChoicesVisitor {
-            type Value = ChoicesSummary;
+        struct ChoicesVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for ChoicesVisitor<'a> {
+            type Value = ChoicesSummary<'a>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an array of choices")
             }
@@ -212,7 +237,12 @@ impl<'de> Deserialize<'de> for ChoicesSummary {
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut summary = ChoicesSummary::default();
                 while let Some(choice) = seq.next_element::<Choice<'de>>()? {
-                    summary.token_event |= choice.shows_output();
+                    if let Some(phase) = choice.phase() {
+                        summary.phase = Some(Phase::join(summary.phase, phase));
+                    }
+                    if let Some(text) = choice.content_text() {
+                        summary.text = Some(text);
+                    }
                     let finish = choice.finish_reason.map(|r| r.get().as_bytes());
                     summary.finish = finish.and_then(FinishReason::openai).or(summary.finish);
                     if let Some(n) = choice.token_ids.0 {
@@ -222,7 +252,7 @@ impl<'de> Deserialize<'de> for ChoicesSummary {
                 Ok(summary)
             }
         }
-        deserializer.deserialize_any(ChoicesVisitor)
+        deserializer.deserialize_any(ChoicesVisitor(std::marker::PhantomData))
     }
 }
 
@@ -239,9 +269,23 @@ struct Choice<'a> {
     finish_reason: Option<&'a RawValue>,
 }
 
-impl Choice<'_> {
-    fn shows_output(&self) -> bool {
-        non_empty_string(self.text) || self.delta.as_ref().is_some_and(Delta::shows_output)
+impl<'a> Choice<'a> {
+    /// The phase of the output the choice shows, when it shows any.
+    fn phase(&self) -> Option<Phase> {
+        if non_empty_string(self.text) {
+            return Some(Phase::Content);
+        }
+        self.delta.as_ref().and_then(Delta::phase)
+    }
+
+    /// The raw inside of its non-empty content (or completions `text`).
+    fn content_text(&self) -> Option<&'a [u8]> {
+        let raw = Some(self.text)
+            .filter(|t| non_empty_string(*t))
+            .or_else(|| self.delta.as_ref().map(|d| d.content))
+            .filter(|t| non_empty_string(*t))??;
+        let raw = raw.get().as_bytes();
+        Some(&raw[1..raw.len() - 1])
     }
 }
 
@@ -258,11 +302,17 @@ struct Delta<'a> {
 }
 
 impl Delta<'_> {
-    fn shows_output(&self) -> bool {
-        non_empty_string(self.content)
-            || non_empty_string(self.reasoning_content)
-            || non_empty_string(self.reasoning)
-            || self.tool_calls.has_arguments
+    /// The phase of the output the delta shows (content before tool_call before reasoning).
+    fn phase(&self) -> Option<Phase> {
+        if non_empty_string(self.content) {
+            Some(Phase::Content)
+        } else if self.tool_calls.has_arguments {
+            Some(Phase::ToolCall)
+        } else if non_empty_string(self.reasoning_content) || non_empty_string(self.reasoning) {
+            Some(Phase::Reasoning)
+        } else {
+            None
+        }
     }
 }
 
@@ -323,7 +373,7 @@ struct Function<'a> {
 mod fast {
     use std::mem::replace;
 
-    use super::{FinishReason, Summary};
+    use super::{FinishReason, Phase, Summary};
 
     /// Nesting the walker follows; deeper chunks go to serde (whose own limit is 128).
     const MAX_DEPTH: u32 = 64;
@@ -345,11 +395,19 @@ mod fast {
             bytes: data,
             at: 0,
             depth: 0,
-            shown: None,
+            content: None,
+            other: None,
+            phase: None,
         };
-        let summary = walker.chunk()?;
+        let mut summary = walker.chunk()?;
         walker.whitespace();
-        (walker.at == data.len()).then_some((summary, walker.shown))
+        if walker.at != data.len() {
+            return None;
+        }
+        summary.token_event = walker.phase.is_some();
+        summary.phase = walker.phase.unwrap_or_default();
+        summary.text = walker.content.map(|(start, end)| &data[start + 1..end - 1]);
+        Some((summary, walker.content.or(walker.other)))
     }
 
     /// A raw value's place in the chunk: `start..end`.
@@ -360,9 +418,12 @@ mod fast {
         bytes: &'a [u8],
         at: usize,
         depth: u32,
-        /// The raw span of the last non-empty `content`, `reasoning_content`, `reasoning` or
-        /// `text` string read.
-        shown: Option<Span>,
+        /// The raw span of the last non-empty `content` or `text` string read.
+        content: Option<Span>,
+        /// The raw span of the last non-empty `reasoning_content` or `reasoning` string read.
+        other: Option<Span>,
+        /// The phase of the output read so far (content before tool_call before reasoning).
+        phase: Option<Phase>,
     }
 
     /// The last token event the walker read, kept to read the stream's next chunks by comparison.
@@ -387,6 +448,10 @@ mod fast {
         token_ids: Option<u32>,
         usage_total: Option<u64>,
         finish: Option<FinishReason>,
+        /// The chunk's phase: every field but the text is the template's, so it is too.
+        phase: Phase,
+        /// The text value is the chunk's content, lent to the no-parser shape.
+        text_is_content: bool,
     }
 
     /// How much of a template [`Template::prefetch`] asks for. A chunk is usually a few hundred
@@ -417,6 +482,8 @@ mod fast {
                 token_ids: None,
                 usage_total: None,
                 finish: None,
+                phase: Phase::Content,
+                text_is_content: false,
             };
             template.keep(data, text, summary);
             template
@@ -436,6 +503,10 @@ mod fast {
             self.token_ids = summary.token_ids;
             self.usage_total = summary.usage_total;
             self.finish = summary.finish;
+            self.phase = summary.phase;
+            self.text_is_content = summary
+                .text
+                .is_some_and(|t| t.as_ptr() as usize - data.as_ptr() as usize == text.0 + 1);
         }
 
         /// `data`'s summary, when `data` is the template with another non-empty text.
@@ -478,6 +549,8 @@ mod fast {
                 model,
                 error: self.error,
                 token_event: true,
+                phase: self.phase,
+                text: self.text_is_content.then_some(text),
                 token_ids: self.token_ids,
                 usage_total: self.usage_total,
                 finish: self.finish,
@@ -724,13 +797,23 @@ mod fast {
             &self.bytes[start..end]
         }
 
-        /// Whether the text value at `span` shows output (a non-empty string); remembers it if so.
-        fn text(&mut self, span: Span) -> bool {
+        /// Whether the text value at `span` shows output (a non-empty string) of `phase`;
+        /// remembers it if so.
+        fn text(&mut self, span: Span, phase: Phase) -> bool {
             let shows = non_empty_string(self.raw(span));
             if shows {
-                self.shown = Some(span);
+                self.shows(phase);
+                match phase {
+                    Phase::Content => self.content = Some(span),
+                    _ => self.other = Some(span),
+                }
             }
             shows
+        }
+
+        /// The chunk shows output of `phase`.
+        fn shows(&mut self, phase: Phase) {
+            self.phase = Some(Phase::join(self.phase, phase));
         }
 
         /// The top-level chunk; fields as in `Chunk`.
@@ -810,7 +893,7 @@ mod fast {
                     })?,
                     1 => {
                         if let Some(span) = w.optional()? {
-                            shows |= w.text(span);
+                            shows |= w.text(span, Phase::Content);
                         }
                     }
                     3 => {
@@ -854,7 +937,12 @@ mod fast {
                 }
                 if field < 3 {
                     if let Some(span) = w.optional()? {
-                        shows |= w.text(span);
+                        let phase = if field == 0 {
+                            Phase::Content
+                        } else {
+                            Phase::Reasoning
+                        };
+                        shows |= w.text(span, phase);
                     }
                     return Some(());
                 }
@@ -862,7 +950,11 @@ mod fast {
                     if w.peek()? != b'{' {
                         return None;
                     }
-                    shows |= w.tool_call()?;
+                    let arguments = w.tool_call()?;
+                    if arguments {
+                        w.shows(Phase::ToolCall);
+                    }
+                    shows |= arguments;
                     Some(())
                 })
             })?;

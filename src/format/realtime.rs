@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::json::non_empty_string;
-use super::{Classified, FinishReason};
+use super::{Classified, FinishReason, Phase};
 use crate::scan::Event;
 
 /// The Realtime accountant; the events need no memory of earlier ones.
@@ -36,12 +36,18 @@ impl RealtimeAccounting {
         };
         let kind = data.kind.map_or("", RawValue::get);
         let token_event = is_delta(kind) && non_empty_string(data.delta);
+        let phase = if kind == r#""response.function_call_arguments.delta""# {
+            Phase::ToolCall
+        } else {
+            Phase::Content
+        };
         let done = kind == r#""response.done""#;
         let response = data.response.as_ref().filter(|_| done);
         let usage = response.and_then(|r| r.usage.as_ref());
         let finish = response.and_then(Response::finish);
         Classified {
             token_event,
+            phase,
             usage_total: usage.and_then(|u| u.output_tokens),
             usage_prompt: usage.and_then(|u| u.input_tokens),
             finish,

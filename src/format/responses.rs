@@ -3,8 +3,10 @@
 //! Every event names itself in `type` (and in the SSE `event:` field, which some gateways drop,
 //! so the data is what counts). Token events are the deltas of what the reader sees:
 //! `response.output_text.delta`, `response.reasoning_text.delta`,
-//! `response.function_call_arguments.delta` and `response.refusal.delta` (a refusal is output
-//! text too), each with a non-empty `delta`, 1 token each. `response.created` and
+//! `response.function_call_arguments.delta`, `response.refusal.delta` (a refusal is output
+//! text too) and `response.reasoning_summary_text.delta` (the reasoning summary a client shows
+//! in place of the thinking), each with a non-empty `delta`, 1 token each; their phases are
+//! content (text, refusal), reasoning (reasoning text and summary) and tool_call. `response.created` and
 //! `response.in_progress` carry the model; `response.completed` and `response.incomplete` end
 //! the stream and carry `usage.output_tokens`, the server's total, `usage.input_tokens`, the
 //! prompt's, and `status` (with `incomplete_details.reason`: `max_output_tokens`,
@@ -14,8 +16,8 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::json::{non_empty_string, plain_string};
-use super::{Classified, FinishReason};
+use super::json::{non_empty_string, plain_string, string_inside};
+use super::{Classified, FinishReason, Phase};
 use crate::scan::Event;
 
 /// The Responses accountant; the events need no memory of earlier ones.
@@ -34,22 +36,32 @@ impl ResponsesAccounting {
             return Classified::unparsed();
         };
         let kind = data.kind.map_or("", RawValue::get);
-        let (token_event, end, error) = match kind {
-            r#""response.output_text.delta""#
-            | r#""response.reasoning_text.delta""#
-            | r#""response.function_call_arguments.delta""#
-            | r#""response.refusal.delta""# => (non_empty_string(data.delta), false, false),
-            r#""response.completed""# | r#""response.incomplete""# => (false, true, false),
-            r#""response.failed""# => (false, true, true),
-            r#""error""# => (false, false, true),
-            _ => (false, false, event.kind == b"error"),
+        let (phase, end, error) = match kind {
+            r#""response.output_text.delta""# | r#""response.refusal.delta""# => {
+                (Some(Phase::Content), false, false)
+            }
+            r#""response.reasoning_text.delta""# | r#""response.reasoning_summary_text.delta""# => {
+                (Some(Phase::Reasoning), false, false)
+            }
+            r#""response.function_call_arguments.delta""# => (Some(Phase::ToolCall), false, false),
+            r#""response.completed""# | r#""response.incomplete""# => (None, true, false),
+            r#""response.failed""# => (None, true, true),
+            r#""error""# => (None, false, true),
+            _ => (None, false, event.kind == b"error"),
         };
+        let phase = phase.filter(|_| non_empty_string(data.delta));
         let response = data.response.as_ref();
+        let usage = response.and_then(|r| r.usage.as_ref());
         Classified {
-            token_event,
+            token_event: phase.is_some(),
+            phase: phase.unwrap_or_default(),
+            text: string_inside(data.delta).filter(|_| phase == Some(Phase::Content)),
             tokens: None,
-            usage_total: response.and_then(|r| r.usage.as_ref()?.output_tokens),
-            usage_prompt: response.and_then(|r| r.usage.as_ref()?.input_tokens),
+            usage_total: usage.and_then(|u| u.output_tokens),
+            usage_prompt: usage.and_then(|u| u.input_tokens),
+            usage_reasoning: usage
+                .and_then(|u| u.output_tokens_details.as_ref())
+                .and_then(|d| d.reasoning_tokens),
             finish: response.filter(|_| end).and_then(Response::finish),
             model: response.and_then(|r| plain_string(r.model?)),
             end,
@@ -104,6 +116,14 @@ struct Usage {
     output_tokens: Option<u64>,
     #[serde(default)]
     input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens_details: Option<OutputDetails>,
+}
+
+#[derive(Deserialize)]
+struct OutputDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::count::{Indexed, SequenceCount};
-use super::json::{present, raw_string_len};
+use super::json::{present, raw_string_len, string_inside};
 use super::{Classified, FinishReason};
 use crate::scan::Event;
 
@@ -57,17 +57,22 @@ impl SgLangAccounting {
         };
         let sequence = self.sequences.slot(chunk.index.unwrap_or(0));
         let mut token_event = false;
+        let mut text = None;
         // An event without text (an error report) leaves the sequence's length alone.
         if chunk.text.is_some() {
             let len = raw_string_len(chunk.text);
             if len > 0 && len < sequence.text_len {
                 self.incremental = true;
             }
-            token_event = if self.incremental {
-                len > 0
+            let (grew, from) = if self.incremental {
+                (len > 0, 0)
             } else {
-                len > sequence.text_len
+                (len > sequence.text_len, sequence.text_len)
             };
+            token_event = grew;
+            // What the event added (escaping is per character, so the raw prefix is the old
+            // text's), for the no-parser shape; a cut inside an escape reads as no tag.
+            text = string_inside(chunk.text).and_then(|t| t.get(from..));
             sequence.text_len = len;
         }
         let mut tokens = None;
@@ -85,6 +90,7 @@ impl SgLangAccounting {
             .then(|| self.sequences.sum(|s| s.tokens.latest));
         Classified {
             token_event,
+            text: text.filter(|_| token_event),
             tokens,
             usage_total,
             usage_prompt,
@@ -92,7 +98,7 @@ impl SgLangAccounting {
             model: None,
             end: false,
             error: present(chunk.error),
-            unparsed: false,
+            ..Classified::default()
         }
     }
 }

@@ -14,7 +14,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::json::present;
+use super::json::{present, string_inside};
 use super::{Classified, FinishReason};
 use crate::scan::Event;
 
@@ -33,13 +33,14 @@ impl TgiAccounting {
         let Ok(chunk) = serde_json::from_slice::<Chunk<'a>>(event.data) else {
             return Classified::unparsed();
         };
-        let (token_event, tokens) = match chunk.token {
-            Some(token) => (!token.special, Some(1)),
-            None => (false, None),
+        let (token_event, tokens, text) = match &chunk.token {
+            Some(token) => (!token.special, Some(1), string_inside(token.text)),
+            None => (false, None, None),
         };
         let details = chunk.details;
         Classified {
             token_event,
+            text: text.filter(|_| token_event),
             tokens,
             usage_total: details.as_ref().and_then(|d| d.generated_tokens),
             usage_prompt: details.as_ref().and_then(|d| d.prompt_tokens),
@@ -49,15 +50,15 @@ impl TgiAccounting {
             model: None,
             end: present(chunk.generated_text),
             error: present(chunk.error),
-            unparsed: false,
+            ..Classified::default()
         }
     }
 }
 
 #[derive(Deserialize)]
 struct Chunk<'a> {
-    #[serde(default)]
-    token: Option<Token>,
+    #[serde(borrow, default)]
+    token: Option<Token<'a>>,
     #[serde(borrow, default)]
     generated_text: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -67,9 +68,11 @@ struct Chunk<'a> {
 }
 
 #[derive(Deserialize)]
-struct Token {
+struct Token<'a> {
     #[serde(default)]
     special: bool,
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]

@@ -94,6 +94,8 @@ pub struct FrameStamp {
     pub events: u32,
     /// Of those, events that carried tokens.
     pub token_events: u32,
+    /// Their phases.
+    pub mix: crate::format::PhaseMix,
     /// Place in the stream's timeline, when kept there.
     pub seq: Option<u32>,
 }

@@ -12,7 +12,7 @@ use crate::poison::LockExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::format::{FinishReason, Format};
+use crate::format::{FinishReason, Format, Phase, PhaseMix};
 use crate::metering::clock::{FrameStamp, Tick};
 use crate::metrics::counter::add_saturating;
 use crate::metrics::{
@@ -74,27 +74,115 @@ impl SmallCounts {
 }
 
 /// One point's view of a stream: token-event timing, gaps, stalls and framing.
+///
+/// The gaps that end at a content token event (every gap of most streams) are counted here; those
+/// that end at a reasoning or tool-call event go to [`OtherPhases`], made at the first such event.
+/// The content phase's count and sum are what is left of the whole stream's, so the common frame
+/// does what it did before phases, plus one branch.
 #[derive(Debug, Default, Clone)]
 pub struct PointLedger {
     first_byte: Option<Tick>,
     first_token: Option<Tick>,
     last_token: Option<Tick>,
+    /// The first token event that is not reasoning (TTFO's end).
+    first_output: Option<Tick>,
     token_events: u64,
-    /// The gaps' buckets. Their sum is the span from the first token event to the last and their
-    /// count is one less than the token events, so neither is added up per gap.
+    /// The content gaps' buckets. Their sum is the span from the first token event to the last
+    /// less the other phases' sums, and their count the token events but one less the other
+    /// phases' counts, so neither is added up per gap.
     itl: BucketCounts,
-    /// The gaps' native buckets (when the family has them).
+    /// The content gaps' native buckets (when the family has them).
     itl_native: NativeCounts,
-    /// The longest gap, in nanoseconds: the exemplar's value.
+    /// The longest content gap, in nanoseconds: the exemplar's value.
     longest_gap: u64,
+    /// Stalls of every phase.
     stalls: u64,
-    /// Made at the first stall: most streams have none. Classic and native counts.
+    /// Made at the first content stall: most streams have none. Classic and native counts.
     stall_durations: Option<Box<(LocalHistogram, NativeCounts)>>,
     events_per_frame: SmallCounts,
+    /// Every gap, of every phase (the stream's quantiles); the content phase's jank is this less
+    /// the other phases' sketches.
     gaps: GapSketch,
+    /// The gaps of the reasoning and tool_call phases, made at the first such token event.
+    others: Option<Box<OtherPhases>>,
     /// What earlier flushes merged already (`metrics.flush_interval`), so that every figure is
     /// merged exactly once.
     flushed: Flushed,
+}
+
+/// The gaps that end at reasoning and tool-call token events, and the reasoning span.
+#[derive(Debug, Default, Clone)]
+struct OtherPhases {
+    /// `[reasoning, tool_call]`.
+    phases: [PhaseGaps; 2],
+    first_reasoning: Option<Tick>,
+    last_reasoning: Option<Tick>,
+}
+
+// === impl OtherPhases ===
+
+impl OtherPhases {
+    /// The gaps of `phase` (reasoning or tool_call).
+    fn of(&mut self, phase: Phase) -> &mut PhaseGaps {
+        &mut self.phases[usize::from(phase == Phase::ToolCall)]
+    }
+
+    /// Gaps, their nanoseconds and stalls not yet flushed, over both phases.
+    fn pending(&self) -> (u64, u64, u64) {
+        self.phases.iter().fold((0, 0, 0), |(g, n, s), p| {
+            (
+                g + p.pending_gaps,
+                n + p.pending_nanos,
+                s + p.pending_stalls,
+            )
+        })
+    }
+}
+
+/// One phase's gaps (other than content), counted in full since the last flush.
+#[derive(Debug, Default, Clone)]
+struct PhaseGaps {
+    itl: BucketCounts,
+    itl_native: NativeCounts,
+    pending_gaps: u64,
+    pending_nanos: u64,
+    pending_stalls: u64,
+    longest_gap: u64,
+    stall_durations: Option<Box<(LocalHistogram, NativeCounts)>>,
+    /// All its gaps, for its jank ratio.
+    gaps: GapSketch,
+}
+
+// === impl PhaseGaps ===
+
+impl PhaseGaps {
+    /// A gap of `nanos` (0 for the later events of a frame), `n` times; returns whether it is
+    /// a stall.
+    fn add(&mut self, nanos: u64, n: u32, metrics: &Metrics) -> bool {
+        let seconds = nanos as f64 * 1e-9;
+        let bucket = GapBucket::of(seconds);
+        self.itl
+            .add_at(metrics.itl_index.bucket(bucket, seconds), n);
+        self.gaps.add_to(bucket, n);
+        if let Some(native) = metrics.itl.native() {
+            self.itl_native.add(native.bucket(seconds), n);
+        }
+        self.pending_gaps += u64::from(n);
+        self.pending_nanos += nanos * u64::from(n);
+        self.longest_gap = self.longest_gap.max(nanos);
+        let stall = nanos > metrics.stall_threshold_nanos();
+        if stall {
+            self.pending_stalls += 1;
+            let durations = self.stall_durations.get_or_insert_with(Box::default);
+            durations
+                .0
+                .observe(metrics.stall_duration.bounds(), seconds);
+            if let Some(native) = metrics.stall_duration.native() {
+                durations.1.observe(native, seconds);
+            }
+        }
+        stall
+    }
 }
 
 /// What a point's earlier flushes took: the gaps up to a token event, the stalls, and whether
@@ -107,6 +195,7 @@ struct Flushed {
     stalls: u64,
     first_byte: bool,
     first_token: bool,
+    first_output: bool,
 }
 
 // === impl PointLedger ===
@@ -118,49 +207,112 @@ impl PointLedger {
         self.first_byte.get_or_insert(at);
     }
 
-    /// `token_events` token events were seen at `at` (one frame, or one socket write): the first
-    /// one's gap runs from the previous token event, the others' gaps are 0.
+    /// `token_events` token events of the phases `mix` says were seen at `at` (one frame, or
+    /// one socket write): the first one's gap runs from the previous token event, the others'
+    /// gaps are 0, and each gap belongs to the phase of the event that ends it.
     #[inline]
-    pub fn token_events(&mut self, at: Tick, token_events: u32, metrics: &Metrics) {
+    pub fn token_events(&mut self, at: Tick, token_events: u32, mix: PhaseMix, metrics: &Metrics) {
         if token_events == 0 {
             return;
         }
-        let index = &metrics.itl_index;
-        let zero_gaps = token_events - 1;
+        if !mix.is_all_content() {
+            return self.mixed_token_events(at, token_events, mix, metrics);
+        }
         match self.last_token {
             Some(last) => {
-                let nanos = at.nanos_since(last);
-                let seconds = nanos as f64 * 1e-9;
-                let bucket = GapBucket::of(seconds);
-                self.itl.add_at(index.bucket(bucket, seconds), 1);
-                self.gaps.add_to(bucket, 1);
-                if let Some(native) = metrics.itl.native() {
-                    self.itl_native.observe(native, seconds);
-                }
-                self.longest_gap = self.longest_gap.max(nanos);
-                if nanos > metrics.stall_threshold_nanos() {
-                    self.stalls += 1;
-                    let stall = self.stall_durations.get_or_insert_with(Box::default);
-                    stall.0.observe(metrics.stall_duration.bounds(), seconds);
-                    if let Some(native) = metrics.stall_duration.native() {
-                        stall.1.observe(native, seconds);
-                    }
+                self.content_gap(at.nanos_since(last), metrics);
+                if self.first_output.is_none() {
+                    self.first_output = Some(at);
                 }
             }
             None => {
                 self.first_token = Some(at);
+                self.first_output = Some(at);
             }
         }
-        if zero_gaps > 0 {
-            self.itl
-                .add_at(index.bucket(GapBucket::ZERO, 0.0), zero_gaps);
-            self.gaps.add_to(GapBucket::ZERO, zero_gaps);
-            if let Some(native) = metrics.itl.native() {
-                self.itl_native.add(native.bucket(0.0), zero_gaps);
-            }
-        }
+        self.content_zero_gaps(token_events - 1, metrics);
         self.last_token = Some(at);
         self.token_events += u64::from(token_events);
+    }
+
+    /// A gap of `nanos` that ends at a content token event.
+    #[inline(always)]
+    fn content_gap(&mut self, nanos: u64, metrics: &Metrics) {
+        let seconds = nanos as f64 * 1e-9;
+        let bucket = GapBucket::of(seconds);
+        self.itl
+            .add_at(metrics.itl_index.bucket(bucket, seconds), 1);
+        self.gaps.add_to(bucket, 1);
+        if let Some(native) = metrics.itl.native() {
+            self.itl_native.observe(native, seconds);
+        }
+        self.longest_gap = self.longest_gap.max(nanos);
+        if nanos > metrics.stall_threshold_nanos() {
+            self.stalls += 1;
+            let stall = self.stall_durations.get_or_insert_with(Box::default);
+            stall.0.observe(metrics.stall_duration.bounds(), seconds);
+            if let Some(native) = metrics.stall_duration.native() {
+                stall.1.observe(native, seconds);
+            }
+        }
+    }
+
+    /// `n` gaps of 0 that end at content token events.
+    #[inline(always)]
+    fn content_zero_gaps(&mut self, n: u32, metrics: &Metrics) {
+        if n > 0 {
+            self.itl
+                .add_at(metrics.itl_index.bucket(GapBucket::ZERO, 0.0), n);
+            self.gaps.add_to(GapBucket::ZERO, n);
+            if let Some(native) = metrics.itl.native() {
+                self.itl_native.add(native.bucket(0.0), n);
+            }
+        }
+    }
+
+    /// `n` gaps of `nanos` that end at token events of `phase`.
+    fn phase_gaps(&mut self, phase: Phase, nanos: u64, n: u32, metrics: &Metrics) {
+        if n == 0 {
+            return;
+        }
+        if phase == Phase::Content {
+            if nanos == 0 {
+                self.content_zero_gaps(n, metrics);
+            } else {
+                self.content_gap(nanos, metrics);
+            }
+            return;
+        }
+        let others = self.others.get_or_insert_with(Box::default);
+        let stall = others.of(phase).add(nanos, n, metrics);
+        self.gaps.add_to(GapBucket::of(nanos as f64 * 1e-9), n);
+        self.stalls += u64::from(stall);
+    }
+
+    /// A frame whose token events are not all content: off the common path.
+    #[cold]
+    #[inline(never)]
+    fn mixed_token_events(&mut self, at: Tick, total: u32, mix: PhaseMix, metrics: &Metrics) {
+        let counts = mix.counts(total);
+        let first = mix.first();
+        let others = self.others.get_or_insert_with(Box::default);
+        if counts[Phase::Reasoning.index()] > 0 {
+            others.first_reasoning.get_or_insert(at);
+            others.last_reasoning = Some(at);
+        }
+        if counts[Phase::Reasoning.index()] < total && self.first_output.is_none() {
+            self.first_output = Some(at);
+        }
+        match self.last_token {
+            Some(last) => self.phase_gaps(first, at.nanos_since(last), 1, metrics),
+            None => self.first_token = Some(at),
+        }
+        for phase in Phase::ALL {
+            let zeros = counts[phase.index()] - u32::from(phase == first);
+            self.phase_gaps(phase, 0, zeros, metrics);
+        }
+        self.last_token = Some(at);
+        self.token_events += u64::from(total);
     }
 
     /// Asks for the lines of the gap sketch's buckets, which live apart from the ledger.
@@ -188,20 +340,58 @@ impl PointLedger {
         self.stalls
     }
 
-    /// The inter-token gaps recorded since the last flush: bucket counts, their sum (the span
-    /// from the token event the last flush ended at, or the first, to the last) and their count
-    /// (the token events but one, less those flushed).
+    /// The content gaps recorded since the last flush: bucket counts, their sum (the span from
+    /// the token event the last flush ended at, or the first, to the last, less the other
+    /// phases' gaps) and their count (the token events but one, less those flushed and the other
+    /// phases').
     pub fn itl(&self) -> LocalHistogram {
-        let sum = self.token_span().map_or(0.0, |(first, last)| {
-            last.secs_since(self.flushed.until.unwrap_or(first))
+        let (other_gaps, other_nanos, _) = self.others.as_ref().map_or((0, 0, 0), |o| o.pending());
+        let span = self.token_span().map_or(0, |(first, last)| {
+            last.nanos_since(self.flushed.until.unwrap_or(first))
         });
+        let sum = if other_nanos == 0 {
+            self.token_span().map_or(0.0, |(first, last)| {
+                last.secs_since(self.flushed.until.unwrap_or(first))
+            })
+        } else {
+            span.saturating_sub(other_nanos) as f64 * 1e-9
+        };
         let gaps = self.token_events.saturating_sub(1) - self.flushed.gaps;
-        LocalHistogram::from_counts(&self.itl, sum, gaps)
+        LocalHistogram::from_counts(&self.itl, sum, gaps.saturating_sub(other_gaps))
+    }
+
+    /// Per phase, how many gaps ended at its token events since the last flush.
+    pub fn pending_gaps_by_phase(&self) -> [u64; 3] {
+        let mut counts = [0; 3];
+        counts[Phase::Content.index()] = self.itl().count();
+        if let Some(others) = &self.others {
+            counts[Phase::Reasoning.index()] = others.phases[0].pending_gaps;
+            counts[Phase::ToolCall.index()] = others.phases[1].pending_gaps;
+        }
+        counts
     }
 
     /// Time to first token since `received`.
     pub fn ttft(&self, received: Tick) -> Option<Duration> {
         Some(self.first_token?.saturating_duration_since(received))
+    }
+
+    /// Time to first output token (the first token event that is not reasoning) since
+    /// `received`; `None` for a stream that never got past its reasoning.
+    pub fn ttfo(&self, received: Tick) -> Option<Duration> {
+        Some(self.first_output?.saturating_duration_since(received))
+    }
+
+    /// The first and last reasoning token event, for a stream that reasoned.
+    pub fn reasoning_span(&self) -> Option<(Tick, Tick)> {
+        let others = self.others.as_deref()?;
+        Some((others.first_reasoning?, others.last_reasoning?))
+    }
+
+    /// First to last reasoning token event, for a stream that reasoned.
+    pub fn reasoning_duration(&self) -> Option<Duration> {
+        let (first, last) = self.reasoning_span()?;
+        Some(last.saturating_duration_since(first))
     }
 
     /// The stream's gap at quantile `q` at this point (within 2%).
@@ -248,32 +438,43 @@ impl PointLedger {
                 .observe_with(&[route, model, p], at.secs_since(received), Some(stream));
             self.flushed.first_token = true;
         }
+        if let Some(at) = self
+            .first_output
+            .filter(|_| with_ttft && !self.flushed.first_output)
+        {
+            metrics
+                .ttfo
+                .observe_with(&[route, model, p], at.secs_since(received), Some(stream));
+            self.flushed.first_output = true;
+        }
+        let content = Phase::Content.as_str();
         let longest = Exemplar {
             value: self.longest_gap as f64 * 1e-9,
             ..*stream
         };
         let pending = self.itl();
+        let (other_gaps, _, other_stalls) = self.others.as_ref().map_or((0, 0, 0), |o| o.pending());
         if pending.count() > 0 {
             metrics.itl.merge_with(
-                &[route, model, p],
+                &[route, model, p, content],
                 &pending,
                 &self.itl_native,
                 (self.longest_gap > 0).then_some(&longest),
             );
             self.itl = BucketCounts::default();
             self.itl_native.clear();
-            self.flushed.gaps += pending.count();
-            self.flushed.until = self.last_token;
         }
-        let stalls = self.stalls - self.flushed.stalls;
+        let stalls = self.stalls - self.flushed.stalls - other_stalls;
         if stalls > 0 {
             add_saturating(
-                &metrics.stalls.with_label_values(&[route, model, p]),
+                &metrics
+                    .stalls
+                    .with_label_values(&[route, model, p, content]),
                 stalls,
             );
             if let Some(stall_durations) = self.stall_durations.as_deref_mut() {
                 metrics.stall_duration.merge_with(
-                    &[route, model, p],
+                    &[route, model, p, content],
                     &stall_durations.0,
                     &stall_durations.1,
                     Some(&longest),
@@ -281,8 +482,13 @@ impl PointLedger {
                 stall_durations.0 = LocalHistogram::default();
                 stall_durations.1.clear();
             }
-            self.flushed.stalls = self.stalls;
         }
+        if let Some(others) = self.others.as_deref_mut() {
+            others.flush(to, p);
+        }
+        self.flushed.gaps += pending.count() + other_gaps;
+        self.flushed.until = self.last_token;
+        self.flushed.stalls = self.stalls;
         self.longest_gap = 0;
         let bounds = metrics.events_per_frame.bounds();
         let events = std::mem::take(&mut self.events_per_frame);
@@ -295,10 +501,88 @@ impl PointLedger {
     /// and the one figure that exists only for the whole stream, its jank ratio.
     pub(crate) fn record(&mut self, to: &Target<'_>, point: Point) {
         self.flush(to, point);
-        if let Some(jank) = self.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
-            to.metrics
-                .jank
-                .observe(&[to.route, to.model, point.as_str()], jank);
+        let p = point.as_str();
+        let labels = |phase: Phase| [to.route, to.model, p, phase.as_str()];
+        let Some(others) = self.others.as_deref() else {
+            if let Some(jank) = self.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
+                to.metrics.jank.observe(&labels(Phase::Content), jank);
+            }
+            return;
+        };
+        let mut content = self.gaps.clone();
+        for (phase, gaps) in [Phase::Reasoning, Phase::ToolCall]
+            .iter()
+            .zip(&others.phases)
+        {
+            content.subtract(&gaps.gaps);
+            if let Some(jank) = gaps.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
+                to.metrics.jank.observe(&labels(*phase), jank);
+            }
+        }
+        if let Some(jank) = content.jank_ratio(MIN_GAPS_FOR_JANK) {
+            to.metrics.jank.observe(&labels(Phase::Content), jank);
+        }
+        if let Some(reasoning) = self.reasoning_duration().filter(|_| to.with_ttft) {
+            to.metrics.reasoning_duration.observe_with(
+                &[to.route, to.model, p],
+                reasoning.as_secs_f64(),
+                Some(&to.stream),
+            );
+        }
+    }
+}
+
+// === impl OtherPhases ===
+
+impl OtherPhases {
+    /// Merges each phase's gaps, stalls and stall durations since the last flush, and forgets
+    /// them (see [`PointLedger::flush`]).
+    fn flush(&mut self, to: &Target<'_>, p: &str) {
+        let (metrics, route, model) = (to.metrics, to.route, to.model);
+        for (phase, gaps) in [Phase::Reasoning, Phase::ToolCall]
+            .iter()
+            .zip(&mut self.phases)
+        {
+            let labels = [route, model, p, phase.as_str()];
+            let longest = Exemplar {
+                value: gaps.longest_gap as f64 * 1e-9,
+                ..to.stream
+            };
+            if gaps.pending_gaps > 0 {
+                let local = LocalHistogram::from_counts(
+                    &gaps.itl,
+                    gaps.pending_nanos as f64 * 1e-9,
+                    gaps.pending_gaps,
+                );
+                metrics.itl.merge_with(
+                    &labels,
+                    &local,
+                    &gaps.itl_native,
+                    (gaps.longest_gap > 0).then_some(&longest),
+                );
+                gaps.itl = BucketCounts::default();
+                gaps.itl_native.clear();
+            }
+            if gaps.pending_stalls > 0 {
+                add_saturating(
+                    &metrics.stalls.with_label_values(&labels),
+                    gaps.pending_stalls,
+                );
+                if let Some(durations) = gaps.stall_durations.as_deref_mut() {
+                    metrics.stall_duration.merge_with(
+                        &labels,
+                        &durations.0,
+                        &durations.1,
+                        Some(&longest),
+                    );
+                    durations.0 = LocalHistogram::default();
+                    durations.1.clear();
+                }
+            }
+            gaps.pending_gaps = 0;
+            gaps.pending_nanos = 0;
+            gaps.pending_stalls = 0;
+            gaps.longest_gap = 0;
         }
     }
 }
@@ -350,6 +634,9 @@ pub struct IngressLedger {
     /// The prompt (input) tokens the server reported (`usage.prompt_tokens` and each format's
     /// equivalent), when it did.
     pub prompt_tokens: Option<u64>,
+    /// The reasoning tokens the server reported (`completion_tokens_details.reasoning_tokens`
+    /// and each format's equivalent), when it did.
+    pub reasoning_tokens: Option<u64>,
     /// Why generation ended, as the last event that said so reported it.
     pub finish: Option<FinishReason>,
     /// The stream carried an error event.
@@ -390,6 +677,8 @@ pub struct FrameCounts {
     pub events: u32,
     /// Of those, token events.
     pub token_events: u32,
+    /// Their phases.
+    pub mix: PhaseMix,
     /// The frame's place in the stream's timeline, when it is kept there.
     pub seq: Option<u32>,
 }
@@ -435,6 +724,7 @@ impl EgressLedger {
             ingress,
             events,
             token_events,
+            mix,
             seq,
         } = *stamp;
         if let Some(seq) = seq {
@@ -463,7 +753,7 @@ impl EgressLedger {
             self.write_events = 0;
         }
         self.write_events += events;
-        self.point.token_events(at, token_events, metrics);
+        self.point.token_events(at, token_events, mix, metrics);
     }
 
     /// Merges the proxy delays counted since the last flush into the metrics, and forgets them.
@@ -489,8 +779,12 @@ impl EgressLedger {
     fn finish(&mut self, completed_at_end: FrameCounts, delivered: bool, metrics: &Metrics) {
         if let Some(at) = self.last_stamp.filter(|_| delivered) {
             self.write_events += completed_at_end.events;
-            self.point
-                .token_events(at, completed_at_end.token_events, metrics);
+            self.point.token_events(
+                at,
+                completed_at_end.token_events,
+                completed_at_end.mix,
+                metrics,
+            );
         }
         self.point.events_in_frame(self.write_events, metrics);
         self.write_events = 0;
@@ -712,6 +1006,15 @@ impl StreamLedger {
                 ingress: ingress.point.stall_count(),
                 egress: egress.point.stall_count(),
             },
+            ttfo_us: AtPoints {
+                ingress: us(ingress.point.ttfo(received)),
+                egress: us(egress.point.ttfo(received)),
+            },
+            reasoning_us: AtPoints {
+                ingress: us(ingress.point.reasoning_duration()),
+                egress: us(egress.point.reasoning_duration()),
+            },
+            reasoning_tokens: ingress.reasoning_tokens,
             content_type: std::mem::take(&mut self.info.content_type),
             traceparent: self.info.traceparent.take(),
             request_id: self.info.request_id.take(),
@@ -876,6 +1179,8 @@ impl StreamLedger {
             status: self.info.status,
             duration: Some(Duration::from_micros(finished.duration_us)),
             ttft: finished.ttft_us.egress.map(Duration::from_micros),
+            ttfo: finished.ttfo_us.egress.map(Duration::from_micros),
+            reasoning: finished.reasoning_us.egress.map(Duration::from_micros),
             stalls: finished.stalls.egress,
             outcome: finished.outcome,
             stream_id: Some(&finished.id),
@@ -907,6 +1212,12 @@ fn record_ingress(ledger: &mut IngressLedger, to: &Target<'_>) {
         add_saturating(
             &metrics.prompt_tokens.with_label_values(&[route, model]),
             prompt,
+        );
+    }
+    if let Some(reasoning) = ledger.reasoning_tokens.filter(|n| *n > 0) {
+        add_saturating(
+            &metrics.reasoning_tokens.with_label_values(&[route, model]),
+            reasoning,
         );
     }
     if let Some(prompt) = ledger.prompt_tokens {
@@ -1000,7 +1311,10 @@ mod tests {
         /// end is what one record at the end gives: every gap, stall and frame counted once.
         #[test]
         fn flushing_at_any_frames_counts_every_figure_exactly_once(
-            frames in proptest::collection::vec((0u64..600_000_000, 0u32..4), 1..200),
+            frames in proptest::collection::vec(
+                (0u64..600_000_000, proptest::collection::vec(0usize..3, 0..4)),
+                1..200,
+            ),
             flushes in proptest::collection::vec(proptest::bool::weighted(0.2), 200),
         ) {
             let (flushed, once) = (default_metrics(), default_metrics());
@@ -1009,12 +1323,13 @@ mod tests {
             let stream = Exemplar { stream_id: "s", trace_id: None, value: 0.0 };
             let to = |metrics| Target { metrics, route: "r", model: "m", received, with_ttft: true, stream };
             let mut at = received;
-            for (i, (gap, events)) in frames.iter().enumerate() {
+            for (i, (gap, phases)) in frames.iter().enumerate() {
                 at = at.saturating_add(Duration::from_nanos(*gap));
+                let (events, mix) = mix_of(phases);
                 for (point, metrics) in [(&mut a, &flushed), (&mut b, &once)] {
                     point.bytes(at);
-                    point.token_events(at, *events, metrics);
-                    point.events_in_frame(*events, metrics);
+                    point.token_events(at, events, mix, metrics);
+                    point.events_in_frame(events, metrics);
                 }
                 if flushes[i] {
                     a.flush(&Target { metrics: &flushed, ..to(&once) }, Point::Ingress);
@@ -1025,6 +1340,8 @@ mod tests {
             for (x, y) in [
                 (&flushed.itl, &once.itl),
                 (&flushed.ttft, &once.ttft),
+                (&flushed.ttfo, &once.ttfo),
+                (&flushed.reasoning_duration, &once.reasoning_duration),
                 (&flushed.ttfb, &once.ttfb),
                 (&flushed.stall_duration, &once.stall_duration),
                 (&flushed.events_per_frame, &once.events_per_frame),
@@ -1038,10 +1355,123 @@ mod tests {
                     proptest::prop_assert!((x.2 - y.2).abs() <= 1e-9 * y.2.abs().max(1.0));
                 }
             }
-            let stalls = |m: &Metrics| m.stalls.with_label_values(&["r", "m", "ingress"]).get();
+            let stalls = |m: &Metrics| -> u64 {
+                Phase::ALL
+                    .iter()
+                    .map(|p| m.stalls.with_label_values(&["r", "m", "ingress", p.as_str()]).get())
+                    .sum()
+            };
             proptest::prop_assert_eq!(stalls(&flushed), stalls(&once));
             proptest::prop_assert_eq!(stalls(&flushed), a.stall_count());
         }
+
+        /// For any sequence of token events of any phases in any frames, flushed at any
+        /// frames, the per-phase gaps and stalls sum to what the same frames give without phases
+        /// (bucket for bucket), and each phase gets exactly the gaps that end at its events.
+        #[test]
+        fn per_phase_counts_sum_to_the_counts_without_phases(
+            frames in proptest::collection::vec(
+                (0u64..600_000_000, proptest::collection::vec(0usize..3, 0..5)),
+                1..150,
+            ),
+            flushes in proptest::collection::vec(proptest::bool::weighted(0.2), 150),
+        ) {
+            let (phased, plain) = (default_metrics(), default_metrics());
+            let (mut a, mut b) = (PointLedger::default(), PointLedger::default());
+            let received = Tick::now();
+            let stream = Exemplar { stream_id: "s", trace_id: None, value: 0.0 };
+            let to = |metrics| Target { metrics, route: "r", model: "m", received, with_ttft: true, stream };
+            let mut at = received;
+            let mut want = [0u64; 3];
+            let mut seen_token = false;
+            for (i, (gap, phases)) in frames.iter().enumerate() {
+                at = at.saturating_add(Duration::from_nanos(*gap));
+                let (events, mix) = mix_of(phases);
+                a.token_events(at, events, mix, &phased);
+                b.token_events(at, events, PhaseMix::ALL_CONTENT, &plain);
+                for (k, p) in phases.iter().enumerate() {
+                    // Every token event but the stream's first ends a gap, in its phase.
+                    if seen_token || k > 0 {
+                        want[*p] += 1;
+                    }
+                }
+                seen_token |= events > 0;
+                if flushes[i] {
+                    a.flush(&to(&phased), Point::Ingress);
+                }
+            }
+            a.record(&to(&phased), Point::Ingress);
+            b.record(&to(&plain), Point::Ingress);
+            let (all_counts, all_sum) = plain.itl.totals(&[]);
+            let (counts, sum) = phased.itl.totals(&[]);
+            proptest::prop_assert_eq!(&counts, &all_counts);
+            proptest::prop_assert!((sum - all_sum).abs() <= 1e-9 * all_sum.abs().max(1.0));
+            for phase in Phase::ALL {
+                let (counts, _) = phased.itl.totals(&[(3, phase.as_str())]);
+                proptest::prop_assert_eq!(counts.iter().sum::<u64>(), want[phase.index()], "{:?}", phase);
+            }
+            let stalls = |m: &Metrics| -> u64 {
+                Phase::ALL
+                    .iter()
+                    .map(|p| m.stalls.with_label_values(&["r", "m", "ingress", p.as_str()]).get())
+                    .sum()
+            };
+            proptest::prop_assert_eq!(stalls(&phased), stalls(&plain));
+            let (stall_counts, _) = phased.stall_duration.totals(&[]);
+            proptest::prop_assert_eq!(stall_counts, plain.stall_duration.totals(&[]).0);
+            // TTFO: at the first frame with an event that is not reasoning.
+            let first_output = frames
+                .iter()
+                .scan(received, |at, (gap, phases)| {
+                    *at = at.saturating_add(Duration::from_nanos(*gap));
+                    Some((*at, phases))
+                })
+                .find(|(_, phases)| phases.iter().any(|p| *p != 0))
+                .map(|(at, _)| at.saturating_duration_since(received));
+            proptest::prop_assert_eq!(a.ttfo(received), first_output);
+        }
+    }
+
+    /// The token event count and mix of a frame whose token events have the phases `phases`
+    /// (indices into `Phase::ALL`), as the meter builds it.
+    fn mix_of(phases: &[usize]) -> (u32, PhaseMix) {
+        let mut mix = PhaseMix::ALL_CONTENT;
+        for (i, p) in phases.iter().enumerate() {
+            let phase = Phase::ALL[*p];
+            if phase != Phase::Content {
+                mix.add(phase, i == 0);
+            }
+        }
+        (phases.len() as u32, mix)
+    }
+
+    #[test]
+    fn a_reasoning_stream_has_ttfo_at_its_answer_and_a_reasoning_duration() {
+        let metrics = default_metrics();
+        let mut point = PointLedger::default();
+        let received = Tick::now();
+        let ms = |n| received.saturating_add(Duration::from_millis(n));
+        let (_, reasoning) = mix_of(&[0]);
+        let (_, answer) = mix_of(&[1]);
+        for i in 0..4 {
+            point.token_events(ms(100 + i * 10), 1, reasoning, &metrics);
+        }
+        assert_eq!(
+            point.ttfo(received),
+            None,
+            "cut off while reasoning: no TTFO"
+        );
+        point.token_events(ms(500), 1, answer, &metrics);
+        point.token_events(ms(510), 1, PhaseMix::ALL_CONTENT, &metrics);
+        assert_eq!(point.ttft(received), Some(Duration::from_millis(100)));
+        assert_eq!(point.ttfo(received), Some(Duration::from_millis(500)));
+        assert_eq!(point.reasoning_duration(), Some(Duration::from_millis(30)));
+        assert_eq!(point.pending_gaps_by_phase(), [3, 2, 0]);
+        assert_eq!(
+            point.stall_count(),
+            1,
+            "the think pause ends at an answer event"
+        );
     }
 
     #[test]
@@ -1082,7 +1512,7 @@ mod tests {
                 _ => (x >> 12) % 1_000_000_000,
             }));
             let token_events = ((x >> 40) % 5) as u32;
-            point.token_events(at, token_events, &metrics);
+            point.token_events(at, token_events, PhaseMix::ALL_CONTENT, &metrics);
             if token_events > 0 {
                 if let Some(last) = last {
                     each.observe(&bounds, at.secs_since(last));
@@ -1132,6 +1562,7 @@ mod tests {
                 ingress,
                 events: 1,
                 token_events: 1,
+                mix: PhaseMix::ALL_CONTENT,
                 seq: None,
             };
             egress.frame(at, write, &stamp, at, &metrics);

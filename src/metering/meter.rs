@@ -3,7 +3,7 @@
 //!
 //! Kept apart from the reader task so that the benchmark measures exactly what the proxy runs.
 
-use crate::format::Accounting;
+use crate::format::{Accounting, Phase, ThinkState};
 use crate::metering::clock::Tick;
 use crate::metering::ledger::{FrameCounts, IngressLedger};
 use crate::metrics::Metrics;
@@ -15,6 +15,8 @@ use crate::timeline::IngressFrame;
 pub struct IngressMeter {
     scanner: Scanner,
     accounting: Accounting,
+    /// The no-parser `<think>` reading of the stream's content.
+    think: ThinkState,
     ledger: IngressLedger,
     /// When the stream began, for timeline stamps.
     received: Tick,
@@ -26,16 +28,18 @@ pub struct IngressMeter {
 
 impl IngressMeter {
     /// A meter for a new stream that began at `received` and keeps `max_frames` frames in its
-    /// timeline.
+    /// timeline; `think` reads its content for the no-parser `<think>` shape.
     pub fn new(
         scanner: Scanner,
         accounting: Accounting,
+        think: ThinkState,
         received: Tick,
         max_frames: usize,
     ) -> Self {
         IngressMeter {
             scanner,
             accounting,
+            think,
             ledger: IngressLedger::default(),
             received,
             max_frames,
@@ -47,6 +51,7 @@ impl IngressMeter {
     pub fn frame(&mut self, bytes: &[u8], at: Tick, metrics: &Metrics) -> FrameCounts {
         let mut sink = IngressSink {
             accounting: &mut self.accounting,
+            think: &mut self.think,
             ledger: &mut self.ledger,
             metrics,
             counts: FrameCounts::default(),
@@ -61,13 +66,14 @@ impl IngressMeter {
                 bytes: u32::try_from(bytes.len()).unwrap_or(u32::MAX),
                 events: u16::try_from(counts.events).unwrap_or(u16::MAX),
                 token_events: u16::try_from(counts.token_events).unwrap_or(u16::MAX),
+                mix: counts.mix,
             });
         }
         ledger.frames_total += 1;
         let point = &mut ledger.point;
         point.bytes(at);
         point.events_in_frame(counts.events, metrics);
-        point.token_events(at, counts.token_events, metrics);
+        point.token_events(at, counts.token_events, counts.mix, metrics);
         counts
     }
 
@@ -81,6 +87,7 @@ impl IngressMeter {
     pub fn finish(mut self, at: Tick, metrics: &Metrics) -> IngressLedger {
         let mut sink = IngressSink {
             accounting: &mut self.accounting,
+            think: &mut self.think,
             ledger: &mut self.ledger,
             metrics,
             counts: FrameCounts::default(),
@@ -91,7 +98,7 @@ impl IngressMeter {
             self.ledger.point.events_in_frame(counts.events, metrics);
             self.ledger
                 .point
-                .token_events(at, counts.token_events, metrics);
+                .token_events(at, counts.token_events, counts.mix, metrics);
             self.ledger.completed_at_end = counts;
         }
         self.ledger.format = Some(self.accounting.format());
@@ -118,6 +125,7 @@ impl IngressMeter {
 /// Classifies each event into the ingress ledger as the scanner finds it.
 struct IngressSink<'a> {
     accounting: &'a mut Accounting,
+    think: &'a mut ThinkState,
     ledger: &'a mut IngressLedger,
     metrics: &'a Metrics,
     counts: FrameCounts,
@@ -145,6 +153,10 @@ impl EventSink for IngressSink<'_> {
             let kept = self.ledger.prompt_tokens;
             self.ledger.prompt_tokens = self.ledger.usage_refusals.accept(kept, prompt);
         }
+        if let Some(reasoning) = classified.usage_reasoning {
+            let kept = self.ledger.reasoning_tokens;
+            self.ledger.reasoning_tokens = self.ledger.usage_refusals.accept(kept, reasoning);
+        }
         if classified.finish.is_some() {
             self.ledger.finish = classified.finish;
         }
@@ -154,6 +166,10 @@ impl EventSink for IngressSink<'_> {
             }
         }
         if classified.token_event {
+            let phase = self.think.phase(&classified);
+            if phase != Phase::Content {
+                self.counts.mix.add(phase, self.counts.token_events == 0);
+            }
             self.counts.token_events += 1;
             let tokens = classified.tokens.unwrap_or(1);
             self.ledger.counted_tokens += u64::from(tokens);

@@ -336,18 +336,26 @@ pub struct Metrics {
     pub ttft: HistogramFamily,
     /// `metronome_time_to_first_byte_seconds{route,point}`.
     pub ttfb: HistogramFamily,
-    /// `metronome_inter_token_latency_seconds{route,model,point}`, one sample per token event.
+    /// `metronome_time_to_first_output_token_seconds{route,model,point}`: TTFO, to the first
+    /// token event that is not reasoning.
+    pub ttfo: HistogramFamily,
+    /// `metronome_reasoning_duration_seconds{route,model,point}`: first to last reasoning token
+    /// event, one sample per stream that reasoned.
+    pub reasoning_duration: HistogramFamily,
+    /// `metronome_inter_token_latency_seconds{route,model,point,phase}`, one sample per token
+    /// event, in the phase of the event that ends the gap.
     pub itl: HistogramFamily,
     /// The inter-token latency histogram's bucket for a gap, from the gap's bucket in the
     /// stream's gap sketch: a gap is counted in both, per token event, at two points.
     pub itl_index: GapHistogramIndex,
     /// `metronome_time_per_output_token_seconds{route,model}`, one sample per stream.
     pub tpot: HistogramFamily,
-    /// `metronome_stream_jank_ratio{route,model,point}`, one sample per stream.
+    /// `metronome_stream_jank_ratio{route,model,point,phase}`, one sample per stream and phase
+    /// with 8 gaps or more.
     pub jank: HistogramFamily,
-    /// `metronome_stalls_total{route,model,point}`.
+    /// `metronome_stalls_total{route,model,point,phase}`.
     pub stalls: IntCounterVec,
-    /// `metronome_stall_duration_seconds{route,model,point}`.
+    /// `metronome_stall_duration_seconds{route,model,point,phase}`.
     pub stall_duration: HistogramFamily,
     /// `metronome_proxy_delay_seconds{route}`, per frame.
     pub proxy_delay: HistogramFamily,
@@ -363,6 +371,9 @@ pub struct Metrics {
     /// `metronome_prompt_tokens_total{route,model}`: input tokens of finished streams, as the
     /// server's usage reported them.
     pub prompt_tokens: IntCounterVec,
+    /// `metronome_reasoning_tokens_total{route,model}`: reasoning tokens of finished streams, as
+    /// the server's usage reported them.
+    pub reasoning_tokens: IntCounterVec,
     /// `metronome_batch_episode_duration_seconds{upstream}` (docs/batch.md); its exemplar names the
     /// episode's last arrival, most often the request that caused it.
     pub batch_episode_duration: HistogramFamily,
@@ -418,6 +429,9 @@ pub struct Metrics {
 }
 
 const RMP: &[&str] = &["route", "model", "point"];
+
+/// The labels of the per-gap families: a gap is in the phase of the token event that ends it.
+const RMPP: &[&str] = &["route", "model", "point", "phase"];
 
 /// Bounds of `metronome_batch_episode_duration_seconds`: from one hitch's floor (20 ms) to a
 /// prefill of half a minute.
@@ -489,8 +503,8 @@ impl Metrics {
         };
         let itl = rich(
             "metronome_inter_token_latency_seconds",
-            "Gap between consecutive token events, per event (one sample per token event after the first; events in one frame have a gap of 0).",
-            RMP,
+            "Gap between consecutive token events, per event (one sample per token event after the first; events in one frame have a gap of 0), in the phase (reasoning, content, tool_call) of the event that ends it; summed over phase, every gap.",
+            RMPP,
             &buckets.itl,
             with_latest,
         )?;
@@ -505,6 +519,20 @@ impl Metrics {
             ttft: rich(
                 "metronome_time_to_first_token_seconds",
                 "Time from the request reaching metronome to the first token event, at each point.",
+                RMP,
+                &buckets.ttft,
+                with_latest,
+            )?,
+            ttfo: rich(
+                "metronome_time_to_first_output_token_seconds",
+                "Time from the request reaching metronome to the first token event that is not reasoning (TTFO), at each point.",
+                RMP,
+                &buckets.ttft,
+                with_latest,
+            )?,
+            reasoning_duration: rich(
+                "metronome_reasoning_duration_seconds",
+                "Per stream that reasoned: first to last reasoning token event, at each point.",
                 RMP,
                 &buckets.ttft,
                 with_latest,
@@ -527,20 +555,20 @@ impl Metrics {
             )?,
             jank: rich(
                 "metronome_stream_jank_ratio",
-                "Per stream with at least 8 gaps: p99 gap / max(p50 gap, 1ms).",
-                RMP,
+                "Per stream and phase with at least 8 gaps: p99 gap / max(p50 gap, 1ms).",
+                RMPP,
                 &buckets.jank_ratio,
                 plain,
             )?,
             stalls: counter(
                 "metronome_stalls_total",
-                "Inter-token gaps longer than the stall threshold.",
-                RMP,
+                "Inter-token gaps longer than the stall threshold, in the phase of the event that ends them.",
+                RMPP,
             )?,
             stall_duration: rich(
                 "metronome_stall_duration_seconds",
-                "Length of each inter-token gap longer than the stall threshold.",
-                RMP,
+                "Length of each inter-token gap longer than the stall threshold, in the phase of the event that ends it.",
+                RMPP,
                 &buckets.stall_duration,
                 latency(ExemplarPolicy::LargestSinceScrape),
             )?,
@@ -566,6 +594,11 @@ impl Metrics {
             prompt_tokens: counter(
                 "metronome_prompt_tokens_total",
                 "Prompt (input) tokens of finished streams, as the server's usage reported them (streams that report none add nothing).",
+                &["route", "model"],
+            )?,
+            reasoning_tokens: counter(
+                "metronome_reasoning_tokens_total",
+                "Reasoning tokens of finished streams, as the server's usage reported them (completion_tokens_details.reasoning_tokens, output_tokens_details.reasoning_tokens, thoughtsTokenCount).",
                 &["route", "model"],
             )?,
             batch_episode_duration: rich(

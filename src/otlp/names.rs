@@ -350,8 +350,12 @@ impl Renamed {
             out.push(("server.address".into(), Value::Str(f.address.clone())));
             out.push(("server.port".into(), Value::Int(f.port)));
         }
-        // Two routes to one upstream stay two series.
+        // Two routes to one upstream stay two series, and so do the phases of one route's
+        // gaps (the conventions have no phase; summed over it, the series is theirs).
         out.push(("metronome.route".into(), Value::Str(route.into())));
+        if let Some(phase) = label("phase") {
+            out.push(("metronome.phase".into(), Value::Str(phase.into())));
+        }
         out
     }
 }

@@ -158,6 +158,16 @@ pub fn span(ended: &EndedStream, naming: &Naming, episodes: &[EpisodeEvent]) -> 
             any_value::Value::DoubleValue(ttft as f64 / 1e6),
         ));
     }
+    let seconds = |us: u64| any_value::Value::DoubleValue(us as f64 / 1e6);
+    if let Some(ttfo) = ended.ttfo_egress_us {
+        attributes.push(kv("metronome.time_to_first_output_token", seconds(ttfo)));
+    }
+    if let Some(reasoning) = ended.reasoning_egress_us {
+        attributes.push(kv("metronome.reasoning.duration", seconds(reasoning)));
+    }
+    if let Some(tokens) = ended.reasoning_tokens {
+        attributes.push(kv("gen_ai.usage.reasoning.output_tokens", int(tokens)));
+    }
     let is_failure = failed(ended.outcome);
     if is_failure {
         attributes.push(kv(
@@ -177,6 +187,10 @@ pub fn span(ended: &EndedStream, naming: &Naming, episodes: &[EpisodeEvent]) -> 
             kv(
                 "metronome.stall.length",
                 any_value::Value::DoubleValue(s.length_us as f64 / 1e6),
+            ),
+            kv(
+                "metronome.stall.phase",
+                any_value::Value::StringValue(s.phase.into()),
             ),
         ],
         ..span::Event::default()
@@ -348,12 +362,16 @@ mod tests {
             model: "m".into(),
             outcome: "upstream_error",
             ttft_egress_us: Some(50_000),
+            ttfo_egress_us: Some(900_000),
+            reasoning_egress_us: Some(800_000),
+            reasoning_tokens: Some(40),
             output_tokens: 7,
             token_events: 7,
             stalls: vec![StallEvent {
                 point: "ingress",
                 start_us: 100_000,
                 length_us: 600_000,
+                phase: "content",
             }],
             dropped_stalls: 2,
         };
@@ -378,6 +396,9 @@ mod tests {
             "metronome.stream_id",
             "error.type",
             "gen_ai.response.time_to_first_chunk",
+            "metronome.time_to_first_output_token",
+            "metronome.reasoning.duration",
+            "gen_ai.usage.reasoning.output_tokens",
         ] {
             assert!(keys.contains(&key), "{key} missing from {keys:?}");
         }
@@ -424,6 +445,9 @@ mod tests {
             model: "m".into(),
             outcome: "complete",
             ttft_egress_us: None,
+            ttfo_egress_us: None,
+            reasoning_egress_us: None,
+            reasoning_tokens: None,
             output_tokens: 1,
             token_events: 1,
             stalls: Vec::new(),

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use prometheus::{IntCounterVec, Opts};
 
+use crate::format::PhaseMix;
 use crate::metrics::Metrics;
 use crate::timeline::{FinishedSink, FinishedStream};
 use crate::trace_context::SpanContext;
@@ -25,6 +26,8 @@ pub struct StallEvent {
     pub start_us: u64,
     /// Its length in µs.
     pub length_us: u64,
+    /// The phase of the token event that ended it.
+    pub phase: &'static str,
 }
 
 /// What the span of one ended stream needs.
@@ -46,6 +49,12 @@ pub struct EndedStream {
     pub outcome: &'static str,
     /// Time to the first token event at egress, µs.
     pub ttft_egress_us: Option<u64>,
+    /// Time to the first output token (not reasoning) at egress, µs.
+    pub ttfo_egress_us: Option<u64>,
+    /// First to last reasoning token event at egress, µs, for a stream that reasoned.
+    pub reasoning_egress_us: Option<u64>,
+    /// Reasoning tokens, as the server's usage reported them.
+    pub reasoning_tokens: Option<u64>,
     /// Output tokens (usage or counted).
     pub output_tokens: u64,
     /// Token events.
@@ -111,7 +120,7 @@ pub fn stalls(stream: &FinishedStream, threshold_us: u64) -> Vec<StallEvent> {
             records
                 .iter()
                 .filter(|f| f.token_events > 0)
-                .map(|f| Some(f.ingress_us))
+                .map(|f| Some((f.ingress_us, f.mix)))
                 .collect::<Vec<_>>(),
         ),
         (
@@ -119,18 +128,23 @@ pub fn stalls(stream: &FinishedStream, threshold_us: u64) -> Vec<StallEvent> {
             records
                 .iter()
                 .filter(|f| f.token_events > 0)
-                .map(|f| f.egress_us)
+                .map(|f| f.egress_us.map(|at| (at, f.mix)))
                 .collect(),
         ),
     ] {
-        let stamps: Vec<u64> = stamps.into_iter().flatten().map(u64::from).collect();
+        let stamps: Vec<(u64, PhaseMix)> = stamps
+            .into_iter()
+            .flatten()
+            .map(|(at, mix)| (u64::from(at), mix))
+            .collect();
         for pair in stamps.windows(2) {
-            let gap = pair[1].saturating_sub(pair[0]);
+            let gap = pair[1].0.saturating_sub(pair[0].0);
             if gap > threshold_us {
                 out.push(StallEvent {
                     point,
-                    start_us: pair[0],
+                    start_us: pair[0].0,
                     length_us: gap,
+                    phase: pair[1].1.first().as_str(),
                 });
             }
         }
@@ -263,6 +277,9 @@ impl FinishedSink for SpanSink {
             model: stream.model.clone(),
             outcome: stream.outcome,
             ttft_egress_us: stream.ttft_us.egress,
+            ttfo_egress_us: stream.ttfo_us.egress,
+            reasoning_egress_us: stream.reasoning_us.egress,
+            reasoning_tokens: stream.reasoning_tokens,
             output_tokens: stream.output_tokens,
             token_events: stream.token_events,
             stalls: stall_events,
@@ -325,6 +342,7 @@ mod tests {
                 bytes: 10,
                 events: 1,
                 token_events: 1,
+                mix: Default::default(),
             });
             egress.set(i, i * 1_000, i * 1_000 + 10);
         }
@@ -414,6 +432,7 @@ mod tests {
                 bytes: 10,
                 events: 1,
                 token_events: tokens,
+                mix: Default::default(),
             });
         }
         let stream = FinishedStream {
@@ -426,7 +445,8 @@ mod tests {
             [StallEvent {
                 point: "ingress",
                 start_us: 10_000,
-                length_us: 700_000
+                length_us: 700_000,
+                phase: "content",
             }]
         );
     }

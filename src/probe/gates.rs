@@ -14,7 +14,8 @@ use serde::ser::SerializeStruct;
 use serde::Serialize;
 
 use super::compare::Cmp;
-use super::stats::Report;
+use super::stats::{Quantiles, Report};
+use super::stream::Phase;
 use crate::units::{format_duration, parse_duration};
 
 /// What a gate can check.
@@ -60,10 +61,56 @@ pub enum Metric {
     Rps,
     /// Output tokens per second, all streams together.
     OutputTps,
+    /// TTFO (to the first token event that is not reasoning) at a quantile.
+    Ttfo(Q),
+    /// The gaps that end at token events of a phase, at a quantile.
+    PhaseItl(Phase, Q),
+}
+
+/// Which quantile of a latency a gate reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Q {
+    /// Median.
+    P50,
+    /// 95th percentile.
+    P95,
+    /// 99th percentile.
+    P99,
+    /// The largest.
+    Max,
+}
+
+// === impl Q ===
+
+impl Q {
+    /// The quantile's value in `q`.
+    fn of(self, q: &Quantiles) -> Option<f64> {
+        match self {
+            Q::P50 => q.p50,
+            Q::P95 => q.p95,
+            Q::P99 => q.p99,
+            Q::Max => q.max,
+        }
+    }
+
+    /// Its key in a `--json` report.
+    fn key(self) -> &'static str {
+        match self {
+            Q::P50 => "p50",
+            Q::P95 => "p95",
+            Q::P99 => "p99",
+            Q::Max => "max",
+        }
+    }
+}
+
+/// The per-phase gap gates' names, in [`METRICS`]'s order.
+const fn phase_itl(phase: Phase, q: Q) -> Metric {
+    Metric::PhaseItl(phase, q)
 }
 
 /// Every metric with its name, for parsing and for the error that lists them.
-pub const METRICS: [(&str, Metric); 20] = [
+pub const METRICS: [(&str, Metric); 36] = [
     ("tps_p50", Metric::TpsP50),
     ("tps_p5", Metric::TpsP5),
     ("itl_p50", Metric::ItlP50),
@@ -84,6 +131,22 @@ pub const METRICS: [(&str, Metric); 20] = [
     ("goodput_rps", Metric::GoodputRps),
     ("rps", Metric::Rps),
     ("output_tps", Metric::OutputTps),
+    ("ttfo_p50", Metric::Ttfo(Q::P50)),
+    ("ttfo_p95", Metric::Ttfo(Q::P95)),
+    ("ttfo_p99", Metric::Ttfo(Q::P99)),
+    ("ttfo_max", Metric::Ttfo(Q::Max)),
+    ("itl_reasoning_p50", phase_itl(Phase::Reasoning, Q::P50)),
+    ("itl_reasoning_p95", phase_itl(Phase::Reasoning, Q::P95)),
+    ("itl_reasoning_p99", phase_itl(Phase::Reasoning, Q::P99)),
+    ("itl_reasoning_max", phase_itl(Phase::Reasoning, Q::Max)),
+    ("itl_content_p50", phase_itl(Phase::Content, Q::P50)),
+    ("itl_content_p95", phase_itl(Phase::Content, Q::P95)),
+    ("itl_content_p99", phase_itl(Phase::Content, Q::P99)),
+    ("itl_content_max", phase_itl(Phase::Content, Q::Max)),
+    ("itl_tool_call_p50", phase_itl(Phase::ToolCall, Q::P50)),
+    ("itl_tool_call_p95", phase_itl(Phase::ToolCall, Q::P95)),
+    ("itl_tool_call_p99", phase_itl(Phase::ToolCall, Q::P99)),
+    ("itl_tool_call_max", phase_itl(Phase::ToolCall, Q::Max)),
 ];
 
 /// What a gate compares with.
@@ -190,6 +253,8 @@ impl Metric {
                 | Metric::TtftP95
                 | Metric::TtftP99
                 | Metric::TtftMax
+                | Metric::Ttfo(_)
+                | Metric::PhaseItl(..)
         )
     }
 
@@ -216,6 +281,10 @@ impl Metric {
             Metric::GoodputRps => report.goodput.as_ref().and_then(|g| g.per_second),
             Metric::Rps => report.throughput.requests_per_second,
             Metric::OutputTps => report.throughput.output_tokens_per_second,
+            Metric::Ttfo(q) => q.of(&report.ttfo_ms),
+            Metric::PhaseItl(phase, q) => {
+                q.of(&report.phases.as_ref()?.get(phase.as_str())?.itl_ms)
+            }
         }
     }
 
@@ -242,6 +311,13 @@ impl Metric {
             Metric::GoodputRps => &["goodput", "per_second"],
             Metric::Rps => &["throughput", "requests_per_second"],
             Metric::OutputTps => &["throughput", "output_tokens_per_second"],
+            Metric::Ttfo(q) => match q {
+                Q::P50 => &["ttfo_ms", "p50"],
+                Q::P95 => &["ttfo_ms", "p95"],
+                Q::P99 => &["ttfo_ms", "p99"],
+                Q::Max => &["ttfo_ms", "max"],
+            },
+            Metric::PhaseItl(phase, q) => phase_itl_path(phase, q),
         }
     }
 
@@ -263,6 +339,24 @@ impl Metric {
             format!("{value:.2}")
         }
     }
+}
+
+/// Where a phase's gap quantile is in a `--json` report: `phases.<phase>.itl_ms.<q>`.
+fn phase_itl_path(phase: Phase, q: Q) -> &'static [&'static str] {
+    macro_rules! paths {
+        ($($phase:ident => $name:literal),*) => {
+            match (phase, q) {
+                $(
+                    (Phase::$phase, Q::P50) => &["phases", $name, "itl_ms", "p50"],
+                    (Phase::$phase, Q::P95) => &["phases", $name, "itl_ms", "p95"],
+                    (Phase::$phase, Q::P99) => &["phases", $name, "itl_ms", "p99"],
+                    (Phase::$phase, Q::Max) => &["phases", $name, "itl_ms", "max"],
+                )*
+            }
+        };
+    }
+    debug_assert!(matches!(q.key(), "p50" | "p95" | "p99" | "max"));
+    paths!(Reasoning => "reasoning", Content => "content", ToolCall => "tool_call")
 }
 
 // === impl Gate ===
@@ -530,6 +624,12 @@ mod tests {
         Report {
             requests: 10,
             errors: 0,
+            ttfo_ms: Quantiles {
+                p50: Some(900.0),
+                p95: Some(1500.0),
+                p99: Some(2500.0),
+                max: Some(3000.0),
+            },
             ttft_ms: Quantiles {
                 p50: Some(100.0),
                 p95: Some(150.0),
@@ -623,6 +723,42 @@ mod tests {
             (serde_json::Value::Null, serde_json::Value::Null)
         );
         assert_eq!(json["bound"], 0.0);
+    }
+
+    #[test]
+    fn ttfo_and_per_phase_gaps_are_gates() {
+        let gates = parse_gates(&[
+            "ttfo_p99<8s",
+            "itl_content_p99<=250ms",
+            "itl_reasoning_max<1s",
+        ])
+        .unwrap();
+        assert_eq!(gates[0].metric, Metric::Ttfo(Q::P99));
+        assert_eq!(gates[0].bound, Bound::Value(8000.0));
+        assert_eq!(gates[1].metric, Metric::PhaseItl(Phase::Content, Q::P99));
+        let mut r = report();
+        assert_eq!(Metric::Ttfo(Q::P99).measure(&r), Some(2500.0));
+        assert_eq!(
+            gates[1].metric.measure(&r),
+            None,
+            "no phases: no data, the gate fails"
+        );
+        let content = crate::probe::stats::PhaseFigures {
+            token_events: 40,
+            itl_ms: Quantiles {
+                p50: Some(20.0),
+                p95: Some(30.0),
+                p99: Some(240.0),
+                max: Some(300.0),
+            },
+            ..Default::default()
+        };
+        r.phases = Some([("content", content)].into_iter().collect());
+        assert_eq!(gates[1].metric.measure(&r), Some(240.0));
+        let json = serde_json::to_value(&r).unwrap();
+        for (name, metric) in METRICS {
+            assert_eq!(metric.from_json(&json), metric.measure(&r), "{name}");
+        }
     }
 
     #[test]

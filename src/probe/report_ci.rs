@@ -65,6 +65,19 @@ fn testsuite(out: &mut String, run: &Judged) {
         ("verdict", run.report.verdict.word().to_owned()),
         ("exit_code", status.exit_code().to_string()),
         ("summary", summary(one)),
+        ("ttft_p50_ms", ms_value(run.report.ttft_ms.p50)),
+        ("ttfo_p50_ms", ms_value(run.report.ttfo_ms.p50)),
+        ("ttfo_p99_ms", ms_value(run.report.ttfo_ms.p99)),
+        (
+            "itl_content_p99_ms",
+            ms_value(
+                run.report
+                    .phases
+                    .as_ref()
+                    .and_then(|p| p.get("content"))
+                    .and_then(|f| f.itl_ms.p99),
+            ),
+        ),
     ];
     for (name, value) in properties {
         let _ = writeln!(
@@ -142,22 +155,29 @@ pub fn render_markdown(describe: &str, runs: &[Judged], baseline: Option<&str>) 
         md(describe)
     );
     out.push_str(
-        "| run | streams | failed | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | ITL max | tokens/s p50 | stalls | stalled streams | jank | goodput | req/s | output tok/s | verdict |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| run | streams | failed | TTFT p50 | TTFT p99 | TTFO p50 | TTFO p99 | ITL p50 | ITL p99 | ITL max | content ITL p99 | tokens/s p50 | stalls | stalled streams | jank | goodput | req/s | output tok/s | verdict |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for run in runs {
         let r = &run.report;
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             md(run.label.as_deref().unwrap_or("all")),
             r.requests,
             r.errors,
             ms(r.ttft_ms.p50),
             ms(r.ttft_ms.p99),
+            ms(r.ttfo_ms.p50),
+            ms(r.ttfo_ms.p99),
             ms(r.itl_ms.p50),
             ms(r.itl_ms.p99),
             ms(r.itl_ms.max),
+            ms(r
+                .phases
+                .as_ref()
+                .and_then(|p| p.get("content"))
+                .and_then(|f| f.itl_ms.p99)),
             number(r.tokens_per_second.p50, 1),
             percent(r.stall_pct),
             percent(r.stalled_streams_pct),
@@ -243,6 +263,11 @@ pub fn xml(text: &str) -> String {
         }
     }
     out
+}
+
+/// A latency in milliseconds as a property value (`-` without data).
+fn ms_value(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
 }
 
 #[cfg(test)]

@@ -132,7 +132,9 @@ fn summary_table(out: &mut String, r: &Report) {
         ),
         ("errors", errors),
         ("TTFT", q(&r.ttft_ms)),
+        ("TTFO (first output, not reasoning)", q(&r.ttfo_ms)),
         ("ITL (gap)", q(&r.itl_ms)),
+        ("ITL by phase", phase_itl(r)),
         (
             "tokens/s per stream",
             format!(
@@ -637,6 +639,29 @@ fn escape(text: &str) -> String {
         }
     }
     out
+}
+
+/// Each phase's gap quantiles, as one cell of the summary table.
+fn phase_itl(r: &Report) -> String {
+    let phases: Vec<String> = r
+        .phases
+        .iter()
+        .flatten()
+        .map(|(phase, f)| {
+            let ms = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.1} ms"));
+            format!(
+                "{phase}: p50 {} · p99 {} ({} events)",
+                ms(f.itl_ms.p50),
+                ms(f.itl_ms.p99),
+                f.token_events
+            )
+        })
+        .collect();
+    if phases.is_empty() {
+        "–".to_owned()
+    } else {
+        phases.join("<br>")
+    }
 }
 
 #[cfg(test)]

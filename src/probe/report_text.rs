@@ -42,6 +42,11 @@ pub fn render_text(report: &Report) -> String {
     let _ = writeln!(out, "TTFT           {}", quantiles(&report.ttft_ms));
     let _ = writeln!(
         out,
+        "TTFO           {}   (to the first token event that is not reasoning)",
+        quantiles(&report.ttfo_ms)
+    );
+    let _ = writeln!(
+        out,
         "ITL            {}   ({} gaps, {} inside one frame)",
         quantiles(&report.itl_ms),
         d.gaps,

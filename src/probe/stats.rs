@@ -51,6 +51,9 @@ pub struct Report {
     pub errors: u64,
     /// Time to first token (from the intended start), in milliseconds.
     pub ttft_ms: Quantiles,
+    /// Time to first output token (the first token event that is not reasoning, from the
+    /// intended start), in milliseconds; a stream that never got past its reasoning has none.
+    pub ttfo_ms: Quantiles,
     /// Inter-token gaps, pooled over all streams, in milliseconds.
     pub itl_ms: Quantiles,
     /// Per-stream reading speed.
@@ -367,6 +370,7 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         requests: run.streams.len() as u64,
         errors,
         ttft_ms: quantiles_ms(&ttfts),
+        ttfo_ms: quantiles_ms(&ttfos(run)),
         itl_ms: quantiles_ms(&gaps),
         tokens_per_second,
         stall_pct: share(detail.stalls, detail.gaps).map(|s| s * 100.0),
@@ -381,6 +385,26 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         meta: None,
         detail,
     }
+}
+
+/// Each stream's TTFO (intended start to its first token event that is not reasoning), sorted;
+/// a stream that does not say its phases counts its first token event.
+fn ttfos(run: &ProbeRun) -> Vec<Duration> {
+    let mut out: Vec<Duration> = run
+        .streams
+        .iter()
+        .filter_map(|stream| {
+            let first_output = match stream.phased_tokens() {
+                Some(mut tokens) => tokens
+                    .find(|(_, p)| *p != Phase::Reasoning)
+                    .map(|(at, _)| at),
+                None => stream.token_times.first().copied(),
+            }?;
+            Some(first_output.saturating_duration_since(stream.scheduled))
+        })
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 /// Per-phase figures over the streams that say the phase of each token event; `None` when none

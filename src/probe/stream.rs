@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::format::Accounting;
+use crate::format::{Accounting, ThinkState};
 use crate::scan::{Event, EventSink, Framing, Scanner, DEFAULT_MAX_EVENT_BYTES};
 use crate::units::format_duration;
 
@@ -17,32 +17,8 @@ use crate::units::format_duration;
 /// timeline, so a join never runs short on the client's side first.
 pub const MAX_READS: usize = 8192;
 
-/// The phase of a token event (docs/design.md section 3): what kind of output it shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Phase {
-    /// The model's thinking.
-    Reasoning,
-    /// Answer text (or speech) a person reads.
-    Content,
-    /// Tool-call arguments.
-    ToolCall,
-}
-
-// === impl Phase ===
-
-impl Phase {
-    /// Every phase, in the order a stream goes through them.
-    pub const ALL: [Phase; 3] = [Phase::Reasoning, Phase::Content, Phase::ToolCall];
-
-    /// The name in reports (the `phase` label's values).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Reasoning => "reasoning",
-            Phase::Content => "content",
-            Phase::ToolCall => "tool_call",
-        }
-    }
-}
+/// The phase of a token event: the proxy's own, so both sides name phases alike.
+pub use crate::format::Phase;
 
 /// One body read at the client: when it arrived and what it completed. The clumping figure of a
 /// join compares these with the upstream's frames.
@@ -231,6 +207,8 @@ pub struct Recorder {
     scanner: Scanner,
     /// The same token accounting as the proxy's ledger.
     accounting: Accounting,
+    /// The same reading of the no-parser `<think>` shape as the proxy's meter (default tags).
+    think: ThinkState,
     /// Error events seen (an `error` chunk, or llama.cpp's legacy `error:` line).
     error_events: u64,
 }
@@ -244,6 +222,7 @@ impl Recorder {
         Recorder {
             scanner: Scanner::new(framing, DEFAULT_MAX_EVENT_BYTES),
             accounting: Accounting::select(None, framing, None),
+            think: ThinkState::default(),
             error_events: 0,
         }
     }
@@ -254,6 +233,7 @@ impl Recorder {
         record.first_byte.get_or_insert(at);
         let mut sink = FrameSink {
             accounting: &mut self.accounting,
+            think: &mut self.think,
             error_events: &mut self.error_events,
             record,
             at,
@@ -277,6 +257,7 @@ impl Recorder {
     pub fn finish(&mut self, at: Instant, record: &mut StreamRecord) {
         let mut sink = FrameSink {
             accounting: &mut self.accounting,
+            think: &mut self.think,
             error_events: &mut self.error_events,
             record,
             at,
@@ -296,6 +277,8 @@ impl Recorder {
 struct FrameSink<'r> {
     /// The stream's accountant (it carries usage state from event to event).
     accounting: &'r mut Accounting,
+    /// The stream's `<think>` reading.
+    think: &'r mut ThinkState,
     /// The recorder's error-event count, decided on at the end of the stream.
     error_events: &'r mut u64,
     /// Where token events and counts go.
@@ -317,6 +300,7 @@ impl EventSink for FrameSink<'_> {
         if classified.token_event {
             self.token_events = self.token_events.saturating_add(1);
             self.record.token_times.push(self.at);
+            self.record.token_phases.push(self.think.phase(&classified));
             self.record.counted_tokens += u64::from(classified.tokens.unwrap_or(1));
         }
         if let Some(total) = classified.usage_total {

@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use super::body::{ClientBody, ProxyBody};
 use super::ProxyState;
+use crate::format::PhaseMix;
 use crate::metering::clock::Tick;
 use crate::metering::ledger::PointLedger;
 use crate::metrics::Point;
@@ -187,10 +188,10 @@ fn record(beacon: &Beacon, state: &ProxyState, route: &str, model: &str) {
     let start = Tick::now();
     let mut at = start.saturating_add(Duration::from_secs_f64(beacon.ttft_ms.unwrap_or(0.0) / 1e3));
     let mut point = PointLedger::default();
-    point.token_events(at, 1, metrics);
+    point.token_events(at, 1, PhaseMix::ALL_CONTENT, metrics);
     for gap in &beacon.gaps_ms {
         at = at.saturating_add(Duration::from_secs_f64(gap / 1e3));
-        point.token_events(at, 1, metrics);
+        point.token_events(at, 1, PhaseMix::ALL_CONTENT, metrics);
     }
     // Without a TTFT the first event's time is unknown: its gaps count, its TTFT does not.
     point.record(

@@ -106,6 +106,8 @@ impl Drop for DurationRecorder {
             status: self.status,
             duration: Some(duration),
             ttft: None,
+            ttfo: None,
+            reasoning: None,
             stalls: 0,
             outcome: self.outcome,
             stream_id: None,

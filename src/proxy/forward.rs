@@ -21,7 +21,7 @@ use super::refusal::Refusal;
 use super::router::Route;
 use super::upstream::UpstreamError;
 use super::{ProxyState, UpstreamClient};
-use crate::format::{Accounting, Format};
+use crate::format::{Accounting, Format, ThinkState};
 use crate::http1::head::content_length;
 use crate::metering::clock::Tick;
 use crate::metering::ledger::{StreamInfo, StreamLedger};
@@ -232,6 +232,7 @@ async fn forward(
         body,
         &settings,
         Accounting::select(route.format, framing, path_format),
+        ThinkState::new(&route.think),
         ledger,
         connection.clock.clone(),
     );

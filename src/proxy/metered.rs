@@ -41,7 +41,7 @@ use super::egress_clock::{EgressClock, Standby};
 use super::upstream::UpstreamFailure;
 use super::BoxError;
 use crate::batch::StreamProbe;
-use crate::format::Accounting;
+use crate::format::{Accounting, ThinkState};
 use crate::http1::set_waker;
 use crate::metering::clock::{FrameStamp, Tick};
 use crate::metering::ledger::{IngressEnd, StreamLedger};
@@ -179,6 +179,7 @@ pub fn meter<B>(
     upstream: B,
     settings: &MeterSettings,
     accounting: Accounting,
+    think: ThinkState,
     ledger: Arc<StreamLedger>,
     clock: Arc<EgressClock>,
 ) -> EgressBody
@@ -189,6 +190,7 @@ where
     let meter = IngressMeter::new(
         Scanner::new(settings.framing, settings.max_event_bytes),
         accounting,
+        think,
         ledger.received(),
         ledger.max_frames(),
     );
@@ -313,6 +315,7 @@ impl StreamShared {
                     ingress: at,
                     events: counts.events,
                     token_events: counts.token_events,
+                    mix: counts.mix,
                     seq: counts.seq,
                 },
             }));

@@ -331,6 +331,8 @@ impl ProxyState {
             status: status.as_u16(),
             duration: None,
             ttft: None,
+            ttfo: None,
+            reasoning: None,
             stalls: 0,
             outcome: kind,
             stream_id: None,

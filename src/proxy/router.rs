@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::config::{Config, PathMatch, RouteConfig, Upstream};
-use crate::format::Format;
+use crate::format::{Format, ThinkSettings};
 
 /// The route label of requests that match no configured route.
 pub const OTHER_ROUTE: &str = "other";
@@ -18,6 +18,8 @@ pub struct Route {
     pub upstream: Arc<Upstream>,
     /// The streaming API configured for the route; `None` detects it per stream.
     pub format: Option<Format>,
+    /// How the route's streams show thinking without a reasoning parser.
+    pub think: ThinkSettings,
 }
 
 /// The routing table, built once from the configuration.
@@ -40,6 +42,7 @@ impl Router {
                     name: Arc::from(r.name.as_str()),
                     upstream: Arc::new(r.upstream.clone()),
                     format: r.format,
+                    think: r.think.clone(),
                 };
                 (r.clone(), route)
             })
@@ -50,6 +53,7 @@ impl Router {
                 name: Arc::from(OTHER_ROUTE),
                 upstream: Arc::new(config.server.upstream.clone()),
                 format: None,
+                think: ThinkSettings::default(),
             },
         }
     }
