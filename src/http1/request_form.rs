@@ -76,9 +76,10 @@ pub fn check(
     if asterisk && method != Method::OPTIONS {
         return Err(FormError::Asterisk);
     }
+    // On HTTP/2 the pseudo-header fields carry the target's parts, and hyper builds the URI.
     let origin = !scheme && !authority && path.starts_with('/');
     let absolute = scheme && authority;
-    if !(asterisk || origin || absolute) {
+    if version < Version::HTTP_2 && !(asterisk || origin || absolute) {
         return Err(FormError::TargetForm);
     }
     if has_dot_segment(path) {
@@ -280,6 +281,9 @@ mod tests {
             }
         }
         assert!(parsed.contains(&"a.test:80"), "{parsed:?}");
+        // HTTP/2's pseudo-header fields are hyper's to turn into a URI.
+        let h2 = checked("GET", "a.test:80", Version::HTTP_2, &[]);
+        assert_eq!(h2, Ok(()));
         assert!(parsed.contains(&"v1"), "{parsed:?}");
         assert_eq!(
             checked("GET", "http://a.test/v1/models", v11, &[HOST]),
