@@ -76,6 +76,11 @@ fn code_spans(line: &str) -> Vec<&str> {
     line.split('`').skip(1).step_by(2).collect()
 }
 
+/// Fails with every problem, one a line.
+fn assert_none(problems: Vec<String>) {
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 // === the metric tables ===
 
 /// A row of docs/metrics.md's metric table.
@@ -85,23 +90,23 @@ struct Row {
     labels: BTreeSet<String>,
 }
 
+/// The cells of each row of the table whose header line starts with `header` (the cells
+/// trimmed; the first, before the opening `|`, empty).
+fn table_cells<'a>(text: &'a str, header: &str) -> Vec<Vec<&'a str>> {
+    text.lines()
+        .skip_while(|line| !line.starts_with(header))
+        .skip(1)
+        .take_while(|line| line.starts_with('|'))
+        .filter(|line| !line.starts_with("|---"))
+        .map(|line| line.split('|').map(str::trim).collect())
+        .collect()
+}
+
 /// docs/metrics.md's table (`| metric | type | labels | meaning |`): each family's type and
 /// labels.
 fn metrics_doc_rows(text: &str) -> BTreeMap<String, Row> {
     let mut rows = BTreeMap::new();
-    let mut in_table = false;
-    for line in text.lines() {
-        if line.starts_with("| metric | type | labels |") {
-            in_table = true;
-            continue;
-        }
-        if in_table && !line.starts_with('|') {
-            break;
-        }
-        if !in_table || line.starts_with("|---") {
-            continue;
-        }
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+    for cells in table_cells(text, "| metric | type | labels |") {
         let name = cells[1].trim_matches('`').to_string();
         let labels = cells[3]
             .split(',')
@@ -123,20 +128,8 @@ fn metrics_doc_rows(text: &str) -> BTreeMap<String, Row> {
 /// names, written without the `metronome_` prefix and with their labels in braces.
 fn readme_rows(text: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
-    let mut in_table = false;
-    for line in text.lines() {
-        if line.starts_with("| metric | what it tells you |") {
-            in_table = true;
-            continue;
-        }
-        if in_table && !line.starts_with('|') {
-            break;
-        }
-        if !in_table || line.starts_with("|---") {
-            continue;
-        }
-        let first = line.split('|').nth(1).unwrap_or("");
-        for span in code_spans(first) {
+    for cells in table_cells(text, "| metric | what it tells you |") {
+        for span in code_spans(cells[1]) {
             let name = span.split('{').next().unwrap().trim();
             let name = if name.starts_with("metronome_") {
                 name.to_string()
@@ -642,8 +635,7 @@ fn missing_paths() -> Vec<String> {
 
 #[test]
 fn every_path_the_documents_name_exists() {
-    let missing = missing_paths();
-    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    assert_none(missing_paths());
 }
 
 #[test]
@@ -728,8 +720,7 @@ fn missing_keys() -> Vec<String> {
 
 #[test]
 fn every_config_key_the_documents_name_is_in_the_example_config() {
-    let missing = missing_keys();
-    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    assert_none(missing_keys());
 }
 
 // === links ===
@@ -825,8 +816,7 @@ fn broken_links() -> Vec<String> {
 
 #[test]
 fn every_relative_link_resolves_down_to_its_heading() {
-    let broken = broken_links();
-    assert!(broken.is_empty(), "{}", broken.join("\n"));
+    assert_none(broken_links());
 }
 
 #[test]

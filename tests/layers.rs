@@ -47,31 +47,38 @@ fn files_of(src: &Path, name: &str) -> Vec<PathBuf> {
     files
 }
 
-/// The modules named in the code of `text` (comments aside) as `crate::X` or in
-/// `crate::{X, Y::…}`.
-fn named_modules(text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
-    let code: String = text
-        .lines()
+/// The code of `text`, comment lines left out.
+fn code_of(text: &str) -> String {
+    text.lines()
         .filter(|line| !line.trim_start().starts_with("//"))
         .flat_map(|line| [line, "\n"])
-        .collect();
-    let text = code.as_str();
-    let mut named = BTreeSet::new();
+        .collect()
+}
+
+/// The names a path continues with in `rest`: `X` of `X::…`, or each of `{X, Y::…}`.
+fn path_heads(rest: &str, named: &mut BTreeSet<String>) {
     let word = |s: &str| -> String {
         s.chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
             .collect()
     };
-    for (at, _) in text.match_indices("crate::") {
-        let rest = &text[at + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let inner = &group[..group.find('}').unwrap_or(group.len())];
-            for part in inner.split(',') {
-                named.insert(word(part.trim()));
-            }
-        } else {
-            named.insert(word(rest));
+    if let Some(group) = rest.strip_prefix('{') {
+        let inner = &group[..group.find('}').unwrap_or(group.len())];
+        for part in inner.split(',') {
+            named.insert(word(part.trim()));
         }
+    } else {
+        named.insert(word(rest));
+    }
+}
+
+/// The modules named in the code of `text` (comments aside) as `crate::X` or in
+/// `crate::{X, Y::…}`.
+fn named_modules(text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let code = code_of(text);
+    let mut named = BTreeSet::new();
+    for (at, _) in code.match_indices("crate::") {
+        path_heads(&code[at + "crate::".len()..], &mut named);
     }
     named.retain(|m| modules.contains(m));
     named
@@ -169,30 +176,11 @@ fn named_siblings(
     parent: &str,
     siblings: &BTreeSet<String>,
 ) -> BTreeSet<String> {
-    let code: String = text
-        .lines()
-        .filter(|line| !line.trim_start().starts_with("//"))
-        .flat_map(|line| [line, "\n"])
-        .collect();
-    let word = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
+    let code = code_of(text);
     let mut named = BTreeSet::new();
-    let take = |rest: &str, named: &mut BTreeSet<String>| {
-        if let Some(group) = rest.strip_prefix('{') {
-            let inner = &group[..group.find('}').unwrap_or(group.len())];
-            for part in inner.split(',') {
-                named.insert(word(part.trim()));
-            }
-        } else {
-            named.insert(word(rest));
-        }
-    };
     let absolute = format!("crate::{parent}::");
     for (found, _) in code.match_indices(&absolute) {
-        take(&code[found + absolute.len()..], &mut named);
+        path_heads(&code[found + absolute.len()..], &mut named);
     }
     for (found, _) in code.match_indices("super::") {
         // Count the whole run of supers once, from its first.
@@ -206,7 +194,7 @@ fn named_siblings(
             climbs += 1;
         }
         if at.len() == climbs + 1 && at[0] == parent {
-            take(rest, &mut named);
+            path_heads(rest, &mut named);
         }
     }
     named.retain(|m| siblings.contains(m));
@@ -232,6 +220,15 @@ fn submodule_graph(src: &Path, parent: &str) -> BTreeMap<String, BTreeSet<String
     graph
 }
 
+/// Fails with the `what` that form each cycle of `graph`.
+fn assert_acyclic(graph: &BTreeMap<String, BTreeSet<String>>, what: &str) {
+    let found = cycles(graph);
+    assert!(
+        found.is_empty(),
+        "{what} that depend on each other: {found:?}"
+    );
+}
+
 #[test]
 fn the_http1_roles_name_neither_each_other_nor_anything_above_them() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -248,11 +245,7 @@ fn the_http1_roles_name_neither_each_other_nor_anything_above_them() {
         graph["server"],
         graph["client"]
     );
-    let found = cycles(&graph);
-    assert!(
-        found.is_empty(),
-        "http1 submodules that depend on each other: {found:?}"
-    );
+    assert_acyclic(&graph, "http1 submodules");
 }
 
 #[test]
@@ -263,11 +256,7 @@ fn no_two_submodules_of_the_proxy_depend_on_each_other() {
         graph["forward"].contains("upstream") && graph["body"].contains("metered"),
         "the scan finds uses: {graph:?}"
     );
-    let found = cycles(&graph);
-    assert!(
-        found.is_empty(),
-        "proxy submodules that depend on each other: {found:?}"
-    );
+    assert_acyclic(&graph, "proxy submodules");
 }
 
 #[test]
@@ -317,11 +306,7 @@ fn no_two_top_level_modules_depend_on_each_other() {
         "the WebSocket frame reader is a wire format and depends on no module: {:?}",
         graph["websocket"]
     );
-    let found = cycles(&graph);
-    assert!(
-        found.is_empty(),
-        "modules that depend on each other: {found:?}"
-    );
+    assert_acyclic(&graph, "modules");
 }
 
 #[test]

@@ -159,8 +159,26 @@ fn describe_applied(old: &Config, new: &Config, applied: &mut Vec<String>) {
 /// One sentence per changed key that only a restart applies: what the file now says and what
 /// still runs.
 fn describe_needs_restart(old: &Config, new: &Config, needs_restart: &mut Vec<String>) {
+    let mut keys = server_keys(old, new);
+    keys.extend(metering_keys(old, new));
+    keys.extend(section_keys(old, new));
+    for (key, was, wanted) in keys {
+        if was != wanted {
+            needs_restart.push(format!(
+                "{key}: {wanted} in the file, still {was} until a restart"
+            ));
+        }
+    }
+}
+
+/// A key only a restart applies, with its running value and the file's, as written in a
+/// sentence.
+type RestartKey = (&'static str, String, String);
+
+/// `[server]` and `[timeouts]`: listeners, threads, clients, and the timeouts built into them.
+fn server_keys(old: &Config, new: &Config) -> Vec<RestartKey> {
     let (was, wanted) = (&old.server, &new.server);
-    let mut keys: Vec<(&str, String, String)> = vec![
+    let mut keys: Vec<RestartKey> = vec![
         (
             "server.listen",
             was.listen.to_string(),
@@ -206,12 +224,17 @@ fn describe_needs_restart(old: &Config, new: &Config, needs_restart: &mut Vec<St
     ] {
         keys.push((key, format!("{was:?}"), format!("{wanted:?}")));
     }
+    keys
+}
+
+/// `[metering]`: what each stream's metering state is built with.
+fn metering_keys(old: &Config, new: &Config) -> Vec<RestartKey> {
     let (was, wanted) = (&old.metering, &new.metering);
-    keys.push((
+    let mut keys: Vec<RestartKey> = vec![(
         "metering.content_types",
         format!("{:?}", was.content_types),
         format!("{:?}", wanted.content_types),
-    ));
+    )];
     for (key, was, wanted) in [
         (
             "metering.max_event_bytes",
@@ -236,21 +259,29 @@ fn describe_needs_restart(old: &Config, new: &Config, needs_restart: &mut Vec<St
         format!("{:?}", was.stream_id_header),
         format!("{:?}", wanted.stream_id_header),
     ));
-    keys.push((
-        "models",
-        format!("{:?}", old.models),
-        format!("{:?}", new.models),
-    ));
-    keys.push((
-        "timeline",
-        format!("{:?}", old.timeline),
-        format!("{:?}", new.timeline),
-    ));
-    keys.push((
-        "admin",
-        format!("{:?}", old.admin),
-        format!("{:?}", new.admin),
-    ));
+    keys
+}
+
+/// Whole sections only a restart applies: the model labels, the timeline ring, the admin
+/// listener's bounds, the buckets.
+fn section_keys(old: &Config, new: &Config) -> Vec<RestartKey> {
+    let mut keys: Vec<RestartKey> = vec![
+        (
+            "models",
+            format!("{:?}", old.models),
+            format!("{:?}", new.models),
+        ),
+        (
+            "timeline",
+            format!("{:?}", old.timeline),
+            format!("{:?}", new.timeline),
+        ),
+        (
+            "admin",
+            format!("{:?}", old.admin),
+            format!("{:?}", new.admin),
+        ),
+    ];
     if new.buckets != old.buckets {
         keys.push((
             "buckets",
@@ -258,13 +289,7 @@ fn describe_needs_restart(old: &Config, new: &Config, needs_restart: &mut Vec<St
             "other buckets".into(),
         ));
     }
-    for (key, was, wanted) in keys {
-        if was != wanted {
-            needs_restart.push(format!(
-                "{key}: {wanted} in the file, still {was} until a restart"
-            ));
-        }
-    }
+    keys
 }
 
 /// One sentence per route added, removed or changed, or one for a new order.
@@ -333,4 +358,60 @@ pub async fn reload_on_sighup(
         }
     }
     until.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key only a restart applies is named once, in the order of the file's sections,
+    /// with the file's value and the running one.
+    #[test]
+    fn what_needs_a_restart_is_one_sentence_per_key() {
+        let old = Config::from_toml("").unwrap();
+        let new = Config::from_toml(
+            r#"
+[server]
+listen = "127.0.0.1:9000"
+http1_server = "hyper"
+[timeouts]
+connect = "7s"
+[metering]
+buffer_frames = 7
+stream_id_header = "x-id"
+[models]
+max = 3
+[buckets]
+jank_ratio = [1, 2]
+"#,
+        )
+        .unwrap();
+        let mut said = Vec::new();
+        describe_needs_restart(&old, &new, &mut said);
+        let keys: Vec<&str> = said.iter().map(|s| s.split(':').next().unwrap()).collect();
+        assert_eq!(
+            keys,
+            [
+                "server.listen",
+                "server.http1_server",
+                "timeouts.connect",
+                "metering.buffer_frames",
+                "metering.stream_id_header",
+                "models",
+                "buckets"
+            ]
+        );
+        assert_eq!(
+            said[1],
+            "server.http1_server: hyper in the file, still native until a restart"
+        );
+        assert_eq!(
+            said[3],
+            "metering.buffer_frames: 7 in the file, still 1024 until a restart"
+        );
+        assert_eq!(
+            said[6],
+            "buckets: other buckets in the file, still the start buckets until a restart"
+        );
+    }
 }

@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use super::batch::{BatchEngine, EngineSettings};
 use super::config::{Engine, SimConfig};
 use super::stats::SimStats;
-use super::timeline::Timeline;
+use super::timeline::{Timeline, TimelineWriter};
 
 /// HTTP/2 streams one connection may carry at once: enough for a load test over one connection.
 const MAX_H2_STREAMS: u32 = 16 * 1024;
@@ -98,18 +98,7 @@ pub async fn serve_with_stats(
     config
         .validate()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let (timeline, writer) = match &config.timeline {
-        Some(path) => {
-            let (timeline, writer) = Timeline::create(path).await.map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("cannot create the timeline {}: {e}", path.display()),
-                )
-            })?;
-            (Some(timeline), Some(writer))
-        }
-        None => (None, None),
-    };
+    let (timeline, writer) = open_timeline(&config).await?;
     let model_json = serde_json::to_string(&config.model).map_err(std::io::Error::other)?;
     let drain = config.drain;
     let batch = (config.engine == Engine::Batch).then(|| {
@@ -136,13 +125,7 @@ pub async fn serve_with_stats(
         sessions: Mutex::new(JoinSet::new()),
     });
 
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(MAX_H2_STREAMS);
-    let builder = Arc::new(builder);
+    let builder = Arc::new(builder());
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -182,17 +165,51 @@ pub async fn serve_with_stats(
     shared.drain_sessions(drain).await;
     drop(shared);
     if let (Some(timeline), Some(writer)) = (timeline, writer) {
-        let lines = writer.finish().await?;
-        let dropped = timeline.dropped();
-        if dropped > 0 {
-            tracing::warn!(
-                lines,
-                dropped,
-                "sim: timeline writer fell behind; lines were dropped"
-            );
-        } else {
-            tracing::info!(lines, "sim: timeline written");
-        }
+        finish_timeline(&timeline, writer).await?;
+    }
+    Ok(())
+}
+
+/// The `--timeline` file and its writer, when one is asked for.
+async fn open_timeline(
+    config: &SimConfig,
+) -> std::io::Result<(Option<Arc<Timeline>>, Option<TimelineWriter>)> {
+    let Some(path) = &config.timeline else {
+        return Ok((None, None));
+    };
+    let (timeline, writer) = Timeline::create(path).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot create the timeline {}: {e}", path.display()),
+        )
+    })?;
+    Ok((Some(timeline), Some(writer)))
+}
+
+/// hyper-util's auto server (HTTP/1.1, or HTTP/2 by its preface) with timers, and HTTP/2's
+/// streams per connection bounded.
+fn builder() -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_H2_STREAMS);
+    builder
+}
+
+/// Writes the timeline's last lines, and says whether the writer kept up.
+async fn finish_timeline(timeline: &Timeline, writer: TimelineWriter) -> std::io::Result<()> {
+    let lines = writer.finish().await?;
+    let dropped = timeline.dropped();
+    if dropped > 0 {
+        tracing::warn!(
+            lines,
+            dropped,
+            "sim: timeline writer fell behind; lines were dropped"
+        );
+    } else {
+        tracing::info!(lines, "sim: timeline written");
     }
     Ok(())
 }

@@ -16,7 +16,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::http1::decode::{BodyLength, Decoded, Decoder};
+use crate::http1::decode::{BodyLength, DecodeError, Decoded, Decoder};
 use crate::http1::{set_waker, BoxError};
 
 /// Why a request body ended before its end.
@@ -26,8 +26,8 @@ pub enum RequestBodyError {
     #[error("the client closed the connection within the request body")]
     Closed,
     /// The body's chunked coding was broken.
-    #[error("invalid chunked request body: {0}")]
-    Invalid(String),
+    #[error("invalid chunked request body")]
+    Invalid(#[source] DecodeError),
 }
 
 /// What the two ends share.
@@ -250,9 +250,7 @@ impl Feeder {
                         Poll::Pending => return Poll::Pending,
                     }
                 }
-                Err(e) => {
-                    return Poll::Ready(Err(self.fail(RequestBodyError::Invalid(e.to_string()))))
-                }
+                Err(e) => return Poll::Ready(Err(self.fail(RequestBodyError::Invalid(e)))),
             }
         }
     }
