@@ -448,6 +448,33 @@ impl StreamProbe {
         self.beat.token(raw(at), self.rule.threshold_nanos());
     }
 
+    /// The stream is held back by its client (a stop began): its silence is not the engine's, so
+    /// the sweep must not count it inside a hitch until it is read again.
+    #[cold]
+    pub fn hold(&self) {
+        self.beat.hold();
+    }
+
+    /// The stop ended at `at`: the stream is read again, and its silence counts from now.
+    #[cold]
+    pub fn release(&self, at: Tick) {
+        if self.last_token.is_some() {
+            self.beat.token(raw(at), self.rule.threshold_nanos());
+        }
+    }
+
+    /// A frame read at `at` carried `token_events` token events whose gap overlapped a stop: the
+    /// gap is not judged (no hitch, and it stays out of the running median).
+    #[cold]
+    pub fn resume(&mut self, at: Tick, token_events: u32) {
+        if token_events == 0 {
+            return;
+        }
+        self.events += u64::from(token_events);
+        self.last_token = Some(at);
+        self.beat.token(raw(at), self.rule.threshold_nanos());
+    }
+
     #[cold]
     fn report(&mut self, start: Tick, end: Tick, model: Option<&Arc<str>>) {
         if self.labels.model.is_none() {

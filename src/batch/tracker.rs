@@ -49,6 +49,12 @@ impl Beat {
         self.threshold.store(threshold, Ordering::Relaxed);
     }
 
+    /// The stream is held back by its client: no silence makes it inside a hitch until its next
+    /// token event (or the end of the stop) stores a threshold again.
+    pub fn hold(&self) {
+        self.threshold.store(i64::MAX, Ordering::Relaxed);
+    }
+
     fn read(&self) -> (i64, i64) {
         (
             self.last_token.load(Ordering::Relaxed),

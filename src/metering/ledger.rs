@@ -90,6 +90,9 @@ pub struct PointLedger {
     stalls: u64,
     /// Made at the first stall: most streams have none. Classic and native counts.
     stall_durations: Option<Box<(LocalHistogram, NativeCounts)>>,
+    /// The next gap overlaps backpressure (`metering::backpressure`): it is no stall. Read only
+    /// when a gap is over the threshold; set and cleared by the stream's reader.
+    gap_held: bool,
     events_per_frame: SmallCounts,
     gaps: GapSketch,
     /// What earlier flushes merged already (`metrics.flush_interval`), so that every figure is
@@ -138,7 +141,7 @@ impl PointLedger {
                     self.itl_native.observe(native, seconds);
                 }
                 self.longest_gap = self.longest_gap.max(nanos);
-                if nanos > metrics.stall_threshold_nanos() {
+                if nanos > metrics.stall_threshold_nanos() && !self.gap_held {
                     self.stalls += 1;
                     let stall = self.stall_durations.get_or_insert_with(Box::default);
                     stall.0.observe(metrics.stall_duration.bounds(), seconds);
@@ -161,6 +164,11 @@ impl PointLedger {
         }
         self.last_token = Some(at);
         self.token_events += u64::from(token_events);
+    }
+
+    /// Whether the next gap overlaps backpressure, so is no stall (docs/design.md, section 3).
+    pub fn hold_gap(&mut self, held: bool) {
+        self.gap_held = held;
     }
 
     /// Asks for the lines of the gap sketch's buckets, which live apart from the ledger.
@@ -608,6 +616,11 @@ impl StreamLedger {
     /// The stream's route label.
     pub fn route(&self) -> &str {
         &self.info.route
+    }
+
+    /// The stream's ID.
+    pub fn id(&self) -> &Arc<str> {
+        &self.info.id
     }
 
     /// When metronome received the request.

@@ -213,6 +213,7 @@ async fn forward(
         idle_timeout: config.timeouts.idle,
         client_http1,
         live: config.flush_interval.map(|_| state.live_streams.clone()),
+        backpressure: Some(state.backpressure.clone()),
     };
     let body = meter(
         body,

@@ -115,8 +115,10 @@ pub struct ProxyState {
     pub connections: Arc<tokio::sync::Semaphore>,
     /// The metered streams in flight, swept every `metrics.flush_interval` (the live flush).
     pub live_streams: Arc<crate::live::LiveStreams>,
-    /// Batch-wide hitches and episodes per upstream (`[batch]`, issue 29).
+    /// Batch-wide hitches and episodes per upstream (`[batch]`).
     pub batch: Arc<crate::batch::BatchDetector>,
+    /// Backpressure: its counters and each finished stream's marks.
+    pub backpressure: Arc<crate::metering::backpressure::Backpressure>,
     /// The span queue, when traces are on (`[otlp] traces = true`): the forwarder makes each
     /// stream's span context, the registry offers each finished stream, the exporter drains it.
     pub spans: Option<Arc<crate::otlp::traces::SpanSink>>,
@@ -133,6 +135,10 @@ impl crate::admin::AdminView for ProxyState {
 
     fn batch(&self) -> &crate::batch::BatchDetector {
         &self.batch
+    }
+
+    fn backpressure(&self) -> Option<&crate::metering::backpressure::Backpressure> {
+        Some(&self.backpressure)
     }
 
     fn draining(&self) -> bool {
@@ -234,8 +240,10 @@ impl ProxyState {
             metrics.clone(),
             &config.server.upstream,
         )?;
+        let backpressure = crate::metering::backpressure::Backpressure::register(&metrics)?;
         Ok(ProxyState {
             batch,
+            backpressure,
             spans,
             tls: listener_tls,
             requests_in_flight,
