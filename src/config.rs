@@ -334,6 +334,8 @@ struct RawBatch {
     min_streams: u64,
     min_share: f64,
     lookback: String,
+    rate_window: String,
+    false_positive: f64,
 }
 
 impl Default for RawBatch {
@@ -345,6 +347,8 @@ impl Default for RawBatch {
             min_streams: 2,
             min_share: 0.5,
             lookback: "2s".into(),
+            rate_window: "30s".into(),
+            false_positive: 1e-6,
         }
     }
 }
@@ -394,6 +398,25 @@ fn validate_batch(raw: &RawBatch, problem: &mut dyn FnMut(&str, String)) -> Batc
             format!("`{}` is longer than a year", raw.lookback),
         ),
         Err(e) => problem("batch.lookback", e),
+    }
+    match parse_duration(&raw.rate_window) {
+        Ok(d) if d >= Duration::from_secs(1) && d <= MAX_DURATION => settings.rate_window = d,
+        Ok(_) => problem(
+            "batch.rate_window",
+            format!("`{}` must be from 1s to a year", raw.rate_window),
+        ),
+        Err(e) => problem("batch.rate_window", e),
+    }
+    if raw.false_positive.is_finite() && raw.false_positive > 0.0 && raw.false_positive <= 1.0 {
+        settings.false_positive = raw.false_positive;
+    } else {
+        problem(
+            "batch.false_positive",
+            format!(
+                "{} must be a chance above 0 and at most 1",
+                raw.false_positive
+            ),
+        );
     }
     settings
 }
@@ -1305,6 +1328,9 @@ path = "/d"
             ("[batch]\nmin_streams = 0\n", "batch.min_streams"),
             ("[batch]\nmin_share = 1.5\n", "batch.min_share"),
             ("[batch]\nmin_share = 0.0\n", "batch.min_share"),
+            ("[batch]\nfalse_positive = 0.0\n", "batch.false_positive"),
+            ("[batch]\nfalse_positive = 2.0\n", "batch.false_positive"),
+            ("[batch]\nrate_window = \"10ms\"\n", "batch.rate_window"),
             ("[batch]\nlookback = \"2 parsecs\"\n", "batch.lookback"),
             ("[batch]\nwindow = 3\n", "batch.window"),
         ] {

@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
+use super::chance::{self, Decayed};
 use super::BatchSettings;
 
 /// Arrivals remembered per upstream (the lookback reads them).
@@ -169,6 +170,10 @@ struct Slot {
     beat: Arc<Beat>,
     /// The latest reported hitch `(start, end)`, for the sweep after it.
     reported: Option<(i64, i64)>,
+    /// When the stream began (its observed time for the chance rule runs from here).
+    start: i64,
+    /// Seconds inside hitches of its own (`scope="stream"`), decayed over `rate_window`.
+    hitched: Decayed,
 }
 
 #[derive(Debug)]
@@ -194,6 +199,12 @@ pub struct EpisodeTracker<L> {
     next_episode: u64,
     /// Hitches settled at once because `pending` was full.
     pub overflowed: u64,
+    /// The upstream's seconds inside hitches of their own, over all its streams, decayed.
+    pool_hitched: Decayed,
+    /// The upstream's stream-seconds observed past the first token, decayed.
+    pool_observed: Decayed,
+    /// The chance rule's verdict at the last co-stall that passed the floors.
+    pub last_verdict: Option<chance::Verdict>,
 }
 
 // === impl EpisodeTracker ===
@@ -212,6 +223,9 @@ impl<L> EpisodeTracker<L> {
             settle: 2 * sweep_nanos.max(1),
             next_episode: 1,
             overflowed: 0,
+            pool_hitched: Decayed::default(),
+            pool_observed: Decayed::default(),
+            last_verdict: None,
         }
     }
 
@@ -253,6 +267,8 @@ impl<L> EpisodeTracker<L> {
             trace_id,
             beat,
             reported: None,
+            start: at,
+            hitched: Decayed::default(),
         });
     }
 
@@ -323,9 +339,16 @@ impl<L> EpisodeTracker<L> {
                 earliest = earliest.min(if silent { start.min(last) } else { start });
             }
         }
+        let tau = self.settings.rate_window_secs();
+        if since > 0 && now > since {
+            let seconds = past_first as f64 * (now - since) as f64 * 1e-9;
+            self.pool_observed.add(now, seconds, tau);
+        }
         let needed = self.settings.min_streams.max(1);
         let share = inside as f64 >= self.settings.min_share * past_first as f64;
-        let active = inside >= needed && share && past_first > 0;
+        let floors = inside >= needed && share && past_first > 0;
+        // An open episode lasts while the floors hold; a new one must also be unlikely by chance.
+        let active = floors && (self.open.is_some() || self.rare(now, past_first, inside));
         if active {
             if self.open.is_none() {
                 self.begin(earliest);
@@ -357,6 +380,40 @@ impl<L> EpisodeTracker<L> {
             outcome.settled.push(settled);
         }
         outcome
+    }
+
+    /// Whether `inside` of the `past_first` streams inside a hitch at once is too many for
+    /// independent stalls (docs/batch.md, "Episodes that would not happen by chance"). Reads
+    /// every stream's rate: run only when the floors hold and no episode is open.
+    fn rare(&mut self, now: i64, past_first: usize, inside: usize) -> bool {
+        let tau = self.settings.rate_window_secs();
+        let pooled = chance::pooled(
+            self.pool_hitched.at(now, tau),
+            self.pool_observed.at(now, tau),
+        );
+        let lambda: f64 = self
+            .streams
+            .iter()
+            .filter(|s| s.beat.read().0 != 0)
+            .map(|s| {
+                let observed = chance::observed(s.start, now, tau);
+                chance::share(s.hitched.at(now, tau), observed, pooled)
+            })
+            .sum();
+        let verdict = chance::judge(past_first, inside, lambda, self.settings.false_positive);
+        self.last_verdict = Some(verdict);
+        verdict.rare
+    }
+
+    /// A hitch of stream `key` from `start` to `end` had no episode: it counts toward the stream's
+    /// and the upstream's rate of hitches of their own.
+    fn count_own(&mut self, key: u64, start: i64, end: i64) {
+        let tau = self.settings.rate_window_secs();
+        let seconds = (end - start).max(0) as f64 * 1e-9;
+        self.pool_hitched.add(end, seconds, tau);
+        if let Some(slot) = self.streams.iter_mut().find(|s| s.key == key) {
+            slot.hitched.add(end, seconds, tau);
+        }
     }
 
     /// Opens an episode that began at `start`, naming the arrivals of its lookback.
@@ -406,8 +463,9 @@ impl<L> EpisodeTracker<L> {
         }
     }
 
-    /// The scope of one hitch: batch if it overlaps an episode (open or remembered).
-    fn settle_one(&self, p: Pending<L>) -> Settled<L> {
+    /// The scope of one hitch: batch if it overlaps an episode (open or remembered). A stream's
+    /// own hitch counts toward its rate.
+    fn settle_one(&mut self, p: Pending<L>) -> Settled<L> {
         let overlaps = |e: &Episode| p.start < e.end.unwrap_or(i64::MAX) && p.end > e.start;
         let episode = self
             .open
@@ -415,6 +473,9 @@ impl<L> EpisodeTracker<L> {
             .chain(self.episodes.iter().rev())
             .find(|e| overlaps(e))
             .map(|e| e.id);
+        if episode.is_none() {
+            self.count_own(p.key, p.start, p.end);
+        }
         Settled {
             key: p.key,
             start: p.start,
@@ -580,7 +641,7 @@ mod tests {
 
     #[test]
     fn prompt_tokens_reach_the_episode_after_the_stream_ends() {
-        let mut sim = Sim::new(3);
+        let mut sim = Sim::new(4);
         sim.tracker
             .start(50, Arc::from("long"), None, 390 * MS, None, Arc::default());
         sim.run(20 * MS, 1_000 * MS, |_, t| t > 400 * MS && t < 600 * MS);
@@ -589,7 +650,7 @@ mod tests {
         let long = e.arrived.iter().find(|a| a.key == 50).unwrap();
         assert_eq!(long.prompt_tokens, Some(12_000));
         // Streams that end leave no slot behind.
-        for i in 0..3 {
+        for i in 0..4 {
             sim.tracker.end(i, None);
         }
         assert_eq!(sim.tracker.active(), 0);
@@ -618,6 +679,69 @@ mod tests {
         assert!(sim.tracker.pending.len() <= 4 * 2, "settled as they go");
     }
 
+    /// `n` streams of one upstream in model time, each stalling on its own: a token every 30 ms
+    /// ±30 %, and before each token a 300 ms stall with chance 1 %, seeded; swept every 10 ms.
+    /// Returns the episodes that ended.
+    fn independent_stalls(n: usize, seconds: i64, seed: u64, settings: BatchSettings) -> usize {
+        let mut tracker: EpisodeTracker<()> = EpisodeTracker::new(settings, 10 * MS);
+        let mut x = seed | 1;
+        let mut rand = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let threshold = 120 * MS;
+        let mut beats = Vec::new();
+        let mut last = vec![0i64; n];
+        let mut next = Vec::new();
+        for i in 0..n {
+            let beat = Arc::new(Beat::default());
+            tracker.start(i as u64, Arc::from("s"), None, 0, None, beat.clone());
+            beats.push(beat);
+            next.push((rand() * 30.0) as i64 * MS + MS);
+        }
+        let mut ended = 0;
+        let mut t = 0;
+        while t <= seconds * 1_000 * MS {
+            for i in 0..n {
+                while next[i] <= t {
+                    let at = next[i];
+                    if last[i] != 0 && at - last[i] >= threshold {
+                        tracker.hitch(i as u64, last[i], at, ());
+                    }
+                    last[i] = at;
+                    beats[i].token(at, threshold);
+                    let mut gap = (30.0 * (0.7 + 0.6 * rand()) * MS as f64) as i64;
+                    if rand() < 0.01 {
+                        gap += 300 * MS;
+                    }
+                    next[i] = at + gap;
+                }
+            }
+            ended += tracker.sweep(t).ended.len();
+            t += 10 * MS;
+        }
+        ended
+    }
+
+    #[test]
+    fn independent_stalls_make_no_episode_at_2_4_12_and_64_streams() {
+        let runs = [(2, 600), (4, 600), (12, 600), (64, 120)];
+        for (n, seconds) in runs {
+            let episodes = independent_stalls(n, seconds, 0x5EED + n as u64, settings());
+            assert_eq!(episodes, 0, "{n} streams for {seconds} s");
+        }
+        // The same stalls with only the floors and k ≥ λ + 1 (any tail allowed): co-stalls
+        // happen, so the run above is a test of the tail bound.
+        let loose = BatchSettings {
+            false_positive: 1.0,
+            ..settings()
+        };
+        let episodes = independent_stalls(4, 120, 0x5EED + 4, loose);
+        assert!(episodes > 0, "{episodes}");
+    }
+
     /// Property: with one stream stalling at a time, among any number of streams, nothing is
     /// ever an episode or a batch hitch; with every stream stalling at once, every hitch is.
     #[test]
@@ -627,7 +751,8 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let n = 3 + (x % 30) as usize;
+            // Four or more: three fresh streams all at once is 8e-6 by chance (docs/batch.md).
+            let n = 4 + (x % 30) as usize;
             let who = (x >> 20) as usize % n;
             let from = (10 + (x >> 30) % 20) as i64 * 20 * MS;
             let len = (5 + (x >> 40) % 20) as i64 * 20 * MS;
