@@ -64,6 +64,8 @@ pub struct UpstreamEpisodes {
     /// Which configured upstream this is.
     url: String,
     inner: Mutex<Inner>,
+    /// Wakes the sweep early: a stream began or reported a hitch.
+    wake: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -172,6 +174,7 @@ impl BatchDetector {
                 tracker: EpisodeTracker::new(self.settings, sweep),
                 sweeping: false,
             }),
+            wake: tokio::sync::Notify::new(),
         });
         all.push(made.clone());
         made
@@ -215,6 +218,8 @@ impl BatchDetector {
                 }
                 Err(_) => episodes.lock().sweeping = false,
             }
+        } else {
+            episodes.wake.notify_one();
         }
         let stall_nanos = i64::try_from(self.metrics.stall_threshold_nanos()).unwrap_or(i64::MAX);
         Some(StreamProbe {
@@ -391,23 +396,30 @@ impl UpstreamEpisodes {
     }
 }
 
-/// The sweep of one upstream: every interval while it has streams, hitches waiting or an episode
-/// open; then it ends (the next stream starts it again).
+/// The sweep of one upstream while it has streams, hitches waiting or an episode open; then it
+/// ends (the next stream starts it again). It sleeps until the next stream's deadline or hitch's
+/// settling (every interval only while streams are silent or an episode is open), or until a
+/// stream begins or reports a hitch, so its cost follows the streams that are due.
 async fn sweep(detector: Arc<BatchDetector>, upstream: Arc<UpstreamEpisodes>) {
-    let every = detector.settings.sweep_interval();
-    let mut timer = tokio::time::interval(every);
-    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let every = nanos(detector.settings.sweep_interval());
     loop {
-        timer.tick().await;
-        let outcome = {
+        let (outcome, next) = {
             let mut inner = upstream.lock();
             if inner.tracker.idle() {
                 inner.sweeping = false;
                 return;
             }
-            inner.tracker.sweep(raw(Tick::now()))
+            let now = raw(Tick::now());
+            let outcome = inner.tracker.sweep(now);
+            let next = inner.tracker.next_work(now, every).unwrap_or(now + every);
+            (outcome, next.max(now + 1_000_000))
         };
         detector.record(&upstream.name, outcome);
+        let at = Tick::default().to_instant() + std::time::Duration::from_nanos(next.max(0) as u64);
+        tokio::select! {
+            () = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {}
+            () = upstream.wake.notified() => {}
+        }
     }
 }
 
@@ -486,6 +498,7 @@ impl StreamProbe {
                 .lock()
                 .tracker
                 .hitch(self.key, raw(start), raw(end), self.labels.clone());
+        self.upstream.wake.notify_one();
         if let Some(settled) = overflow {
             self.detector.count_hitch(&settled);
             self.detector

@@ -5,15 +5,17 @@
 //! Its state is a slot per active stream plus bounded rings (arrivals, episodes, hitches waiting
 //! for their scope). It learns of hitches in two ways: a stream reports each hitch gap when the
 //! token that ends it arrives ([`EpisodeTracker::hitch`]), and a sweep ([`EpisodeTracker::sweep`],
-//! run on a timer per upstream, not per frame) reads each stream's last token time and
-//! threshold from its [`Beat`] and counts a stream silent for longer than its threshold as
-//! inside a hitch while the silence lasts, so an episode is seen while it happens. At each sweep
+//! run on a timer per upstream, not per frame) reads a stream's last token time and threshold
+//! from its [`Beat`] when its deadline in a min-heap comes, and counts a stream silent for longer
+//! than its threshold as inside a hitch while the silence lasts, so an episode is seen while it
+//! happens; a sweep's cost follows the streams that are due or silent, not all open ones. At each sweep
 //! the streams inside a hitch are those silent now and those whose reported hitch ended since
 //! the previous sweep; an episode is open while they are at least `min_streams` and at least
 //! `min_share` of the streams past their first token. A reported hitch gets its scope a settling
 //! time after its end (two sweeps), when every episode it could overlap has been seen.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -30,6 +32,12 @@ pub const MAX_CAUGHT_IDS: usize = 64;
 pub const MAX_EPISODE_ARRIVALS: usize = 32;
 /// Hitches waiting for their scope; beyond, the oldest is settled at once.
 pub const MAX_PENDING: usize = 4096;
+/// The longest a stream waits in the deadline heap before its beat is read again (a stream held
+/// back by its client, or one whose threshold shrank since its deadline was set).
+const MAX_RECHECK: i64 = 1_000_000_000;
+/// How soon a stream without a first token is read again at first (doubling up to
+/// [`MAX_RECHECK`]).
+const FIRST_RECHECK: i64 = 10_000_000;
 
 /// What a stream's ingress side publishes for the sweep: written by the stream alone (a relaxed
 /// store to its own line per token event), read by the sweep. 0 means "no token yet".
@@ -172,6 +180,16 @@ struct Slot {
     reported: Option<(i64, i64)>,
     /// When the stream began (its observed time for the chance rule runs from here).
     start: i64,
+    /// Its beat showed a token event: it counts among the streams past their first token.
+    past_first: bool,
+    /// It is in the tracker's list of streams silent past their threshold (not in the heap).
+    silent: bool,
+    /// It is in the list of streams with a hitch reported since the last sweep.
+    reported_listed: bool,
+    /// The number of the last episode that caught it (0: none), so each is counted once.
+    caught: u64,
+    /// The next wait before its beat is read again while it has no first token.
+    recheck: i64,
     /// Seconds inside hitches of its own (`scope="stream"`), decayed over `rate_window`.
     hitched: Decayed,
 }
@@ -188,7 +206,18 @@ struct Pending<L> {
 #[derive(Debug)]
 pub struct EpisodeTracker<L> {
     settings: BatchSettings,
-    streams: Vec<Slot>,
+    streams: HashMap<u64, Slot>,
+    /// When each stream's beat must be read next: its silence deadline (`last + threshold`),
+    /// lazily: an entry whose stream has had a token since is pushed again further on.
+    due: BinaryHeap<Reverse<(i64, u64)>>,
+    /// Streams silent past their threshold now: inside a hitch, read at every sweep.
+    silent: Vec<u64>,
+    /// Streams with a hitch reported since the last sweep.
+    reported: Vec<u64>,
+    /// Streams whose beat has shown a token event.
+    past_first: usize,
+    /// The streams inside a hitch at the last sweep (its scratch list, kept for its capacity).
+    inside: Vec<u64>,
     arrivals: VecDeque<Arrival>,
     episodes: VecDeque<Episode>,
     open: Option<Episode>,
@@ -214,7 +243,12 @@ impl<L> EpisodeTracker<L> {
     pub fn new(settings: BatchSettings, sweep_nanos: i64) -> Self {
         EpisodeTracker {
             settings,
-            streams: Vec::new(),
+            streams: HashMap::new(),
+            due: BinaryHeap::new(),
+            silent: Vec::new(),
+            reported: Vec::new(),
+            past_first: 0,
+            inside: Vec::new(),
             arrivals: VecDeque::new(),
             episodes: VecDeque::new(),
             open: None,
@@ -261,21 +295,34 @@ impl<L> EpisodeTracker<L> {
             body_bytes,
             prompt_tokens: None,
         });
-        self.streams.push(Slot {
+        self.streams.insert(
             key,
-            id,
-            trace_id,
-            beat,
-            reported: None,
-            start: at,
-            hitched: Decayed::default(),
-        });
+            Slot {
+                key,
+                id,
+                trace_id,
+                beat,
+                reported: None,
+                start: at,
+                hitched: Decayed::default(),
+                past_first: false,
+                silent: false,
+                reported_listed: false,
+                caught: 0,
+                recheck: FIRST_RECHECK,
+            },
+        );
+        self.due
+            .push(Reverse((at.saturating_add(FIRST_RECHECK), key)));
     }
 
     /// A stream ended; `prompt_tokens` is what its usage said, if anything.
     pub fn end(&mut self, key: u64, prompt_tokens: Option<u64>) {
-        if let Some(i) = self.streams.iter().position(|s| s.key == key) {
-            self.streams.swap_remove(i);
+        if let Some(slot) = self.streams.remove(&key) {
+            if slot.past_first {
+                self.past_first -= 1;
+            }
+            // Its heap entry and list places are dropped lazily, when next read.
         }
         let Some(tokens) = prompt_tokens else {
             return;
@@ -292,8 +339,11 @@ impl<L> EpisodeTracker<L> {
 
     /// A stream's gap from `start` to `end` was a hitch; its scope comes with a later sweep.
     pub fn hitch(&mut self, key: u64, start: i64, end: i64, labels: L) -> Option<Settled<L>> {
-        if let Some(slot) = self.streams.iter_mut().find(|s| s.key == key) {
+        if let Some(slot) = self.streams.get_mut(&key) {
             slot.reported = Some((start, end));
+            if !std::mem::replace(&mut slot.reported_listed, true) {
+                self.reported.push(key);
+            }
         }
         self.pending.push_back(Pending {
             key,
@@ -315,30 +365,9 @@ impl<L> EpisodeTracker<L> {
         let mut outcome = SweepOutcome::default();
         let since = self.last_sweep;
         self.last_sweep = now;
-        let mut past_first = 0usize;
-        let mut inside = 0usize;
-        let mut earliest = i64::MAX;
-        let mut latest_end = i64::MIN;
-        for slot in &self.streams {
-            let (last, threshold) = slot.beat.read();
-            if last == 0 {
-                continue;
-            }
-            past_first += 1;
-            let silent = now - last > threshold;
-            let reported = slot.reported.filter(|(_, end)| *end > since);
-            if silent || reported.is_some() {
-                inside += 1;
-                let start = match reported {
-                    Some((start, end)) => {
-                        latest_end = latest_end.max(end);
-                        start
-                    }
-                    None => last,
-                };
-                earliest = earliest.min(if silent { start.min(last) } else { start });
-            }
-        }
+        self.read_due(now);
+        let (inside, earliest, latest_end) = self.read_inside(now, since);
+        let past_first = self.past_first;
         let tau = self.settings.rate_window_secs();
         if since > 0 && now > since {
             let seconds = past_first as f64 * (now - since) as f64 * 1e-9;
@@ -354,7 +383,7 @@ impl<L> EpisodeTracker<L> {
                 self.begin(earliest);
                 outcome.began = true;
             }
-            self.catch(now, since);
+            self.catch();
         } else if let Some(mut episode) = self.open.take() {
             let end = if latest_end > episode.start {
                 latest_end
@@ -393,8 +422,8 @@ impl<L> EpisodeTracker<L> {
         );
         let lambda: f64 = self
             .streams
-            .iter()
-            .filter(|s| s.beat.read().0 != 0)
+            .values()
+            .filter(|s| s.past_first)
             .map(|s| {
                 let observed = chance::observed(s.start, now, tau);
                 chance::share(s.hitched.at(now, tau), observed, pooled)
@@ -411,7 +440,7 @@ impl<L> EpisodeTracker<L> {
         let tau = self.settings.rate_window_secs();
         let seconds = (end - start).max(0) as f64 * 1e-9;
         self.pool_hitched.add(end, seconds, tau);
-        if let Some(slot) = self.streams.iter_mut().find(|s| s.key == key) {
+        if let Some(slot) = self.streams.get_mut(&key) {
             slot.hitched.add(end, seconds, tau);
         }
     }
@@ -440,18 +469,20 @@ impl<L> EpisodeTracker<L> {
         self.open = Some(episode);
     }
 
-    /// Adds the streams inside a hitch now to the open episode.
-    fn catch(&mut self, now: i64, since: i64) {
+    /// Adds the streams inside a hitch now to the open episode, each once: a stream carries the
+    /// number of the last episode that caught it.
+    fn catch(&mut self) {
         let Some(episode) = self.open.as_mut() else {
             return;
         };
-        for slot in &self.streams {
-            let (last, threshold) = slot.beat.read();
-            let silent = last != 0 && now - last > threshold;
-            let reported = slot.reported.is_some_and(|(_, end)| end > since);
-            if !(silent || reported) || episode.stream_keys.contains(&slot.key) {
+        for key in &self.inside {
+            let Some(slot) = self.streams.get_mut(key) else {
+                continue;
+            };
+            if slot.caught == episode.id {
                 continue;
             }
+            slot.caught = episode.id;
             episode.streams += 1;
             if episode.stream_keys.is_empty() {
                 episode.first_trace_id = slot.trace_id.clone();
@@ -460,6 +491,108 @@ impl<L> EpisodeTracker<L> {
                 episode.stream_keys.push(slot.key);
                 episode.stream_ids.push(slot.id.clone());
             }
+        }
+    }
+
+    /// Reads the beats of the streams whose deadline has come: a stream silent past its
+    /// threshold joins the silent list, the others go back into the heap at their new deadline.
+    fn read_due(&mut self, now: i64) {
+        while let Some(&Reverse((deadline, key))) = self.due.peek() {
+            if deadline > now {
+                break;
+            }
+            self.due.pop();
+            let Some(slot) = self.streams.get_mut(&key) else {
+                continue; // it ended
+            };
+            if slot.silent {
+                continue;
+            }
+            let (last, threshold) = slot.beat.read();
+            if last == 0 {
+                let next = now.saturating_add(slot.recheck);
+                slot.recheck = (slot.recheck * 2).min(MAX_RECHECK);
+                self.due.push(Reverse((next, key)));
+                continue;
+            }
+            if !slot.past_first {
+                slot.past_first = true;
+                self.past_first += 1;
+            }
+            if now - last > threshold {
+                slot.silent = true;
+                self.silent.push(key);
+            } else {
+                let next = last
+                    .saturating_add(threshold)
+                    .saturating_add(1)
+                    .min(now.saturating_add(MAX_RECHECK));
+                self.due.push(Reverse((next, key)));
+            }
+        }
+    }
+
+    /// The streams inside a hitch now (into `self.inside`): those still silent, and those whose
+    /// reported hitch ended since the previous sweep. Returns their count, where the earliest
+    /// of their hitches began, and where the latest reported one ended.
+    fn read_inside(&mut self, now: i64, since: i64) -> (usize, i64, i64) {
+        let mut earliest = i64::MAX;
+        let mut latest_end = i64::MIN;
+        self.inside.clear();
+        let streams = &mut self.streams;
+        let due = &mut self.due;
+        let inside = &mut self.inside;
+        self.silent.retain(|key| {
+            let Some(slot) = streams.get_mut(key) else {
+                return false;
+            };
+            let (last, threshold) = slot.beat.read();
+            if now - last > threshold {
+                inside.push(*key);
+                let start = match slot.reported.filter(|(_, end)| *end > since) {
+                    Some((start, end)) => {
+                        latest_end = latest_end.max(end);
+                        start.min(last)
+                    }
+                    None => last,
+                };
+                earliest = earliest.min(start);
+                true
+            } else {
+                slot.silent = false;
+                let next = last.saturating_add(threshold).saturating_add(1);
+                due.push(Reverse((next.min(now.saturating_add(MAX_RECHECK)), *key)));
+                false
+            }
+        });
+        for key in self.reported.drain(..) {
+            let Some(slot) = streams.get_mut(&key) else {
+                continue;
+            };
+            slot.reported_listed = false;
+            if slot.silent {
+                continue; // counted above
+            }
+            if let Some((start, end)) = slot.reported.filter(|(_, end)| *end > since) {
+                inside.push(key);
+                latest_end = latest_end.max(end);
+                earliest = earliest.min(start);
+            }
+        }
+        (self.inside.len(), earliest, latest_end)
+    }
+
+    /// When the sweep next has work (nanoseconds): a stream's deadline, a hitch's settling, or
+    /// the next sweep while streams are silent or an episode is open. `None`: nothing left.
+    pub fn next_work(&self, now: i64, sweep: i64) -> Option<i64> {
+        if !self.silent.is_empty() || !self.reported.is_empty() || self.open.is_some() {
+            return Some(now + sweep);
+        }
+        let due = self.due.peek().map(|Reverse((at, _))| *at);
+        let settle = self.pending.front().map(|p| p.end + self.settle);
+        match (due, settle) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -677,6 +810,37 @@ mod tests {
         assert_eq!(sim.tracker.episodes().count(), MAX_EPISODES);
         assert_eq!(sim.tracker.arrivals.len(), MAX_ARRIVALS);
         assert!(sim.tracker.pending.len() <= 4 * 2, "settled as they go");
+    }
+
+    #[test]
+    fn five_thousand_silent_streams_are_one_episode_of_five_thousand() {
+        const N: usize = 5_000;
+        let mut sim = Sim::new(N);
+        sim.run(20 * MS, 400 * MS, |_, _| false);
+        // Every stream falls silent for a second: one episode, each stream counted once
+        // however many sweeps it stays silent.
+        let (settled, ended) = sim.run(405 * MS, 1_400 * MS, |_, t| t < 1_300 * MS);
+        assert_eq!(ended.len(), 1);
+        assert_eq!(ended[0].streams, N);
+        assert_eq!(ended[0].stream_ids.len(), MAX_CAUGHT_IDS);
+        // Past the pending bound the oldest hitches were settled as they came (batch too).
+        assert_eq!(settled.len() as u64 + sim.tracker.overflowed, N as u64);
+        assert!(settled.iter().all(|s| s.scope == Scope::Batch));
+        // A sweep with nothing due reads no beat: the heap's next deadline is in the future.
+        let next = sim.tracker.next_work(1_400 * MS, 5 * MS).unwrap();
+        assert!(next > 1_400 * MS);
+    }
+
+    #[test]
+    fn a_sweep_reads_only_the_streams_that_are_due() {
+        let mut sim = Sim::new(100);
+        sim.run(20 * MS, 400 * MS, |_, _| false);
+        // All streams steady: the heap holds one entry per stream, none due yet (an entry may
+        // be older than the stream's last token: it is read again and pushed on when it pops).
+        let next = sim.tracker.next_work(401 * MS, 5 * MS).unwrap();
+        assert!(next > 401 * MS, "{next}");
+        assert_eq!(sim.tracker.due.len(), 100);
+        assert!(sim.tracker.silent.is_empty());
     }
 
     /// `n` streams of one upstream in model time, each stalling on its own: a token every 30 ms
