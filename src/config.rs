@@ -227,6 +227,10 @@ pub struct TimelineConfig {
     pub beacon_path: String,
     /// Largest beacon body accepted, in bytes.
     pub beacon_max_bytes: usize,
+    /// How much longer than the stream lasted (at metronome) a beacon's TTFT and gaps may add
+    /// up to: the network and the page's own delays (`"10s"`).
+    #[serde(deserialize_with = "duration_text")]
+    pub beacon_margin: Duration,
     /// Whether `/streams/{id}` shows each frame's size (issue 26: off by default, since an SSE
     /// chat stream's frame sizes are its tokens' lengths; timings are shown either way).
     pub frame_sizes: bool,
@@ -239,8 +243,21 @@ impl Default for TimelineConfig {
             max_frames: 1024,
             beacon_path: "/.well-known/metronome/beacon".into(),
             beacon_max_bytes: 16 * 1024,
+            beacon_margin: Duration::from_secs(10),
             frame_sizes: false,
         }
+    }
+}
+
+/// A duration as people write it (`10s`, `1m30s`), up to an hour, read by `crate::units`.
+fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    match crate::units::parse_duration(&text) {
+        Ok(v) if v <= Duration::from_secs(3600) => Ok(v),
+        Ok(_) => Err(serde::de::Error::custom(format!(
+            "`{text}` is longer than an hour"
+        ))),
+        Err(e) => Err(serde::de::Error::custom(e)),
     }
 }
 
