@@ -28,7 +28,9 @@
  *  - events completed by one chunk share its arrival time, so token events that arrive together
  *    have a gap of 0: the clump the reader sees;
  *  - when the body ends (or fails, or is cancelled) and at least one token event arrived, sends
- *    {"v":1,"id":…,"ttft_ms":…,"gaps_ms":[…]} once, with navigator.sendBeacon when available and
+ *    {"v":1,"id":…,"key":…,"ttft_ms":…,"gaps_ms":[…]} once (key: the response's
+ *    x-metronome-beacon-key, which only this client received; metronome refuses a beacon without
+ *    it, so a response without the key sends nothing), with navigator.sendBeacon when available and
  *    fetch(…, {keepalive: true}) otherwise, to the beacon path resolved against the stream's URL
  *    (same origin as the stream, so it reaches the same metronome). ttft_ms counts from the
  *    metronomeFetch call; gaps_ms are at most 2048 and the body stays under 16 KiB.
@@ -45,6 +47,8 @@
     beaconPath: "/.well-known/metronome/beacon",
     /** The response header that carries metronome's stream ID. */
     header: "x-metronome-stream-id",
+    /** The response header that carries the stream's beacon key. */
+    keyHeader: "x-metronome-beacon-key",
     /** Gaps per beacon; metronome refuses more. */
     maxGaps: 2048,
     /** Beacon body size; metronome's default cap is 16384 bytes. */
@@ -286,6 +290,7 @@
     var t0 = now();
     return root.fetch(input, init).then(function (response) {
       var id = response.headers.get(opts.header);
+      var key = response.headers.get(opts.keyHeader);
       if (!id || !response.body || typeof root.ReadableStream !== "function") return response;
       var base = response.url || requestUrl(input);
       var beaconUrl;
@@ -303,6 +308,7 @@
         meter.end(now());
         var summary = meter.summary(id);
         if (!summary) return;
+        if (key) summary.key = key;
         if (typeof opts.onSummary === "function") {
           try {
             opts.onSummary(summary);
@@ -310,7 +316,8 @@
             /* ignore */
           }
         }
-        if (opts.send) sendSummary(beaconUrl, summary);
+        // Without its key a beacon would be refused (403): measure, but send nothing.
+        if (opts.send && key) sendSummary(beaconUrl, summary);
       };
       var body = new root.ReadableStream({
         start: function (controller) {

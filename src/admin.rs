@@ -48,6 +48,10 @@ pub trait AdminView: Send + Sync + 'static {
     fn registry(&self) -> &StreamRegistry;
     /// Batch episodes and each stream's hitch marks (`/episodes`, `/streams/{id}`).
     fn batch(&self) -> &BatchDetector;
+    /// Each finished stream's backpressure marks (`/streams/{id}`), when they are kept.
+    fn backpressure(&self) -> Option<&crate::metering::backpressure::Backpressure> {
+        None
+    }
     /// Whether SIGTERM began the drain, so `/readyz` answers 503.
     fn draining(&self) -> bool;
     /// The configuration in force now, reloads included (the readiness check reads it).
@@ -180,10 +184,12 @@ async fn answer(
     })
 }
 
-/// A stream's detail with its hitches marked (scope and episode; docs/batch.md), when it had any.
+/// A stream's detail with its hitches marked (scope and episode; docs/batch.md) and its
+/// backpressure (docs/timelines.md), when it had any.
 fn with_hitches(state: &dyn AdminView, id: &str, body: String) -> String {
     let marks = state.batch().hitches_of(id);
-    if marks.is_empty() {
+    let held = state.backpressure().and_then(|b| b.marks_of(id));
+    if marks.is_empty() && held.is_none() {
         return body;
     }
     let Ok(mut detail) = serde_json::from_str::<serde_json::Value>(&body) else {
@@ -203,7 +209,21 @@ fn with_hitches(state: &dyn AdminView, id: &str, body: String) -> String {
         })
         .collect();
     if let Some(object) = detail.as_object_mut() {
-        object.insert("hitches".to_owned(), serde_json::Value::from(hitches));
+        if !hitches.is_empty() {
+            object.insert("hitches".to_owned(), serde_json::Value::from(hitches));
+        }
+        if let Some(held) = held {
+            let marks: Vec<serde_json::Value> = held
+                .marks
+                .iter()
+                .map(|m| serde_json::json!({"from_us": m.from_us, "to_us": m.to_us, "held_us": m.held_us}))
+                .collect();
+            object.insert("backpressure".to_owned(), serde_json::Value::from(marks));
+            object.insert(
+                "backpressure_dropped".to_owned(),
+                serde_json::Value::from(held.dropped),
+            );
+        }
     }
     detail.to_string()
 }

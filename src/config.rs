@@ -227,6 +227,10 @@ pub struct TimelineConfig {
     pub beacon_path: String,
     /// Largest beacon body accepted, in bytes.
     pub beacon_max_bytes: usize,
+    /// How much longer than the stream lasted (at metronome) a beacon's TTFT and gaps may add
+    /// up to: the network and the page's own delays (`"10s"`).
+    #[serde(deserialize_with = "duration_text")]
+    pub beacon_margin: Duration,
     /// Whether `/streams/{id}` shows each frame's size (off by default, since an SSE
     /// chat stream's frame sizes are its tokens' lengths; timings are shown either way).
     pub frame_sizes: bool,
@@ -239,8 +243,21 @@ impl Default for TimelineConfig {
             max_frames: 1024,
             beacon_path: "/.well-known/metronome/beacon".into(),
             beacon_max_bytes: 16 * 1024,
+            beacon_margin: Duration::from_secs(10),
             frame_sizes: false,
         }
+    }
+}
+
+/// A duration as people write it (`10s`, `1m30s`), up to an hour, read by `crate::units`.
+fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    match crate::units::parse_duration(&text) {
+        Ok(v) if v <= Duration::from_secs(3600) => Ok(v),
+        Ok(_) => Err(serde::de::Error::custom(format!(
+            "`{text}` is longer than an hour"
+        ))),
+        Err(e) => Err(serde::de::Error::custom(e)),
     }
 }
 
@@ -337,6 +354,8 @@ struct RawBatch {
     min_streams: u64,
     min_share: f64,
     lookback: String,
+    rate_window: String,
+    false_positive: f64,
 }
 
 impl Default for RawBatch {
@@ -348,6 +367,8 @@ impl Default for RawBatch {
             min_streams: 2,
             min_share: 0.5,
             lookback: "2s".into(),
+            rate_window: "30s".into(),
+            false_positive: 1e-6,
         }
     }
 }
@@ -397,6 +418,25 @@ fn validate_batch(raw: &RawBatch, problem: &mut dyn FnMut(&str, String)) -> Batc
             format!("`{}` is longer than a year", raw.lookback),
         ),
         Err(e) => problem("batch.lookback", e),
+    }
+    match parse_duration(&raw.rate_window) {
+        Ok(d) if d >= Duration::from_secs(1) && d <= MAX_DURATION => settings.rate_window = d,
+        Ok(_) => problem(
+            "batch.rate_window",
+            format!("`{}` must be from 1s to a year", raw.rate_window),
+        ),
+        Err(e) => problem("batch.rate_window", e),
+    }
+    if raw.false_positive.is_finite() && raw.false_positive > 0.0 && raw.false_positive <= 1.0 {
+        settings.false_positive = raw.false_positive;
+    } else {
+        problem(
+            "batch.false_positive",
+            format!(
+                "{} must be a chance above 0 and at most 1",
+                raw.false_positive
+            ),
+        );
     }
     settings
 }
@@ -1319,6 +1359,9 @@ path = "/d"
             ("[batch]\nmin_streams = 0\n", "batch.min_streams"),
             ("[batch]\nmin_share = 1.5\n", "batch.min_share"),
             ("[batch]\nmin_share = 0.0\n", "batch.min_share"),
+            ("[batch]\nfalse_positive = 0.0\n", "batch.false_positive"),
+            ("[batch]\nfalse_positive = 2.0\n", "batch.false_positive"),
+            ("[batch]\nrate_window = \"10ms\"\n", "batch.rate_window"),
             ("[batch]\nlookback = \"2 parsecs\"\n", "batch.lookback"),
             ("[batch]\nwindow = 3\n", "batch.window"),
         ] {

@@ -520,6 +520,29 @@ pub struct BeaconSlot {
     pub model: Option<Arc<str>>,
     /// A beacon was accepted already.
     pub used: bool,
+    /// The key only the stream's own client received (`x-metronome-beacon-key`); never shown.
+    key: Option<BeaconKey>,
+    /// What metronome saw of the stream, once it was recorded: token events and duration.
+    pub seen: Option<BeaconSeen>,
+}
+
+/// A beacon key: 128 random bits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct BeaconKey(pub u128);
+
+impl std::fmt::Debug for BeaconKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeaconKey(..)")
+    }
+}
+
+/// What a beacon is held against: what metronome saw of its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BeaconSeen {
+    /// Token events metronome forwarded.
+    pub token_events: u64,
+    /// From the request's receipt to the stream's end, in microseconds.
+    pub duration_us: u64,
 }
 
 /// Why a beacon was refused.
@@ -529,6 +552,10 @@ pub enum BeaconClaim {
     Unknown,
     /// A beacon for this stream was accepted before.
     Duplicate,
+    /// The beacon carried no key.
+    NoKey,
+    /// The beacon's key is not the stream's.
+    WrongKey,
 }
 
 #[derive(Debug, Default)]
@@ -609,6 +636,8 @@ impl StreamRegistry {
                 route: route.clone(),
                 model: None,
                 used: false,
+                key: None,
+                seen: None,
             },
         );
         inner.slot_order.push_back(id.clone());
@@ -622,6 +651,10 @@ impl StreamRegistry {
         let mut inner = self.lock();
         if let Some(slot) = inner.slots.get_mut(&stream.id) {
             slot.model = Some(stream.model.clone());
+            slot.seen = Some(BeaconSeen {
+                token_events: stream.token_events,
+                duration_us: stream.duration_us,
+            });
         }
         if self.max_streams == 0 {
             return;
@@ -632,7 +665,32 @@ impl StreamRegistry {
         inner.finished.push_back(Arc::new(stream));
     }
 
-    /// Claims the one beacon a stream may send.
+    /// Gives stream `id` its beacon key: only a beacon with it may speak for the stream.
+    pub fn set_beacon_key(&self, id: &str, key: BeaconKey) {
+        if let Some(slot) = self.lock().slots.get_mut(id) {
+            slot.key = Some(key);
+        }
+    }
+
+    /// The beacon slot of stream `id` if `key` is its key, without taking it: a refused beacon
+    /// never takes the stream's one place.
+    pub fn beacon_slot(&self, id: &str, key: Option<BeaconKey>) -> Result<BeaconSlot, BeaconClaim> {
+        let inner = self.lock();
+        let slot = inner.slots.get(id).ok_or(BeaconClaim::Unknown)?;
+        let given = key.ok_or(BeaconClaim::NoKey)?;
+        match slot.key {
+            // Compared without an early exit on the first differing bit.
+            Some(own) if (own.0 ^ given.0) == 0 => {}
+            _ => return Err(BeaconClaim::WrongKey),
+        }
+        if slot.used {
+            return Err(BeaconClaim::Duplicate);
+        }
+        Ok(slot.clone())
+    }
+
+    /// Claims the one beacon a stream may send, once [`Self::beacon_slot`] let it in and its
+    /// content was found plausible.
     pub fn claim_beacon(&self, id: &str) -> Result<BeaconSlot, BeaconClaim> {
         let mut inner = self.lock();
         let slot = inner.slots.get_mut(id).ok_or(BeaconClaim::Unknown)?;

@@ -31,6 +31,23 @@ pub struct StreamTimeline {
     /// without the batch detector and from streams that had none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hitches: Vec<TimelineHitch>,
+    /// The intervals the client held the stream back (docs/timelines.md); absent from servers
+    /// that do not mark them and from streams never held back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backpressure: Vec<TimelineBackpressure>,
+}
+
+/// One backpressure episode of a stream as `/streams/{id}` marks it, in microseconds from the
+/// stream's receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimelineBackpressure {
+    /// When the reader first parked on a full queue.
+    pub from_us: u64,
+    /// When the queue was empty again (or the upstream side ended).
+    pub to_us: u64,
+    /// The time the upstream was not read at all.
+    #[serde(default)]
+    pub held_us: u64,
 }
 
 /// One hitch of a stream as `/streams/{id}` marks it.
@@ -74,6 +91,14 @@ impl StreamTimeline {
         self.hitches
             .iter()
             .any(|h| h.event == event && h.scope == "batch")
+    }
+
+    /// Whether an ingress gap from `from_us` to `to_us` overlaps a backpressure mark: the client
+    /// held the stream back, so the gap is not generation's.
+    pub fn held_back(&self, from_us: u64, to_us: u64) -> bool {
+        self.backpressure
+            .iter()
+            .any(|b| from_us < b.to_us && to_us > b.from_us)
     }
 
     /// The `(ingress_us, egress_us)` of every token event, in order: events of one frame share

@@ -1,6 +1,8 @@
 //! The batch counters' exemplars (docs/metrics.md, "Exemplars") end to end:
-//! `metronome sim --engine batch` behind the proxy, four streams decoding, one of them with a
-//! stall of its own, and one long prompt whose prefill holds the batch.
+//! `metronome sim --engine batch` behind the proxy, six streams decoding, one of them with a
+//! stall of its own, and one long prompt whose prefill holds the batch. (Six, not four: after one
+//! stream's own 300 ms stall in its first half second, four streams inside a hitch at once is
+//! about 1e-5 by chance under the episode rule, not rare enough for `batch.false_positive`.)
 //! The OpenMetrics scrape (parsed by prometheus_client) and the protobuf scrape carry an exemplar
 //! on `metronome_hitches_total{scope="stream"}` naming the stalled stream, and one on
 //! `metronome_batch_episodes_total` naming a stream the episode caught; both resolve at the
@@ -25,7 +27,7 @@ use support::*;
 fn trace_id(i: usize) -> String {
     format!("{:032x}", i + 1)
 }
-const STREAMS: usize = 4;
+const STREAMS: usize = 6;
 /// The loop's step, and the long prompt's hold: 3,000 prompt tokens × 100 µs.
 const GAP: u64 = 20;
 const LONG_PROMPT_TOKENS: u64 = 3_000;

@@ -313,6 +313,30 @@ async fn send(addr: std::net::SocketAddr, path: &str, body: &str, headers: &[(&s
     status
 }
 
+/// Reads a stream's first 32 KiB through a small receive buffer, stops reading for 2.5 s
+/// (the proxy's queue fills: backpressure), then reads it to the end.
+async fn read_slowly(addr: std::net::SocketAddr, path: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    let body = r#"{"model":"m","stream":true}"#;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = 0;
+    while got < 32 * 1024 {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the stream ended early");
+        got += n;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    while stream.read(&mut buf).await.unwrap() > 0 {}
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_family_is_in_the_tables_and_every_row_is_exported() {
     // Two streams whose 300 ms stalls overlap: each a stall and a hitch, together an episode.
@@ -359,6 +383,17 @@ async fn every_metric_family_is_in_the_tables_and_every_row_is_exported() {
     )
     .start()
     .await;
+    // A stream a client stops reading: backpressure.
+    let held: Vec<Bytes> = (0..2_000)
+        .map(|n| {
+            Bytes::from(format!(
+                "data: {{\"model\":\"m\",\"choices\":[{{\"delta\":{{\"content\":\"{n:05}{}\"}}}}]}}\n\n",
+                "x".repeat(4090)
+            ))
+        })
+        .chain(std::iter::once(Bytes::from_static(b"data: [DONE]\n\n")))
+        .collect();
+    let held = Upstream::sse_frames(&held, ms(1)).start().await;
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -384,6 +419,11 @@ path = "/v1/reasoning"
 upstream = "http://{}"
 format = "openai"
 [[routes]]
+name = "held"
+path = "/v1/held"
+upstream = "http://{}"
+format = "openai"
+[[routes]]
 name = "down"
 path = "/v1/down"
 upstream = "http://{closed}"
@@ -392,11 +432,16 @@ endpoint = "http://{otlp}"
 interval = "1s"
 timeout = "1s"
 traces = true
+# Two streams stalled at once are an episode by the floors alone (the chance rule, which would
+# want more streams, is docs/batch.md's and tested in tests/batch_chance.rs).
+[batch]
+false_positive = 1.0
 "#,
         proxy_toml(stalling.addr),
         answer.addr,
         unparsable.addr,
-        reasoning.addr
+        reasoning.addr,
+        held.addr
     );
     let mut config = metronome::config::Config::from_toml(&toml).unwrap();
     config.readiness.check_upstream = false;
@@ -415,6 +460,7 @@ traces = true
     assert_eq!(send(addr, "/v1/answer", "{}", &[]).await, 200);
     assert_eq!(send(addr, "/v1/odd", chat, &[]).await, 200);
     assert_eq!(send(addr, "/v1/reasoning", chat, &[]).await, 200);
+    read_slowly(addr, "/v1/held").await;
     assert_eq!(send(addr, "/v1/down", chat, &[]).await, 502);
     let beacon = send(addr, "/.well-known/metronome/beacon", "not a beacon", &[]).await;
     assert_eq!(beacon, 400);

@@ -75,6 +75,7 @@ async fn a_panicking_stream_task_does_not_take_down_other_streams() {
         idle_timeout: Duration::from_secs(10),
         client_http1: false,
         live: None,
+        backpressure: Some(state.backpressure.clone()),
     };
     let frames: Vec<Bytes> = (0..FRAMES).map(token_event).collect();
 

@@ -68,6 +68,21 @@ fn beacon(id: &str, ttft_ms: f64, gaps_ms: &[f64]) -> Vec<u8> {
         .into_bytes()
 }
 
+/// A beacon carrying `key`.
+fn keyed(id: &str, key: &str, ttft_ms: f64, gaps_ms: &[f64]) -> Vec<u8> {
+    serde_json::json!({"v": 1, "id": id, "key": key, "ttft_ms": ttft_ms, "gaps_ms": gaps_ms})
+        .to_string()
+        .into_bytes()
+}
+
+/// The beacon key the proxy gave a response.
+fn key_of(got: &Received) -> String {
+    got.headers["x-metronome-beacon-key"]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
 #[tokio::test]
 async fn a_finished_stream_has_a_summary_and_a_frame_timeline() {
     let upstream = Upstream::openai_chat()
@@ -185,16 +200,17 @@ async fn a_beacon_is_recorded_at_the_client_point_once() {
         .start()
         .await;
     let proxy = proxy_to(upstream.addr).await;
-    let (_, id) = recorded_stream(&proxy).await;
+    let (got, id) = recorded_stream(&proxy).await;
+    let key = key_of(&got);
 
     // Nine gaps as a page saw them: clumps (0), a 300 ms stall.
     let gaps = [0.0, 0.0, 40.0, 300.0, 10.0, 0.0, 20.0, 20.0, 20.0];
     assert_eq!(
-        post(proxy.proxy_addr, BEACON, beacon(&id, 123.0, &gaps)).await,
+        post(proxy.proxy_addr, BEACON, keyed(&id, &key, 123.0, &gaps)).await,
         204
     );
     assert_eq!(
-        post(proxy.proxy_addr, BEACON, beacon(&id, 123.0, &gaps)).await,
+        post(proxy.proxy_addr, BEACON, keyed(&id, &key, 123.0, &gaps)).await,
         400,
         "once per stream"
     );
@@ -230,10 +246,124 @@ async fn a_beacon_is_recorded_at_the_client_point_once() {
 }
 
 #[tokio::test]
+async fn forged_beacons_are_refused_and_record_nothing_then_the_owners_is_accepted() {
+    let upstream = Upstream::openai_chat()
+        .tokens(10)
+        .every(ms(5))
+        .start()
+        .await;
+    let proxy = proxy_to(upstream.addr).await;
+    let (got, id) = recorded_stream(&proxy).await;
+    let (other, _) = recorded_stream(&proxy).await;
+    let key = key_of(&got);
+    let addr = proxy.proxy_addr;
+    // The key is never published: not in /streams, /streams/{id} or /metrics.
+    for path in [
+        "/streams".to_owned(),
+        format!("/streams/{id}"),
+        "/metrics".to_owned(),
+    ] {
+        let text = String::from_utf8(
+            request(proxy.admin_addr, "GET", &path, "", false)
+                .await
+                .bytes(),
+        )
+        .unwrap();
+        assert!(!text.contains(&key), "{path} shows the key");
+    }
+    let gaps = [5.0; 9];
+    // No key, another stream's key, a made-up key.
+    assert_eq!(post(addr, BEACON, beacon(&id, 10.0, &gaps)).await, 403);
+    assert_eq!(
+        post(addr, BEACON, keyed(&id, &key_of(&other), 10.0, &gaps)).await,
+        403
+    );
+    assert_eq!(
+        post(addr, BEACON, keyed(&id, &"0".repeat(32), 10.0, &gaps)).await,
+        403
+    );
+    assert_eq!(
+        post(addr, BEACON, keyed(&id, "not-a-key", 10.0, &gaps)).await,
+        403
+    );
+    let m = scrape(&proxy).await;
+    assert_eq!(beacons(&m, "no_key"), 1.0);
+    assert_eq!(beacons(&m, "wrong_key"), 3.0);
+    assert_eq!(
+        m.value(
+            "metronome_inter_token_latency_seconds_count",
+            &[("point", "client")]
+        ),
+        0.0,
+        "nothing recorded"
+    );
+    // The owner's beacon still has the stream's one place.
+    assert_eq!(post(addr, BEACON, keyed(&id, &key, 10.0, &gaps)).await, 204);
+    let m = scrape(&proxy).await;
+    assert_eq!(beacons(&m, "accepted"), 1.0);
+    assert_eq!(
+        m.value(
+            "metronome_inter_token_latency_seconds_count",
+            &[("point", "client")]
+        ),
+        9.0
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn implausible_beacons_are_refused_then_the_streams_own_is_accepted() {
+    let upstream = Upstream::openai_chat().tokens(3).every(ms(5)).start().await;
+    let proxy = proxy_to(upstream.addr).await;
+    let (got, id) = recorded_stream(&proxy).await;
+    let key = key_of(&got);
+    let addr = proxy.proxy_addr;
+    // 1,900 gaps of an hour's worth for a stream of 3 token events.
+    assert_eq!(
+        post(addr, BEACON, keyed(&id, &key, 10.0, &vec![3_600.0; 1_900])).await,
+        422
+    );
+    // An hour-long gap; a TTFT past the stream's length plus the 10 s margin.
+    assert_eq!(
+        post(addr, BEACON, keyed(&id, &key, 10.0, &[3_600_000.0, 5.0])).await,
+        422
+    );
+    assert_eq!(
+        post(addr, BEACON, keyed(&id, &key, 20_000.0, &[5.0, 5.0])).await,
+        422
+    );
+    let m = scrape(&proxy).await;
+    assert_eq!(beacons(&m, "too_many_gaps"), 1.0);
+    assert_eq!(beacons(&m, "too_long"), 2.0);
+    assert_eq!(
+        m.value(
+            "metronome_inter_token_latency_seconds_count",
+            &[("point", "client")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        post(addr, BEACON, keyed(&id, &key, 12.0, &[5.0, 6.0])).await,
+        204
+    );
+    let m = scrape(&proxy).await;
+    assert_eq!(beacons(&m, "accepted"), 1.0);
+    assert_eq!(
+        m.value(
+            "metronome_inter_token_latency_seconds_count",
+            &[("point", "client")]
+        ),
+        2.0
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
 async fn bad_beacons_are_refused_counted_and_grow_nothing() {
     let upstream = Upstream::openai_chat().tokens(3).every(ms(1)).start().await;
     let proxy = proxy_with(upstream.addr, |c| c.timeline.beacon_max_bytes = 1024).await;
-    let (_, id) = recorded_stream(&proxy).await;
+    let (got, id) = recorded_stream(&proxy).await;
+    let key = key_of(&got);
     let addr = proxy.proxy_addr;
 
     assert_eq!(
@@ -300,7 +430,10 @@ async fn bad_beacons_are_refused_counted_and_grow_nothing() {
         None
     );
     // The stream's own beacon still works after the flood.
-    assert_eq!(post(addr, BEACON, beacon(&id, 1.0, &[1.0, 2.0])).await, 204);
+    assert_eq!(
+        post(addr, BEACON, keyed(&id, &key, 1.0, &[1.0, 2.0])).await,
+        204
+    );
     proxy.shutdown().await;
 }
 
@@ -360,7 +493,7 @@ async fn a_client_cannot_guess_the_next_streams_id_and_claim_its_beacon() {
     let upstream = Upstream::openai_chat().tokens(3).every(ms(1)).start().await;
     let proxy = proxy_to(upstream.addr).await;
     let (_, mine) = recorded_stream(&proxy).await;
-    let (_, theirs) = recorded_stream(&proxy).await;
+    let (their_response, theirs) = recorded_stream(&proxy).await;
 
     // The attacker posts for the ID that follows its own: no stream has it.
     let guess = next_in_sequence(&mine);
@@ -372,7 +505,12 @@ async fn a_client_cannot_guess_the_next_streams_id_and_claim_its_beacon() {
     );
     // The real page's beacon is still its own.
     assert_eq!(
-        post(proxy.proxy_addr, BEACON, beacon(&theirs, 1.0, &[1.0])).await,
+        post(
+            proxy.proxy_addr,
+            BEACON,
+            keyed(&theirs, &key_of(&their_response), 1.0, &[1.0])
+        )
+        .await,
         204
     );
     let m = scrape(&proxy).await;
@@ -418,13 +556,14 @@ async fn a_beacon_takes_a_place_under_max_requests_and_is_counted_when_refused()
     let got = stream.await.unwrap();
     assert_eq!(got.status, 200);
     let id = got.stream_id();
+    let key = key_of(&got);
     scrape_after_stream(&proxy).await;
     wait_until(std::time::Duration::from_secs(5), "the place freed", || {
         state.requests_in_flight.available_permits() == 1
     })
     .await;
     // With the place free again, the stream's own beacon is taken.
-    assert_eq!(post(addr, BEACON, beacon(&id, 1.0, &[1.0])).await, 204);
+    assert_eq!(post(addr, BEACON, keyed(&id, &key, 1.0, &[1.0])).await, 204);
     let m = scrape(&proxy).await;
     assert_eq!(beacons(&m, "overloaded"), 1.0);
     assert_eq!(beacons(&m, "accepted"), 1.0);

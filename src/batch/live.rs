@@ -64,6 +64,8 @@ pub struct UpstreamEpisodes {
     /// Which configured upstream this is.
     url: String,
     inner: Mutex<Inner>,
+    /// Wakes the sweep early: a stream began or reported a hitch.
+    wake: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -172,6 +174,7 @@ impl BatchDetector {
                 tracker: EpisodeTracker::new(self.settings, sweep),
                 sweeping: false,
             }),
+            wake: tokio::sync::Notify::new(),
         });
         all.push(made.clone());
         made
@@ -215,6 +218,8 @@ impl BatchDetector {
                 }
                 Err(_) => episodes.lock().sweeping = false,
             }
+        } else {
+            episodes.wake.notify_one();
         }
         let stall_nanos = i64::try_from(self.metrics.stall_threshold_nanos()).unwrap_or(i64::MAX);
         Some(StreamProbe {
@@ -391,23 +396,30 @@ impl UpstreamEpisodes {
     }
 }
 
-/// The sweep of one upstream: every interval while it has streams, hitches waiting or an episode
-/// open; then it ends (the next stream starts it again).
+/// The sweep of one upstream while it has streams, hitches waiting or an episode open; then it
+/// ends (the next stream starts it again). It sleeps until the next stream's deadline or hitch's
+/// settling (every interval only while streams are silent or an episode is open), or until a
+/// stream begins or reports a hitch, so its cost follows the streams that are due.
 async fn sweep(detector: Arc<BatchDetector>, upstream: Arc<UpstreamEpisodes>) {
-    let every = detector.settings.sweep_interval();
-    let mut timer = tokio::time::interval(every);
-    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let every = nanos(detector.settings.sweep_interval());
     loop {
-        timer.tick().await;
-        let outcome = {
+        let (outcome, next) = {
             let mut inner = upstream.lock();
             if inner.tracker.idle() {
                 inner.sweeping = false;
                 return;
             }
-            inner.tracker.sweep(raw(Tick::now()))
+            let now = raw(Tick::now());
+            let outcome = inner.tracker.sweep(now);
+            let next = inner.tracker.next_work(now, every).unwrap_or(now + every);
+            (outcome, next.max(now + 1_000_000))
         };
         detector.record(&upstream.name, outcome);
+        let at = Tick::default().to_instant() + std::time::Duration::from_nanos(next.max(0) as u64);
+        tokio::select! {
+            () = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {}
+            () = upstream.wake.notified() => {}
+        }
     }
 }
 
@@ -448,6 +460,33 @@ impl StreamProbe {
         self.beat.token(raw(at), self.rule.threshold_nanos());
     }
 
+    /// The stream is held back by its client (a stop began): its silence is not the engine's, so
+    /// the sweep must not count it inside a hitch until it is read again.
+    #[cold]
+    pub fn hold(&self) {
+        self.beat.hold();
+    }
+
+    /// The stop ended at `at`: the stream is read again, and its silence counts from now.
+    #[cold]
+    pub fn release(&self, at: Tick) {
+        if self.last_token.is_some() {
+            self.beat.token(raw(at), self.rule.threshold_nanos());
+        }
+    }
+
+    /// A frame read at `at` carried `token_events` token events whose gap overlapped a stop: the
+    /// gap is not judged (no hitch, and it stays out of the running median).
+    #[cold]
+    pub fn resume(&mut self, at: Tick, token_events: u32) {
+        if token_events == 0 {
+            return;
+        }
+        self.events += u64::from(token_events);
+        self.last_token = Some(at);
+        self.beat.token(raw(at), self.rule.threshold_nanos());
+    }
+
     #[cold]
     fn report(&mut self, start: Tick, end: Tick, model: Option<&Arc<str>>) {
         if self.labels.model.is_none() {
@@ -459,6 +498,7 @@ impl StreamProbe {
                 .lock()
                 .tracker
                 .hitch(self.key, raw(start), raw(end), self.labels.clone());
+        self.upstream.wake.notify_one();
         if let Some(settled) = overflow {
             self.detector.count_hitch(&settled);
             self.detector

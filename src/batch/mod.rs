@@ -2,6 +2,7 @@
 //! else hit submit": a long prompt's prefill inside the shared forward pass) from one that hit
 //! a single stream, and name the requests that arrived just before.
 //!
+//! - [`chance`]: whether a co-stall is too unlikely for independent stalls (the episode rule).
 //! - [`hitch`]: the per-stream rule (is this gap a hitch?), per frame, no allocation.
 //! - [`tracker`]: the per-upstream episode tracker, pure (time passed in), O(active streams)
 //!   plus bounded rings.
@@ -12,6 +13,7 @@
 //!
 //! The definitions are in docs/batch.md ("Is it my stream or the batch?").
 
+pub mod chance;
 pub mod hitch;
 pub mod json;
 pub mod live;

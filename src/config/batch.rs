@@ -17,6 +17,10 @@ pub struct BatchSettings {
     pub min_share: f64,
     /// Requests received this long before an episode began are its arrivals.
     pub lookback: Duration,
+    /// The time constant over which each stream's hitch rate is decayed (the chance rule).
+    pub rate_window: Duration,
+    /// The largest chance that independent stalls alone make an episode, per moment judged.
+    pub false_positive: f64,
 }
 
 impl Default for BatchSettings {
@@ -28,6 +32,8 @@ impl Default for BatchSettings {
             min_streams: 2,
             min_share: 0.5,
             lookback: Duration::from_secs(2),
+            rate_window: Duration::from_secs(30),
+            false_positive: 1e-6,
         }
     }
 }
@@ -38,6 +44,11 @@ impl BatchSettings {
     /// `lookback` in nanoseconds.
     pub fn lookback_nanos(&self) -> i64 {
         i64::try_from(self.lookback.as_nanos()).unwrap_or(i64::MAX)
+    }
+
+    /// `rate_window` in seconds (at least a millisecond).
+    pub fn rate_window_secs(&self) -> f64 {
+        self.rate_window.as_secs_f64().max(1e-3)
     }
 
     /// `min_gap` in nanoseconds.

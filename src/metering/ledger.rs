@@ -99,6 +99,9 @@ pub struct PointLedger {
     stalls: u64,
     /// Made at the first content stall: most streams have none. Classic and native counts.
     stall_durations: Option<Box<(LocalHistogram, NativeCounts)>>,
+    /// The next gap overlaps backpressure (`metering::backpressure`): it is no stall. Read only
+    /// when a gap is over the threshold; set and cleared by the stream's reader.
+    gap_held: bool,
     events_per_frame: SmallCounts,
     /// Every gap, of every phase (the stream's quantiles); the content phase's jank is this less
     /// the other phases' sketches.
@@ -157,8 +160,8 @@ struct PhaseGaps {
 
 impl PhaseGaps {
     /// A gap of `nanos` (0 for the later events of a frame), `n` times; returns whether it is
-    /// a stall.
-    fn add(&mut self, nanos: u64, n: u32, metrics: &Metrics) -> bool {
+    /// a stall (never when `held`: the gap overlapped backpressure).
+    fn add(&mut self, nanos: u64, n: u32, held: bool, metrics: &Metrics) -> bool {
         let seconds = nanos as f64 * 1e-9;
         let bucket = GapBucket::of(seconds);
         self.itl
@@ -170,7 +173,7 @@ impl PhaseGaps {
         self.pending_gaps += u64::from(n);
         self.pending_nanos += nanos * u64::from(n);
         self.longest_gap = self.longest_gap.max(nanos);
-        let stall = nanos > metrics.stall_threshold_nanos();
+        let stall = nanos > metrics.stall_threshold_nanos() && !held;
         if stall {
             self.pending_stalls += 1;
             let durations = self.stall_durations.get_or_insert_with(Box::default);
@@ -247,7 +250,7 @@ impl PointLedger {
             self.itl_native.observe(native, seconds);
         }
         self.longest_gap = self.longest_gap.max(nanos);
-        if nanos > metrics.stall_threshold_nanos() {
+        if nanos > metrics.stall_threshold_nanos() && !self.gap_held {
             self.stalls += 1;
             let stall = self.stall_durations.get_or_insert_with(Box::default);
             stall.0.observe(metrics.stall_duration.bounds(), seconds);
@@ -283,8 +286,9 @@ impl PointLedger {
             }
             return;
         }
+        let held = self.gap_held;
         let others = self.others.get_or_insert_with(Box::default);
-        let stall = others.of(phase).add(nanos, n, metrics);
+        let stall = others.of(phase).add(nanos, n, held, metrics);
         self.gaps.add_to(GapBucket::of(nanos as f64 * 1e-9), n);
         self.stalls += u64::from(stall);
     }
@@ -313,6 +317,11 @@ impl PointLedger {
         }
         self.last_token = Some(at);
         self.token_events += u64::from(total);
+    }
+
+    /// Whether the next gap overlaps backpressure, so is no stall (docs/design.md, section 3).
+    pub fn hold_gap(&mut self, held: bool) {
+        self.gap_held = held;
     }
 
     /// Asks for the lines of the gap sketch's buckets, which live apart from the ledger.
@@ -902,6 +911,11 @@ impl StreamLedger {
     /// The stream's route label.
     pub fn route(&self) -> &str {
         &self.info.route
+    }
+
+    /// The stream's ID.
+    pub fn id(&self) -> &Arc<str> {
+        &self.info.id
     }
 
     /// When metronome received the request.

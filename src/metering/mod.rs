@@ -5,6 +5,7 @@
 //! - [`ledger`]: fixed-size per-stream state, recorded exactly once at the end of a stream.
 //! - [`clock`]: the monotonic stamps every frame gets at ingress and egress.
 //! - [`usage`]: the usage figures an upstream reports, believed only when plausible.
+//! - [`backpressure`]: the intervals a stream is held back by its client, and their marks.
 //!
 //! The gap sketch (`crate::sketch`) and the cache hints (`crate::prefetch`) are per-frame work too
 //! but stay leaves at the crate root: the token formats, the histograms and the timelines use
@@ -13,6 +14,7 @@
 //! Architecture Invariant: nothing here depends on the proxy, the admin listener or an exporter;
 //! they depend on this.
 
+pub mod backpressure;
 pub mod clock;
 pub mod ledger;
 pub mod meter;

@@ -684,7 +684,7 @@ impl Metrics {
             },
             beacons: counter(
                 "metronome_beacons_total",
-                "Browser beacons by result: accepted, unknown_stream, duplicate, malformed, too_large, overloaded.",
+                "Browser beacons by result: accepted, unknown_stream, duplicate, malformed, too_large, overloaded, no_key, wrong_key, unfinished, too_many_gaps, too_long.",
                 &["result"],
             )?,
             stream_format: counter(

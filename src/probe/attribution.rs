@@ -45,6 +45,9 @@ pub struct GapParts {
     /// The gap was a batch-wide hitch at ingress (`/streams/{id}` marks it `scope: batch`): its
     /// generation part is the batch's (another request's prefill), not the stream's own.
     pub batch: bool,
+    /// The ingress gap overlapped a backpressure mark: the client held the stream back, so its
+    /// generation part is the client's, not the engine's.
+    pub held: bool,
 }
 
 /// The first token event's wait split into its parts, in microseconds.
@@ -109,6 +112,7 @@ pub fn join_stream(record: &StreamRecord, timeline: &StreamTimeline) -> Option<J
                 metronome,
                 after_metronome: client - generation - metronome,
                 batch: timeline.batch_hitch(k as u64),
+                held: timeline.held_back(to_u64(i0), to_u64(i1)),
             }
         })
         .collect();
@@ -137,6 +141,10 @@ pub fn join_stream(record: &StreamRecord, timeline: &StreamTimeline) -> Option<J
 /// Microseconds from `origin` to `t` (0 if `t` is earlier).
 fn micros_since(origin: Instant, t: Instant) -> i64 {
     to_i64_u128(t.saturating_duration_since(origin).as_micros())
+}
+
+fn to_u64(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
 }
 
 fn to_i64(v: u64) -> i64 {
@@ -253,6 +261,9 @@ pub struct StallSplit {
     pub generation_batch: u64,
     /// Mostly generation otherwise (the stream's own).
     pub generation_stream: u64,
+    /// Mostly an ingress gap while the client held the stream back (backpressure): not the
+    /// engine's.
+    pub held_by_client: u64,
     /// Mostly metronome.
     pub metronome: u64,
     /// Mostly after metronome.
@@ -613,7 +624,9 @@ fn stall_split(gaps: &[GapParts], stall_us: i64) -> StallSplit {
         split.stalls += 1;
         let largest = g.generation.max(g.metronome).max(g.after_metronome);
         if g.generation == largest {
-            if g.batch {
+            if g.held {
+                split.held_by_client += 1;
+            } else if g.batch {
                 split.generation_batch += 1;
             } else {
                 split.generation_stream += 1;
@@ -687,6 +700,7 @@ mod tests {
                 metronome,
                 after_metronome: client - generation - metronome,
                 batch: false,
+                held: false,
             },
         };
         let rows = [
@@ -709,6 +723,7 @@ mod tests {
     fn timeline(frames: Vec<TimelineFrame>) -> StreamTimeline {
         StreamTimeline {
             hitches: Vec::new(),
+            backpressure: Vec::new(),
             id: "s".into(),
             route: None,
             model: None,
@@ -790,6 +805,7 @@ mod tests {
                     metronome: 0,
                     after_metronome: -30_000,
                     batch: false,
+                    held: false,
                 },
                 GapParts {
                     client: 30_000,
@@ -797,6 +813,7 @@ mod tests {
                     metronome: 0,
                     after_metronome: 0,
                     batch: false,
+                    held: false,
                 },
                 GapParts {
                     client: 30_000,
@@ -804,6 +821,7 @@ mod tests {
                     metronome: 0,
                     after_metronome: 0,
                     batch: false,
+                    held: false,
                 },
             ]
         );
@@ -819,6 +837,33 @@ mod tests {
                 network: 1_500,
             }
         );
+    }
+
+    #[test]
+    fn a_gap_overlapping_backpressure_is_held_by_the_client_not_generation() {
+        let t0 = Instant::now();
+        let mut tl = timeline(vec![
+            frame(10_000, 10_100, 1, 1),
+            frame(40_000, 40_100, 1, 1),
+            frame(3_040_000, 3_040_100, 1, 1),
+            frame(3_070_000, 3_070_100, 1, 1),
+            frame(3_570_000, 3_570_100, 1, 1),
+        ]);
+        // The client held the stream back from 45 ms to 3.03 s; the last gap is the engine's.
+        tl.backpressure = vec![crate::timeline_json::TimelineBackpressure {
+            from_us: 45_000,
+            to_us: 3_030_000,
+            held_us: 2_985_000,
+        }];
+        let rec = client(t0, &[10_300, 40_300, 3_040_300, 3_070_300, 3_570_300]);
+        let j = join_stream(&rec, &tl).unwrap();
+        let held: Vec<bool> = j.gaps.iter().map(|g| g.held).collect();
+        assert_eq!(held, [false, true, false, false]);
+        let mut b = AttributionBuilder::new("http://a").stall_threshold(Duration::from_millis(250));
+        b.joined(&rec, &tl);
+        let a = b.finish();
+        assert_eq!((a.stalls.stalls, a.stalls.held_by_client), (2, 1));
+        assert_eq!(a.stalls.generation_stream, 1);
     }
 
     #[test]
@@ -858,6 +903,7 @@ mod tests {
                 stalls: 2,
                 generation_batch: 1,
                 generation_stream: 1,
+                held_by_client: 0,
                 metronome: 0,
                 after_metronome: 0,
             }
@@ -886,6 +932,7 @@ mod tests {
                 metronome: 9_950,
                 after_metronome: 0,
                 batch: false,
+                held: false,
             }
         );
         assert_eq!(j.gaps[1].client, 0);

@@ -256,12 +256,13 @@ fn attribution_section(out: &mut String, a: &Attribution) {
         let _ = writeln!(
             out,
             "<p>Stalls at the client (gaps over {} ms): {}, of them mostly generation in a \
-             batch-wide hitch {}, generation of the stream's own {}, metronome {}, after \
-             metronome {}.</p>",
+             batch-wide hitch {}, generation of the stream's own {}, held back by the client {}, \
+             metronome {}, after metronome {}.</p>",
             st.threshold_ms,
             st.stalls,
             st.generation_batch,
             st.generation_stream,
+            st.held_by_client,
             st.metronome,
             st.after_metronome
         );

@@ -229,11 +229,12 @@ pub fn render_attribution(a: &Attribution) -> String {
     if st.stalls > 0 {
         let _ = writeln!(
             out,
-            "  stalls       {} over {}: {} generation (batch), {} generation (stream), {} metronome, {} after metronome",
+            "  stalls       {} over {}: {} generation (batch), {} generation (stream), {} held back by the client, {} metronome, {} after metronome",
             st.stalls,
             ms(Some(st.threshold_ms)),
             st.generation_batch,
             st.generation_stream,
+            st.held_by_client,
             st.metronome,
             st.after_metronome
         );

@@ -2,9 +2,14 @@
 //!
 //! The beacon module (assets/metronome-beacon.js) measures each token event's arrival in the
 //! page and posts one compact summary per stream to the proxy listener. metronome answers it
-//! itself and never forwards it. It accepts a beacon only for a stream it served recently, once
-//! per stream, within a size cap; everything else is refused with 400 or 413 and counted, so a
-//! flood of beacons grows neither memory nor series. A beacon takes a place under
+//! itself and never forwards it. It accepts a beacon only for a stream it served recently, with
+//! the key that only the stream's own client received (`x-metronome-beacon-key`, never published
+//! in `/streams` or exemplars, unlike the stream ID), once per stream, within a size cap, and
+//! only when its content is plausible against what metronome saw of the stream: no more gaps
+//! than token events, and a TTFT plus gaps no longer than the stream lasted plus
+//! `timeline.beacon_margin`. Everything else is refused with a 4xx and counted by reason, and a
+//! refused beacon never takes the stream's one place, so a flood of beacons grows neither memory
+//! nor series and a forger cannot crowd out the owner. A beacon takes a place under
 //! `limits.max_requests` while it is answered; beyond it, it gets 503 and is counted too.
 
 use std::time::Duration;
@@ -19,7 +24,10 @@ use crate::format::PhaseMix;
 use crate::metering::clock::Tick;
 use crate::metering::ledger::PointLedger;
 use crate::metrics::Point;
-use crate::timeline::BeaconClaim;
+use crate::timeline::{BeaconClaim, BeaconKey};
+
+/// The response header that carries a metered stream's beacon key.
+pub const KEY_HEADER: &str = "x-metronome-beacon-key";
 
 /// The most gaps one beacon may carry.
 pub const MAX_GAPS: usize = 2048;
@@ -39,6 +47,23 @@ pub struct Beacon {
     /// Gaps between consecutive token events, in ms, in order.
     #[serde(default)]
     pub gaps_ms: Vec<f64>,
+    /// The stream's beacon key (32 hex digits) from the response's `x-metronome-beacon-key`.
+    #[serde(default)]
+    pub key: Option<String>,
+}
+
+/// A key as the response header writes it: 32 lowercase hex digits.
+pub fn key_text(key: BeaconKey) -> String {
+    format!("{:032x}", key.0)
+}
+
+/// Reads a key written by [`key_text`]; `None` for anything else. Public so that the fuzzer
+/// reaches it.
+pub fn read_key(text: &str) -> Option<BeaconKey> {
+    if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u128::from_str_radix(text, 16).ok().map(BeaconKey)
 }
 
 /// Parses and checks a beacon body: JSON of version 1, at most [`MAX_GAPS`] gaps, every time
@@ -57,6 +82,11 @@ enum Refusal {
     Malformed,
     TooLarge,
     Overloaded,
+    NoKey,
+    WrongKey,
+    Unfinished,
+    TooManyGaps,
+    TooLong,
 }
 
 // === impl Refusal ===
@@ -69,6 +99,11 @@ impl Refusal {
             Refusal::Malformed => "malformed",
             Refusal::TooLarge => "too_large",
             Refusal::Overloaded => "overloaded",
+            Refusal::NoKey => "no_key",
+            Refusal::WrongKey => "wrong_key",
+            Refusal::Unfinished => "unfinished",
+            Refusal::TooManyGaps => "too_many_gaps",
+            Refusal::TooLong => "too_long",
         }
     }
 
@@ -76,6 +111,9 @@ impl Refusal {
         match self {
             Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::NoKey | Refusal::WrongKey => StatusCode::FORBIDDEN,
+            Refusal::Unfinished => StatusCode::CONFLICT,
+            Refusal::TooManyGaps | Refusal::TooLong => StatusCode::UNPROCESSABLE_ENTITY,
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -147,23 +185,76 @@ async fn accept(request: Request<ClientBody>, state: &ProxyState) -> Result<(), 
         Err(e) => return Err((Refusal::Malformed, format!("could not read the body: {e}"))),
     };
     let beacon = parse(&body).map_err(|m| (Refusal::Malformed, m))?;
+    let key = beacon
+        .key
+        .as_deref()
+        .map(|k| read_key(k).unwrap_or(BeaconKey(0)));
+    let refused = |claim| match claim {
+        BeaconClaim::Unknown => (
+            Refusal::UnknownStream,
+            "no recent stream has this ID".to_string(),
+        ),
+        BeaconClaim::Duplicate => (
+            Refusal::Duplicate,
+            "this stream has sent its beacon".to_string(),
+        ),
+        BeaconClaim::NoKey => (
+            Refusal::NoKey,
+            "a beacon carries its stream's key (x-metronome-beacon-key)".to_string(),
+        ),
+        BeaconClaim::WrongKey => (
+            Refusal::WrongKey,
+            "this is not the stream's key".to_string(),
+        ),
+    };
     let slot = state
         .registry
-        .claim_beacon(&beacon.id)
-        .map_err(|claim| match claim {
-            BeaconClaim::Unknown => (
-                Refusal::UnknownStream,
-                "no recent stream has this ID".to_string(),
-            ),
-            BeaconClaim::Duplicate => (
-                Refusal::Duplicate,
-                "this stream has sent its beacon".to_string(),
-            ),
-        })?;
+        .beacon_slot(&beacon.id, key)
+        .map_err(refused)?;
+    plausible(&beacon, slot.seen, state.config.timeline.beacon_margin)?;
+    let slot = state.registry.claim_beacon(&beacon.id).map_err(refused)?;
     let model = slot
         .model
         .unwrap_or_else(|| state.metrics.models.resolve(None));
     record(&beacon, state, &slot.route, &model);
+    Ok(())
+}
+
+/// Holds a beacon against what metronome saw of its stream: it may report no more gaps than
+/// the stream's token events allow, and no TTFT plus gaps longer than the stream lasted plus
+/// `margin`.
+fn plausible(
+    beacon: &Beacon,
+    seen: Option<crate::timeline::BeaconSeen>,
+    margin: Duration,
+) -> Result<(), (Refusal, String)> {
+    let Some(seen) = seen else {
+        return Err((
+            Refusal::Unfinished,
+            "the stream has not been recorded yet; send the beacon after it ends".into(),
+        ));
+    };
+    let allowed = seen.token_events.saturating_sub(1);
+    if beacon.gaps_ms.len() as u64 > allowed {
+        return Err((
+            Refusal::TooManyGaps,
+            format!(
+                "{} gaps for a stream of {} token events",
+                beacon.gaps_ms.len(),
+                seen.token_events
+            ),
+        ));
+    }
+    let reported_ms = beacon.ttft_ms.unwrap_or(0.0) + beacon.gaps_ms.iter().sum::<f64>();
+    let limit_ms = seen.duration_us as f64 / 1e3 + margin.as_secs_f64() * 1e3;
+    if reported_ms > limit_ms {
+        return Err((
+            Refusal::TooLong,
+            format!(
+                "{reported_ms:.0} ms reported for a stream of {limit_ms:.0} ms with the margin"
+            ),
+        ));
+    }
     Ok(())
 }
 

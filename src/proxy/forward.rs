@@ -219,6 +219,12 @@ async fn forward(
         declared_body,
     );
     let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info, permit);
+    // The beacon key: only this response's client gets it, so only it can speak for the stream.
+    let key = crate::timeline::BeaconKey(rand::random::<u128>());
+    state.registry.set_beacon_key(ledger.id(), key);
+    if let Ok(value) = HeaderValue::from_str(&super::beacon::key_text(key)) {
+        parts.headers.insert(super::beacon::KEY_HEADER, value);
+    }
     let settings = MeterSettings {
         framing,
         max_event_bytes: config.metering.max_event_bytes,
@@ -227,6 +233,7 @@ async fn forward(
         idle_timeout: config.timeouts.idle,
         client_http1,
         live: config.flush_interval.map(|_| state.live_streams.clone()),
+        backpressure: Some(state.backpressure.clone()),
     };
     let body = meter(
         body,

@@ -43,6 +43,7 @@ use super::BoxError;
 use crate::batch::StreamProbe;
 use crate::format::{Accounting, ThinkState};
 use crate::http1::set_waker;
+use crate::metering::backpressure::{Backpressure, Change, StreamBackpressure};
 use crate::metering::clock::{FrameStamp, Tick};
 use crate::metering::ledger::{IngressEnd, StreamLedger};
 use crate::metering::meter::IngressMeter;
@@ -104,6 +105,8 @@ pub struct MeterSettings {
     /// The streams the live flush sweeps (`metrics.flush_interval`); `None`: this stream is
     /// recorded only at its end.
     pub live: Option<Arc<crate::live::LiveStreams>>,
+    /// Where backpressure is counted and marked; `None`: the stream's stops are not tracked.
+    pub backpressure: Option<Arc<Backpressure>>,
 }
 
 /// The upstream body, its error boxed with its type (read by [`UpstreamFailure::of_body`]).
@@ -130,6 +133,8 @@ struct StreamShared {
     idle_timeout: Duration,
     /// HTTP/1.x: the egress body may read the upstream itself.
     inline: bool,
+    /// Where the stream's backpressure is counted and marked.
+    backpressure: Option<Arc<Backpressure>>,
 }
 
 struct State {
@@ -163,6 +168,8 @@ struct State {
     closed: bool,
     /// The batch detector's side of this stream, fed per token-bearing frame.
     probe: Option<StreamProbe>,
+    /// The stream's stops on a full queue (backpressure).
+    held: StreamBackpressure,
 }
 
 impl std::fmt::Debug for StreamShared {
@@ -219,6 +226,7 @@ where
             reader_spawned: !inline,
             closed: false,
             probe: None,
+            held: StreamBackpressure::default(),
         }),
         ledger,
         clock: clock.clone(),
@@ -226,6 +234,7 @@ where
         buffer_frames: settings.buffer_frames,
         idle_timeout: settings.idle_timeout,
         inline,
+        backpressure: settings.backpressure.clone(),
     });
     if let Some(live) = &settings.live {
         let flush: Arc<dyn crate::live::Flush> = shared.clone();
@@ -305,8 +314,18 @@ impl StreamShared {
                 continue; // cannot happen: the meter outlives the upstream
             };
             let counts = meter.frame(&bytes, at, self.ledger.metrics());
+            // A gap that overlapped a stop (the client held the stream back) is not judged.
+            let held = state.held.gap_held() && counts.token_events > 0;
+            if held {
+                meter.ledger_mut().point.hold_gap(false);
+                state.held.gap_taken();
+            }
             if let Some(probe) = state.probe.as_mut() {
-                probe.token_events(at, counts.token_events, meter.ledger().model.as_ref());
+                if held {
+                    probe.resume(at, counts.token_events);
+                } else {
+                    probe.token_events(at, counts.token_events, meter.ledger().model.as_ref());
+                }
             }
             state.metering_warm = true;
             return Poll::Ready(Read::Data(MeteredFrame {
@@ -358,6 +377,15 @@ impl StreamShared {
     /// The upstream side is over: drop the upstream body (closing its connection if unfinished)
     /// and hand the ingress ledger to the stream ledger, once.
     fn finish(&self, state: &mut State, end: IngressEnd, ending: Ending) {
+        if let Some(registry) = &self.backpressure {
+            if state.held.touched() {
+                let (id, route) = (self.ledger.id(), self.ledger.route());
+                let received = self.ledger.received();
+                state
+                    .held
+                    .finish(id, route, registry, received, Tick::now());
+            }
+        }
         state.upstream = None;
         if state.ending.is_none() && end != IngressEnd::ClientGone {
             state.ending = Some(ending);
@@ -372,6 +400,44 @@ impl StreamShared {
         // A parked reader task has nothing left to read: let it end and let go of the stream.
         if let Some(waker) = state.reader_waker.take() {
             waker.wake();
+        }
+    }
+
+    /// The reader parks on a full queue: a stop begins (the one clock read), unless one is open.
+    #[cold]
+    fn park(&self, state: &mut State) {
+        if self.backpressure.is_none() {
+            return;
+        }
+        if state.held.park(Tick::now) == Change::Held {
+            if let Some(meter) = state.meter.as_mut() {
+                meter.ledger_mut().point.hold_gap(true);
+            }
+            if let Some(probe) = state.probe.as_ref() {
+                probe.hold();
+            }
+        }
+    }
+
+    /// The client took a queued frame: an open stop ends; with the queue now empty, so does the
+    /// episode. Reads the clock only when either is open.
+    #[inline]
+    fn taken(&self, state: &mut State) {
+        if !state.held.in_episode() {
+            return;
+        }
+        let Some(registry) = self.backpressure.as_deref() else {
+            return;
+        };
+        let route = self.ledger.route();
+        let change = if state.queue.is_empty() {
+            let received = self.ledger.received();
+            state.held.drained(route, registry, received, Tick::now())
+        } else {
+            state.held.taken(route, registry, Tick::now)
+        };
+        if let (Change::Released(at), Some(probe)) = (change, state.probe.as_ref()) {
+            probe.release(at);
         }
     }
 
@@ -441,6 +507,9 @@ async fn read_ahead(shared: Arc<StreamShared>) {
             let full = state.queued_bytes >= shared.buffer_bytes
                 || state.queue.len() >= shared.buffer_frames;
             if state.reading == Reading::Egress || full {
+                if full && state.reading == Reading::Reader {
+                    shared.park(state);
+                }
                 set_waker(&mut state.reader_waker, cx);
                 return Poll::Pending;
             }
@@ -522,6 +591,7 @@ impl Body for EgressBody {
             return Poll::Ready(Some(Ok(match queued {
                 Queued::Data(frame) => {
                     state.queued_bytes -= frame.bytes.len();
+                    shared.taken(state);
                     if let Some(waker) = state.reader_waker.take() {
                         waker.wake(); // there is room again
                     }

@@ -118,6 +118,8 @@ pub struct ProxyState {
     pub live_streams: Arc<crate::live::LiveStreams>,
     /// Batch-wide hitches and episodes per upstream (`[batch]`, docs/batch.md).
     pub batch: Arc<crate::batch::BatchDetector>,
+    /// Backpressure: its counters and each finished stream's marks.
+    pub backpressure: Arc<crate::metering::backpressure::Backpressure>,
     /// The span queue, when traces are on (`[otlp] traces = true`): the forwarder makes each
     /// stream's span context, the registry offers each finished stream, the exporter drains it.
     pub spans: Option<Arc<crate::otlp::traces::SpanSink>>,
@@ -134,6 +136,10 @@ impl crate::admin::AdminView for ProxyState {
 
     fn batch(&self) -> &crate::batch::BatchDetector {
         &self.batch
+    }
+
+    fn backpressure(&self) -> Option<&crate::metering::backpressure::Backpressure> {
+        Some(&self.backpressure)
     }
 
     fn draining(&self) -> bool {
@@ -235,8 +241,10 @@ impl ProxyState {
             metrics.clone(),
             &config.server.upstream,
         )?;
+        let backpressure = crate::metering::backpressure::Backpressure::register(&metrics)?;
         Ok(ProxyState {
             batch,
+            backpressure,
             spans,
             tls: listener_tls,
             requests_in_flight,

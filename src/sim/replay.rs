@@ -480,6 +480,7 @@ mod tests {
     fn timeline(frames: Vec<TimelineFrame>) -> StreamTimeline {
         StreamTimeline {
             hitches: Vec::new(),
+            backpressure: Vec::new(),
             id: "abc".into(),
             route: Some("chat".into()),
             model: Some("llama".into()),

@@ -84,9 +84,9 @@ test("events of one chunk share its arrival; gaps are capped and the body stays 
 
 /**
  * A server on 127.0.0.1:0. POST /stream streams `script` (a list of [delay ms, text]) with the
- * stream ID header (unless `withId` is false); POST /.well-known/metronome/beacon records bodies.
+ * stream ID header (unless `withId` is false) and a beacon key (unless `withKey` is false); POST /.well-known/metronome/beacon records bodies.
  */
-async function server({ script, withId = true }) {
+async function server({ script, withId = true, withKey = true }) {
   const beacons = [];
   const closed = [];
   const srv = http.createServer({ noDelay: true }, async (req, res) => {
@@ -100,6 +100,7 @@ async function server({ script, withId = true }) {
     }
     const headers = { "content-type": "text/event-stream", "cache-control": "no-cache" };
     if (withId) headers["x-metronome-stream-id"] = "5f3a9c1e0d2b47a6b1c8e39f00a1d742";
+    if (withId && withKey) headers["x-metronome-beacon-key"] = "0123456789abcdef0123456789abcdef";
     res.writeHead(200, headers);
     res.flushHeaders();
     let gone = false;
@@ -155,6 +156,7 @@ test("metronomeFetch passes the body through and sends one beacon", async () => 
     assert.deepEqual(beacon, summaries[0]);
     assert.equal(beacon.v, 1);
     assert.equal(beacon.id, "5f3a9c1e0d2b47a6b1c8e39f00a1d742");
+    assert.equal(beacon.key, "0123456789abcdef0123456789abcdef");
     assert.equal(beacon.gaps_ms.length, 4);
     assert.equal(beacon.gaps_ms[2], 0, `c and d arrived in one chunk: ${beacon.gaps_ms}`);
     for (const i of [0, 1, 3]) {
@@ -191,6 +193,23 @@ test("a response without the stream ID is handed back untouched and nothing is s
     const response = await metronome.fetch(`${s.url}/stream`, { method: "POST", body: "{}" });
     assert.equal(await response.text(), SCRIPT.map(([, t]) => t).join(""));
     await sleep(100);
+    assert.equal(s.beacons.length, 0);
+  } finally {
+    await s.close();
+  }
+});
+
+test("a response without the beacon key is measured but sends nothing", async () => {
+  const s = await server({ script: SCRIPT, withKey: false });
+  try {
+    const summaries = [];
+    const response = await metronome.fetch(`${s.url}/stream`, { method: "POST", body: "{}" }, {
+      onSummary: (x) => summaries.push(x),
+    });
+    assert.equal(await response.text(), SCRIPT.map(([, t]) => t).join(""));
+    await sleep(100);
+    assert.equal(summaries.length, 1);
+    assert.equal(summaries[0].key, undefined);
     assert.equal(s.beacons.length, 0);
   } finally {
     await s.close();
