@@ -283,6 +283,7 @@ struct RawTimeouts {
     upstream_idle: String,
     // Issue 26 (security): the protocol sniff's own deadline.
     sniff: String,
+    websocket_idle: String,
 }
 
 impl Default for RawTimeouts {
@@ -295,6 +296,7 @@ impl Default for RawTimeouts {
             client_idle: "300s".into(),
             upstream_idle: "4s".into(),
             sniff: "5s".into(),
+            websocket_idle: "300s".into(),
         }
     }
 }
@@ -629,6 +631,9 @@ pub struct TimeoutsConfig {
     /// How long a plain-TCP client may take to send the first bytes that tell HTTP/1 from
     /// HTTP/2 (`timeouts.sniff`, issue 26); bounded by `client_idle` too.
     pub sniff: Duration,
+    /// How long a WebSocket tunnel may carry no byte either way before metronome closes it
+    /// with a 1001 close frame to both ends.
+    pub websocket_idle: Duration,
 }
 
 /// `[metering]`, validated.

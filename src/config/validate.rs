@@ -89,6 +89,7 @@ fn timeouts(raw: &RawTimeouts, problem: &mut Problem<'_>) -> Option<TimeoutsConf
     let client_idle = timeout("timeouts.client_idle", &raw.client_idle, problem);
     let upstream_idle = timeout("timeouts.upstream_idle", &raw.upstream_idle, problem);
     let sniff = timeout("timeouts.sniff", &raw.sniff, problem);
+    let websocket_idle = timeout("timeouts.websocket_idle", &raw.websocket_idle, problem);
     Some(TimeoutsConfig {
         connect: connect?,
         first_byte: first_byte?,
@@ -97,6 +98,7 @@ fn timeouts(raw: &RawTimeouts, problem: &mut Problem<'_>) -> Option<TimeoutsConf
         client_idle: client_idle?,
         upstream_idle: upstream_idle?,
         sniff: sniff?,
+        websocket_idle: websocket_idle?,
     })
 }
 

@@ -39,6 +39,11 @@ pub struct ClientConnection {
     pub clock: Arc<EgressClock>,
     /// The upstream client of the thread serving this connection.
     pub client: UpstreamClient,
+    /// The connection's place under `limits.max_connections`: a WebSocket tunnel holds it on
+    /// after the connection's server is done.
+    pub place: Arc<tokio::sync::OwnedSemaphorePermit>,
+    /// The tunnels open on this listener, which the drain closes.
+    pub tunnels: Arc<super::tunnel::Tunnels>,
 }
 
 /// Handles one request from a client connection: the beacon route, or the request forwarded,
@@ -71,6 +76,27 @@ pub async fn handle(
             response.headers_mut().insert(header::CONNECTION, close);
         }
         return Ok(response);
+    }
+    if let Some(upgrade) = super::tunnel::websocket_upgrade(&request) {
+        return Ok(match upgrade {
+            Ok(upgrade) => {
+                super::tunnel::open(request, upgrade, &state, &connection, &route, received).await
+            }
+            Err(bad) => {
+                state
+                    .tunnel_metrics
+                    .ended(&route.name, super::tunnel::Outcome::Error);
+                let mut response = state.answer_error(
+                    &route.name,
+                    http::StatusCode::BAD_REQUEST,
+                    "bad_upgrade",
+                    &bad.to_string(),
+                );
+                let close = HeaderValue::from_static("close");
+                response.headers_mut().insert(header::CONNECTION, close);
+                response
+            }
+        });
     }
     Ok(
         match forward(request, &state, &connection, &route, received).await {
@@ -273,7 +299,7 @@ fn unix_ms() -> u64 {
 
 /// The request as the upstream gets it: its URI, hop-by-hop headers removed, forwarding headers
 /// appended, the body streamed as it arrives.
-fn upstream_request(
+pub(crate) fn upstream_request(
     request: Request<ClientBody>,
     upstream: &crate::config::Upstream,
     connection: &ClientConnection,
