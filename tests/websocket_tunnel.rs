@@ -709,3 +709,62 @@ on_both_servers!(
     a_client_leaving_mid_response_cancels_it_and_closes_the_upstream,
     a_socket_on_another_path_is_a_connection_only,
 );
+
+/// RFC 8441: an HTTP/2 client's extended CONNECT becomes an HTTP/1.1 upgrade upstream, its
+/// `200` carries the upstream's subprotocol, and the stream carries the frames both ways.
+#[tokio::test]
+async fn an_http2_extended_connect_becomes_an_http11_upgrade_upstream() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let from_server = frame(Opcode::Text, true, false, None, b"hi over h2");
+    let mut from_client = frame(Opcode::Text, true, false, Some(MASK), b"hello");
+    from_client.extend(frame(Opcode::Close, true, false, Some(MASK), &[0x03, 0xe8]));
+    let mut upstream = RawUpstream::start(
+        "Sec-WebSocket-Protocol: chat\r\n",
+        from_server.clone(),
+        Some(from_client.len()),
+    )
+    .await;
+    let proxy = proxy(upstream.addr, ServerKind::Native, |_| {}).await;
+    let tcp = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    // The server's SETTINGS (with ENABLE_CONNECT_PROTOCOL) must be in before the CONNECT.
+    tokio::time::sleep(ms(100)).await;
+    let mut request = http::Request::builder()
+        .method("CONNECT")
+        .uri(format!("http://{}/v1/responses", proxy.proxy_addr))
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-protocol", "chat")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let mut response = send.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["sec-websocket-protocol"], "chat");
+    assert!(response.headers().contains_key("x-metronome-stream-id"));
+    let upgraded = hyper::upgrade::on(&mut response).await.unwrap();
+    let mut io = TokioIo::new(upgraded);
+    io.write_all(&from_client).await.unwrap();
+    let mut got = Vec::new();
+    let reading = io.read_to_end(&mut got);
+    let _ = tokio::time::timeout(Duration::from_secs(5), reading).await;
+    assert_eq!(got, from_server);
+    let seen = upstream.seen.recv().await.unwrap();
+    assert_eq!(seen.received, from_client);
+    let head = seen.head.to_ascii_lowercase();
+    assert!(head.starts_with("get /v1/responses http/1.1"), "{head}");
+    for field in [
+        "upgrade: websocket",
+        "connection: upgrade",
+        "sec-websocket-version: 13",
+        "sec-websocket-key: ",
+        "sec-websocket-protocol: chat",
+    ] {
+        assert!(head.contains(field), "{field} in {head}");
+    }
+}

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{header, HeaderValue, Request, Response, Uri};
+use http::{header, HeaderValue, Method, Request, Response, Uri};
 
 use super::body::{ClientBody, ProxyBody, RequestBody, TimedBody};
 use super::egress_clock::EgressClock;
@@ -67,8 +67,15 @@ pub async fn handle(
         .router()
         .route(request.method(), request.uri().path())
         .clone();
-    // The native server refused these from the head already; hyper's leaves them to us.
+    // HTTP/2's WebSocket (RFC 8441) is a CONNECT with a path: its form is checked as a GET's.
+    let connect = super::tunnel::websocket_connect(&request);
     let (method, uri, version) = (request.method(), request.uri(), request.version());
+    let method = if connect.is_some() {
+        &Method::GET
+    } else {
+        method
+    };
+    // The native server refused these from the head already; hyper's leaves them to us.
     if let Err(form) = super::request_form::check(method, uri, version, request.headers()) {
         let mut response = Refusal::Form(form).answer(&state, &route);
         if version < http::Version::HTTP_2 {
@@ -77,26 +84,10 @@ pub async fn handle(
         }
         return Ok(response);
     }
-    if let Some(upgrade) = super::tunnel::websocket_upgrade(&request) {
-        return Ok(match upgrade {
-            Ok(upgrade) => {
-                super::tunnel::open(request, upgrade, &state, &connection, &route, received).await
-            }
-            Err(bad) => {
-                state
-                    .tunnel_metrics
-                    .ended(&route.name, super::tunnel::Outcome::Error);
-                let mut response = state.answer_error(
-                    &route.name,
-                    http::StatusCode::BAD_REQUEST,
-                    "bad_upgrade",
-                    &bad.to_string(),
-                );
-                let close = HeaderValue::from_static("close");
-                response.headers_mut().insert(header::CONNECTION, close);
-                response
-            }
-        });
+    if let Some(upgrade) = connect.or_else(|| super::tunnel::websocket_upgrade(&request)) {
+        return Ok(
+            tunnel_or_refusal(request, upgrade, &state, &connection, &route, received).await,
+        );
     }
     Ok(
         match forward(request, &state, &connection, &route, received).await {
@@ -104,6 +95,38 @@ pub async fn handle(
             Err(refusal) => refusal.answer(&state, &route),
         },
     )
+}
+
+/// A WebSocket upgrade (or HTTP/2 extended CONNECT) tunnelled, or the JSON 400 that says why not.
+async fn tunnel_or_refusal(
+    request: Request<ClientBody>,
+    upgrade: Result<super::tunnel::UpgradeRequest, super::tunnel::handshake::BadUpgrade>,
+    state: &Arc<ProxyState>,
+    connection: &ClientConnection,
+    route: &Route,
+    received: Instant,
+) -> Response<ProxyBody> {
+    let version = request.version();
+    let bad = match upgrade {
+        Ok(upgrade) => {
+            return super::tunnel::open(request, upgrade, state, connection, route, received).await
+        }
+        Err(bad) => bad,
+    };
+    state
+        .tunnel_metrics
+        .ended(&route.name, super::tunnel::Outcome::Error);
+    let mut response = state.answer_error(
+        &route.name,
+        http::StatusCode::BAD_REQUEST,
+        "bad_upgrade",
+        &bad.to_string(),
+    );
+    if version < http::Version::HTTP_2 {
+        let close = HeaderValue::from_static("close");
+        response.headers_mut().insert(header::CONNECTION, close);
+    }
+    response
 }
 
 /// Sends the request upstream along `route` and turns the response head into the client's.

@@ -63,7 +63,9 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
         .max_buf_size(max_buf_size);
+    // RFC 8441: HTTP/2 clients open WebSockets with an extended CONNECT.
     auto.http2()
+        .enable_connect_protocol()
         .timer(TokioTimer::new())
         .max_header_list_size(max_header_list_size)
         .max_concurrent_streams(max_concurrent_streams);
@@ -74,7 +76,8 @@ pub async fn serve(
         .header_read_timeout(header_read_timeout)
         .max_buf_size(max_buf_size);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
-    h2.timer(TokioTimer::new())
+    h2.enable_connect_protocol()
+        .timer(TokioTimer::new())
         .max_header_list_size(max_header_list_size)
         .max_concurrent_streams(max_concurrent_streams);
     let native = h1::Settings {

@@ -52,6 +52,29 @@ pub fn websocket_upgrade<B>(request: &Request<B>) -> Option<Result<UpgradeReques
     Some(check(request.method(), headers))
 }
 
+/// Whether `request` is an HTTP/2 extended CONNECT for a WebSocket (RFC 8441: `:method`
+/// CONNECT, `:protocol` websocket), and if so whether it is well formed (`Sec-WebSocket-Version`
+/// 13; there is no key on HTTP/2). `None` for every other request.
+pub fn websocket_connect<B>(request: &Request<B>) -> Option<Result<UpgradeRequest, BadUpgrade>> {
+    if request.version() != Version::HTTP_2 || request.method() != Method::CONNECT {
+        return None;
+    }
+    let protocol = request.extensions().get::<hyper::ext::Protocol>()?;
+    if !is_websocket(protocol.as_str()) {
+        return None;
+    }
+    let headers = request.headers();
+    let mut versions = headers.get_all(header::SEC_WEBSOCKET_VERSION).iter();
+    match (versions.next(), versions.next()) {
+        (Some(v), None) if v.as_bytes().trim_ascii() == b"13" => {}
+        _ => return Some(Err(BadUpgrade::Version)),
+    }
+    Some(Ok(UpgradeRequest {
+        traceparent: bounded(headers, "traceparent"),
+        request_id: bounded(headers, "x-request-id"),
+    }))
+}
+
 /// The protocol token `websocket`, with or without a version (`websocket/13` is not one any
 /// client sends, but the token is what counts).
 fn is_websocket(protocol: &str) -> bool {
@@ -99,14 +122,28 @@ fn bounded(headers: &HeaderMap, name: &str) -> Option<String> {
 /// The request the upstream gets: rewritten as every request is (URI, hop-by-hop fields out,
 /// forwarding fields in), with `Connection: upgrade` and `Upgrade: websocket` put back and every
 /// `Sec-WebSocket-*` field as the client sent it.
+///
+/// An HTTP/2 extended CONNECT becomes the HTTP/1.1 upgrade it stands for (RFC 8441 §5): a GET
+/// with a `Sec-WebSocket-Key` of metronome's own (the client checks no accept on HTTP/2).
 pub fn upstream_request(
-    request: Request<ClientBody>,
+    mut request: Request<ClientBody>,
     upstream: &crate::config::Upstream,
     connection: &ClientConnection,
 ) -> Result<Request<RequestBody>, Refusal> {
+    let extended_connect = request.method() == Method::CONNECT;
+    if extended_connect {
+        *request.method_mut() = Method::GET;
+        request.extensions_mut().remove::<hyper::ext::Protocol>();
+    }
     // The handshake has no body; a client that sends one anyway gets it cut at zero bytes.
     let mut request = crate::proxy::forward::upstream_request(request, upstream, connection, 0)?;
     let headers = request.headers_mut();
+    if extended_connect {
+        let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 16]>());
+        if let Ok(key) = HeaderValue::from_str(&key) {
+            headers.insert(header::SEC_WEBSOCKET_KEY, key);
+        }
+    }
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     Ok(request)
@@ -122,6 +159,22 @@ pub fn switching_response(upstream: &HeaderMap) -> Response<ProxyBody> {
     let mut response = Response::new(ProxyBody::local(bytes::Bytes::new()));
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     *response.headers_mut() = headers;
+    response
+}
+
+/// An HTTP/2 client's answer to its extended CONNECT once the upstream switched: `200` with the
+/// upstream's `Sec-WebSocket-Protocol` and `-Extensions` (RFC 8441 §5; the accept stays between
+/// metronome and the upstream, and HTTP/2 has no connection-specific fields).
+pub fn connect_response(upstream: &HeaderMap) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::local(bytes::Bytes::new()));
+    for name in [
+        header::SEC_WEBSOCKET_PROTOCOL,
+        header::SEC_WEBSOCKET_EXTENSIONS,
+    ] {
+        for value in upstream.get_all(&name) {
+            response.headers_mut().append(name.clone(), value.clone());
+        }
+    }
     response
 }
 

@@ -33,7 +33,7 @@ use super::router::Route;
 use super::upstream::{UpstreamBody, UpstreamError};
 use super::ProxyState;
 use crate::websocket::Extensions;
-pub use handshake::{websocket_upgrade, UpgradeRequest};
+pub use handshake::{websocket_connect, websocket_upgrade, UpgradeRequest};
 pub use registry::{Outcome, TunnelMetrics, Tunnels};
 
 /// A client connection once its server has written the `101`: its socket (with whatever bytes
@@ -96,6 +96,7 @@ pub async fn open(
         );
     };
     let body_limit = state.config.limits.max_request_body_bytes;
+    let extended_connect = request.method() == http::Method::CONNECT;
     let path = request.uri().path().to_string();
     let upstream_request = match handshake::upstream_request(request, &route.upstream, connection) {
         Ok(r) => r,
@@ -153,7 +154,10 @@ pub async fn open(
             .map(HeaderValue::as_bytes),
     )
     .unwrap_or(Extensions::Unsupported);
-    let mut client_response = handshake::switching_response(response.headers());
+    let mut client_response = match extended_connect {
+        true => handshake::connect_response(response.headers()),
+        false => handshake::switching_response(response.headers()),
+    };
     if let Some(name) = &state.config.metering.stream_id_header {
         if let Ok(value) = HeaderValue::from_str(&first_id) {
             client_response.headers_mut().insert(name.clone(), value);
