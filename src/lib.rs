@@ -9,8 +9,9 @@
 //! - [`config`]: the TOML configuration, its defaults, validation and overrides.
 //! - [`proxy`]: the listener, router, forwarder and the metered body (ingress reader, egress body,
 //!   egress clock on the client socket).
-//! - [`http1`]: HTTP/1.1 on the wire for both roles (head fields, `content-length`, chunk-size
-//!   lines, the body decoder); below the proxy, which serves and sends HTTP/1.1 with it.
+//! - [`http1`]: HTTP/1.1 on the wire (head fields, `content-length`, chunk-size lines, the body
+//!   decoder) and its two roles, the server for client connections and the client for upstreams,
+//!   generic over the bodies they carry; below the proxy, which serves and sends with them.
 //! - [`scan`]: the incremental SSE / NDJSON scanners; they read frames, never copy or change them.
 //! - [`websocket`]: WebSocket frames (RFC 6455) read as they pass through a tunnel, with
 //!   `permessage-deflate` inflated for reading only; a wire format like `http1`.
@@ -29,7 +30,7 @@
 //!   what arrives, and both wired around the proxy in one command.
 
 // `unsafe` only where a module allows it (four do: prefetch, probe::limits,
-// proxy::joined_writes, proxy::h1::writer), and every block says why it is sound.
+// proxy::joined_writes, http1::server::writer), and every block says why it is sound.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

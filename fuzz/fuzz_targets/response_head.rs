@@ -1,4 +1,4 @@
-//! The native upstream client's response head reader (`proxy::upstream::native::parse_head`):
+//! The native upstream client's response head reader (`http1::client::parse_head`):
 //! never panics; a head it accepts is consumed exactly, and a response framed by
 //! transfer-encoding carries no content-length on.
 //! Input: 1 byte (bit 0: the request was HEAD), then the wire.

@@ -216,7 +216,7 @@ fn decode_frames_with(
 /// the same when read from its own bytes alone, and never framed until close.
 pub fn check_request_head(data: &[u8]) {
     use metronome::http1::decode::BodyLength;
-    use metronome::proxy::h1::head::parse_request;
+    use metronome::http1::server::head::parse_request;
     let Some((&choice, wire)) = data.split_first() else {
         return;
     };
@@ -284,7 +284,7 @@ fn check_strict_lines(mut wire: &[u8]) {
 /// The native client's response head reader: never panics; what it accepts is consumed
 /// exactly as httparse measures the head, and transfer-encoding drops content-length.
 pub fn check_response_head(data: &[u8]) {
-    use metronome::proxy::upstream::native::parse_head;
+    use metronome::http1::client::parse_head;
     let Some((&choice, wire)) = data.split_first() else {
         return;
     };
@@ -334,7 +334,7 @@ pub fn check_framing_differential(data: &[u8]) {
     }
     // Request heads: what the native reader accepts, httparse parses to the same length,
     // method, target and fields.
-    use metronome::proxy::h1::head::parse_request;
+    use metronome::http1::server::head::parse_request;
     if let Ok(Some((head, len))) = parse_request(data, 64 * 1024) {
         let mut fields = [httparse::EMPTY_HEADER; 100];
         let mut reference = httparse::Request::new(&mut fields);

@@ -36,7 +36,7 @@ impl ClientKind {
 /// Which HTTP/1.1 server serves client connections (`server.http1_server`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServerKind {
-    /// metronome's own (`proxy::h1`).
+    /// metronome's own (`http1::server`).
     Native,
     /// hyper's.
     Hyper,

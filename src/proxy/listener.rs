@@ -30,11 +30,11 @@ use tokio_rustls::TlsAcceptor;
 use super::body::{ClientBody, ProxyBody};
 use super::egress_clock::{EgressClock, EgressIo};
 use super::forward::{handle, ClientConnection};
-use super::h1;
 use super::joined_writes::JoinedWrites;
 use super::tunnel::Tunnels;
 use super::{ProxyState, UpstreamClient};
 use crate::config::ServerKind;
+use crate::http1::server as h1;
 use crate::tls;
 
 /// What an over-limit connection is told before it is closed.
@@ -234,8 +234,9 @@ impl Builders {
     {
         let remote = connection.remote;
         if protocol == Some(Protocol::Http1) && self.http1_server == ServerKind::Native {
-            let service = move |request: http::Request<ClientBody>| -> RequestFuture {
-                Box::pin(handle(request, state.clone(), connection.clone()))
+            let service = move |request: http::Request<h1::request_body::Http1RequestBody>| {
+                let request = request.map(|body| ClientBody::Native { body });
+                Box::pin(handle(request, state.clone(), connection.clone())) as RequestFuture
             };
             let conn = h1::serve(io, self.native, service);
             tokio::spawn(Drain::watch(&watcher, conn, remote, permit));

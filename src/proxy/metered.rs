@@ -42,6 +42,7 @@ use super::upstream::UpstreamFailure;
 use super::BoxError;
 use crate::batch::StreamProbe;
 use crate::format::Accounting;
+use crate::http1::set_waker;
 use crate::metering::clock::{FrameStamp, Tick};
 use crate::metering::ledger::{IngressEnd, StreamLedger};
 use crate::metering::meter::IngressMeter;
@@ -477,14 +478,6 @@ impl Drop for WakeEgressOnExit {
         if let Some(waker) = state.egress_waker.take() {
             waker.wake();
         }
-    }
-}
-
-/// Keeps `cx`'s waker in `slot`, cloning only when it changed.
-pub(crate) fn set_waker(slot: &mut Option<Waker>, cx: &Context<'_>) {
-    match slot {
-        Some(waker) if waker.will_wake(cx.waker()) => {}
-        _ => *slot = Some(cx.waker().clone()),
     }
 }
 

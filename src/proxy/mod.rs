@@ -6,21 +6,21 @@
 //! - [`forward`] sends it upstream through a pooled client and builds the response, or answers
 //!   a [`refusal`] (a JSON error that knows its status);
 //! - [`metered`] meters a streamed response: an ingress reader task and the egress body;
-//! - [`body`] and [`headers`] are the small pieces those share;
+//! - [`body`], [`client_body`] and [`headers`] are the small pieces those share;
 //! - [`serve`] is `metronome serve`: runtime, signals, and serving until SIGTERM.
 
 pub mod beacon;
 pub mod body;
+pub mod client_body;
 pub mod egress_clock;
 pub mod forward;
-pub mod h1;
 pub mod headers;
 pub mod joined_writes;
 pub mod listener;
 pub mod metered;
 pub mod refusal;
 pub mod reload;
-pub mod request_form;
+pub mod rewrite;
 pub mod router;
 pub mod serve;
 pub mod tunnel;
@@ -42,12 +42,13 @@ use tokio::task::JoinHandle;
 
 use crate::config::ClientKind;
 use crate::config::{Config, Threading};
+use crate::http1::client::Http1Client;
+use crate::http1::request_form;
 use crate::metrics::{status_class, Metrics, ModelLabels};
 use crate::timeline::StreamRegistry;
 use crate::tls;
 use body::ProxyBody;
 use router::Router;
-use upstream::native::Http1Client;
 pub use upstream::UpstreamClient;
 
 /// Why the proxy could not start.
@@ -62,7 +63,7 @@ pub enum StartError {
 }
 
 /// The error type of response bodies: anything that aborts a response.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::http1::BoxError;
 
 /// Hands out stream IDs: unique, and not to be guessed from another one.
 ///

@@ -1,6 +1,6 @@
 //! Why metronome answered a request itself instead of forwarding the upstream's response: each
 //! reason knows its status, its JSON error `type` and its message, so the forwarding code says
-//! only which refusal it is (as `h1::head::HeadError::status` does for malformed heads).
+//! only which refusal it is (as `http1::server::head::HeadError::status` does for malformed heads).
 //!
 //! The client is told what kind of failure it was, never where the upstream is or what the
 //! operating system said ([`Refusal::public_message`]); the whole error chain, upstream and OS
@@ -28,11 +28,11 @@ pub enum Refusal {
     BodyTooLarge(u64),
     /// The request head's method, target, `Host` or `Transfer-Encoding` is refused.
     #[error("{0}")]
-    Form(#[from] crate::proxy::request_form::FormError),
+    Form(#[from] crate::http1::request_form::FormError),
     /// The client's request body broke off or broke its framing while it was forwarded: the
     /// client's fault (400), not counted as an upstream error.
-    #[error("the request body is invalid: {0}")]
-    ClientBody(String),
+    #[error("the request body is invalid")]
+    ClientBody(#[source] UpstreamError),
     /// The request's path does not make an upstream URI.
     #[error("cannot build the upstream URI: {0}")]
     UpstreamUri(#[source] http::uri::InvalidUri),
@@ -61,10 +61,10 @@ impl Refusal {
     /// A failure of the upstream client: a request body over its limit is the client's fault
     /// (413); anything else is the upstream's.
     pub fn from_upstream(error: UpstreamError, upstream: &Arc<Upstream>, limit: u64) -> Self {
-        if error.body_too_large {
+        if error.body_too_large() {
             Refusal::BodyTooLarge(limit)
-        } else if error.client_body_failed {
-            Refusal::ClientBody(error.cause)
+        } else if error.client_body_failed() {
+            Refusal::ClientBody(error)
         } else {
             Refusal::Upstream {
                 upstream: upstream.clone(),
@@ -82,7 +82,7 @@ impl Refusal {
                 StatusCode::BAD_REQUEST
             }
             Refusal::NoHead { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Refusal::Upstream { error, .. } => match error.failure {
+            Refusal::Upstream { error, .. } => match error.failure() {
                 UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
                 _ => StatusCode::BAD_GATEWAY,
             },
@@ -98,7 +98,7 @@ impl Refusal {
                 "invalid_request"
             }
             Refusal::NoHead { .. } => "upstream_timeout",
-            Refusal::Upstream { error, .. } => match error.failure {
+            Refusal::Upstream { error, .. } => match error.failure() {
                 UpstreamFailure::Timeout => "upstream_timeout",
                 _ => "upstream_unavailable",
             },
@@ -108,7 +108,7 @@ impl Refusal {
     /// The upstream failure it counts in `metronome_upstream_errors_total`, when it is one.
     pub fn upstream_failure(&self) -> Option<UpstreamFailure> {
         match self {
-            Refusal::Upstream { error, .. } => Some(error.failure),
+            Refusal::Upstream { error, .. } => Some(error.failure()),
             Refusal::NoHead { .. } => Some(UpstreamFailure::Timeout),
             _ => None,
         }
@@ -125,7 +125,7 @@ impl Refusal {
             Refusal::NoHead { timeout, .. } => {
                 format!("the upstream sent no response head within {timeout:?}")
             }
-            Refusal::Upstream { error, .. } => match error.failure {
+            Refusal::Upstream { error, .. } => match error.failure() {
                 UpstreamFailure::Connect => "the upstream could not be reached",
                 UpstreamFailure::Timeout => "the upstream did not answer in time",
                 UpstreamFailure::Reset => "the upstream connection closed before a response",
@@ -155,13 +155,29 @@ impl Refusal {
 mod tests {
     use super::*;
 
+    use crate::http1::client::ClientError;
+
+    /// A native client's error of the given kind.
+    fn native_error(failure: UpstreamFailure) -> UpstreamError {
+        let error = match failure {
+            UpstreamFailure::Connect => {
+                ClientError::Connect(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+            }
+            UpstreamFailure::Timeout => ClientError::ConnectTimeout(Duration::from_secs(1)),
+            UpstreamFailure::Reset => ClientError::NoResponse,
+            UpstreamFailure::Protocol => ClientError::HeadTooLong(1),
+        };
+        assert_eq!(UpstreamFailure::of_native(&error), failure);
+        error.into()
+    }
+
     #[test]
     fn each_refusal_knows_its_status_and_kind() {
         let upstream: Arc<Upstream> =
             Arc::new(Upstream::parse("http://127.0.0.1:1").expect("upstream"));
         let failed = |failure| Refusal::Upstream {
             upstream: upstream.clone(),
-            error: UpstreamError::new(failure, "refused".into()),
+            error: native_error(failure),
         };
         let cases = [
             (Refusal::Overloaded, 503, "overloaded", None),
@@ -202,7 +218,7 @@ mod tests {
         let cause = "tcp connect error: Connection refused (os error 111)";
         let refusal = Refusal::Upstream {
             upstream: upstream.clone(),
-            error: UpstreamError::new(UpstreamFailure::Connect, cause.into()),
+            error: ClientError::Connect(std::io::Error::from_raw_os_error(111)).into(),
         };
         assert_eq!(
             refusal.public_message(),
@@ -224,8 +240,9 @@ mod tests {
     fn a_request_body_over_its_limit_is_the_clients_fault() {
         let upstream: Arc<Upstream> =
             Arc::new(Upstream::parse("http://127.0.0.1:1").expect("upstream"));
-        let mut error = UpstreamError::new(UpstreamFailure::Reset, "body".into());
-        error.body_too_large = true;
+        let body_error: crate::http1::BoxError =
+            Box::new(crate::proxy::client_body::BodyTooLarge(64));
+        let error = UpstreamError::from(ClientError::RequestBody(body_error));
         let refusal = Refusal::from_upstream(error, &upstream, 64);
         assert_eq!(refusal.status(), StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(

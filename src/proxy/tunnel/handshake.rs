@@ -10,7 +10,6 @@ use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode
 
 use crate::http1::head::list_elements;
 use crate::proxy::body::{ClientBody, ProxyBody, RequestBody};
-use crate::proxy::forward::ClientConnection;
 use crate::proxy::refusal::Refusal;
 
 /// What a well-formed WebSocket upgrade carries on to its streams.
@@ -128,7 +127,7 @@ fn bounded(headers: &HeaderMap, name: &str) -> Option<String> {
 pub fn upstream_request(
     mut request: Request<ClientBody>,
     upstream: &crate::config::Upstream,
-    connection: &ClientConnection,
+    peer: &super::Peer,
 ) -> Result<Request<RequestBody>, Refusal> {
     let extended_connect = request.method() == Method::CONNECT;
     if extended_connect {
@@ -136,7 +135,8 @@ pub fn upstream_request(
         request.extensions_mut().remove::<hyper::ext::Protocol>();
     }
     // The handshake has no body; a client that sends one anyway gets it cut at zero bytes.
-    let mut request = crate::proxy::forward::upstream_request(request, upstream, connection, 0)?;
+    let mut request =
+        crate::proxy::rewrite::upstream_request(request, upstream, (peer.remote, peer.scheme), 0)?;
     let headers = request.headers_mut();
     if extended_connect {
         let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 16]>());

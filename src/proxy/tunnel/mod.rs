@@ -27,7 +27,6 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::body::{ClientBody, ProxyBody, TimedBody};
-use super::forward::ClientConnection;
 use super::refusal::Refusal;
 use super::router::Route;
 use super::upstream::{UpstreamBody, UpstreamError};
@@ -66,6 +65,19 @@ fn take_hand_over(request: &mut Request<ClientBody>) -> Option<HandOver> {
     }))
 }
 
+/// What a tunnel needs of the client connection it came on.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// The client's address (for `X-Forwarded-For`).
+    pub remote: std::net::SocketAddr,
+    /// `http` or `https` (for `X-Forwarded-Proto`).
+    pub scheme: &'static str,
+    /// The connection's place under `limits.max_connections`, held as long as the tunnel.
+    pub place: Arc<tokio::sync::OwnedSemaphorePermit>,
+    /// The tunnels of the listener, which its drain closes.
+    pub tunnels: Arc<Tunnels>,
+}
+
 /// A server's own hand-over, put in a request's extensions (extensions must be `Clone`, so it
 /// sits in a shared slot and is taken once).
 #[derive(Clone)]
@@ -77,7 +89,8 @@ pub async fn open(
     mut request: Request<ClientBody>,
     upgrade: UpgradeRequest,
     state: &Arc<ProxyState>,
-    connection: &ClientConnection,
+    client: &super::UpstreamClient,
+    peer: Peer,
     route: &Route,
     received: Instant,
 ) -> Response<ProxyBody> {
@@ -98,20 +111,20 @@ pub async fn open(
     let body_limit = state.config.limits.max_request_body_bytes;
     let extended_connect = request.method() == http::Method::CONNECT;
     let path = request.uri().path().to_string();
-    let upstream_request = match handshake::upstream_request(request, &route.upstream, connection) {
+    let upstream_request = match handshake::upstream_request(request, &route.upstream, &peer) {
         Ok(r) => r,
         Err(refusal) => return refusal.answer(state, route),
     };
     let sent = tokio::time::timeout(
         state.config.timeouts.first_byte,
-        connection.client.hyper().request(upstream_request),
+        client.hyper().request(upstream_request),
     )
     .await;
     let mut response = match sent {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
             metrics.ended(&route.name, Outcome::Error);
-            let error = UpstreamError::from_hyper(error);
+            let error = UpstreamError::Hyper(error);
             return Refusal::from_upstream(error, &route.upstream, body_limit).answer(state, route);
         }
         Err(_elapsed) => {
@@ -172,7 +185,6 @@ pub async fn open(
         traceparent: upgrade.traceparent,
         request_id: upgrade.request_id,
     };
-    let connection = connection.clone();
     let route_name = route.name.clone();
     let state = state.clone();
     tokio::spawn(async move {
@@ -190,7 +202,7 @@ pub async fn open(
             state.tunnel_metrics.ended(&route_name, Outcome::Error);
             return;
         };
-        relay::run(client, upstream, setup, &connection).await;
+        relay::run(client, upstream, setup, &peer).await;
     });
     client_response
 }

@@ -25,7 +25,6 @@ use super::registry::{Outcome, StopSignal, TunnelMetrics};
 use super::Io;
 use crate::metering::clock::Tick;
 use crate::metering::ledger::IngressEnd;
-use crate::proxy::forward::ClientConnection;
 use crate::websocket::encode::{write_frame, FrameSpec};
 use crate::websocket::{Direction, Opcode};
 
@@ -46,11 +45,11 @@ pub async fn run(
     client: Box<dyn Io>,
     upstream: impl Io + 'static,
     setup: Setup,
-    connection: &ClientConnection,
+    peer: &super::Peer,
 ) {
-    let registered = connection.tunnels.register();
+    let registered = peer.tunnels.register();
     // The client connection's place under `limits.max_connections`, held as long as the tunnel.
-    let _place = connection.place.clone();
+    let _place = peer.place.clone();
     let metrics = setup.state.tunnel_metrics.clone();
     let idle_timeout = setup.state.config.timeouts.websocket_idle;
     let mut counted = Counted::open(metrics, setup.route.clone());

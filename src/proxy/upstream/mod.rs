@@ -1,14 +1,12 @@
 //! The upstream side of the proxy: sending a request to the inference server and reading its
 //! response.
 //!
-//! Plain-http upstreams go through [`native`], metronome's own HTTP/1.1 client: the response body
-//! reads its connection when the egress body polls it, so a frame crosses the proxy in one poll
-//! of one task. https upstreams (and every upstream under `server.upstream_client = "hyper"`)
-//! go through hyper-util's pooled client. Either way the caller gets an [`UpstreamBody`] and, on
-//! failure, an [`UpstreamError`] that says which kind of failure it was.
-
-pub mod native;
-pub mod pool;
+//! Plain-http upstreams go through metronome's own HTTP/1.1 client ([`crate::http1::client`]):
+//! the response body reads its connection when the egress body polls it, so a frame crosses the
+//! proxy in one poll of one task. https upstreams (and every upstream under
+//! `server.upstream_client = "hyper"`) go through hyper-util's pooled client. Either way the
+//! caller gets an [`UpstreamBody`] and, on failure, an [`UpstreamError`] that keeps its cause's
+//! type and says which kind of failure it was.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -22,10 +20,12 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 
-use super::body::{BodyTooLarge, ClientBodyFailed, RequestBody};
+use super::client_body::{BodyTooLarge, ClientBodyFailed, RequestBody};
 use crate::error;
+use crate::http1::client::{
+    interim_allowed, ClientError, Http1Client, Http1ResponseBody, Http1ResponseBodyError,
+};
 use crate::http1::decode::Incomplete;
-use native::{Http1Client, Http1ResponseBody, Http1ResponseBodyError};
 
 /// hyper-util's pooled client (http and https).
 pub type HyperClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
@@ -83,7 +83,7 @@ impl UpstreamClient {
                     .hyper
                     .request(request)
                     .await
-                    .map_err(UpstreamError::from_hyper)?;
+                    .map_err(UpstreamError::Hyper)?;
                 let interim = refused.load(Ordering::Relaxed);
                 if let Ok(status) = http::StatusCode::from_u16(interim) {
                     return Err(UpstreamError::unexpected_interim(status));
@@ -92,13 +92,6 @@ impl UpstreamClient {
             }
         }
     }
-}
-
-/// Whether an interim (1xx) answer may come before the response: `100 Continue` and `103 Early
-/// Hints` are skipped; any other (an unsolicited `101 Switching Protocols` above all) makes the
-/// request fail as a protocol error (issue 26), on both clients.
-pub fn interim_allowed(status: http::StatusCode) -> bool {
-    status == http::StatusCode::CONTINUE || status.as_u16() == 103
 }
 
 /// Why a request got no upstream response, as `metronome_upstream_errors_total{kind}` and the
@@ -128,6 +121,38 @@ impl UpstreamFailure {
         }
     }
 
+    /// Why the native client got no response head, by its error's variant.
+    pub fn of_native(error: &ClientError) -> Self {
+        match error {
+            ClientError::Connect(_) => UpstreamFailure::Connect,
+            ClientError::ConnectTimeout(_) => UpstreamFailure::Timeout,
+            ClientError::Send(_)
+            | ClientError::RequestBody(_)
+            | ClientError::NoResponse
+            | ClientError::HeadCut
+            | ClientError::Read(_) => UpstreamFailure::Reset,
+            ClientError::NoAuthority(_)
+            | ClientError::HeadTooLong(_)
+            | ClientError::Head(_)
+            | ClientError::UnexpectedInterim(_) => UpstreamFailure::Protocol,
+        }
+    }
+
+    /// Why hyper-util's client got no response head: its kind read from its causes.
+    pub fn of_hyper(error: &hyper_util::client::legacy::Error) -> Self {
+        let timed_out = error::find_cause::<std::io::Error>(error)
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
+        if timed_out {
+            UpstreamFailure::Timeout
+        } else if error.is_connect() {
+            UpstreamFailure::Connect
+        } else if error::is_connection_lost(error) {
+            UpstreamFailure::Reset
+        } else {
+            UpstreamFailure::Protocol
+        }
+    }
+
     /// Why a response body failed after its head: `Reset` when the connection was lost (reset,
     /// aborted, or closed before the body's end), `Protocol` when the upstream sent something
     /// that is not HTTP. Read from the error's types, from either client.
@@ -140,73 +165,48 @@ impl UpstreamFailure {
     }
 }
 
-/// A request that got no response head from the upstream.
-#[derive(Debug)]
-pub struct UpstreamError {
-    /// Which kind of failure.
-    pub failure: UpstreamFailure,
-    /// What went wrong, for the JSON error and the log.
-    pub cause: String,
-    /// The client's request body went past `limits.max_request_body_bytes` (answered 413).
-    pub body_too_large: bool,
-    /// The client's request body failed (answered 400, not counted as the upstream's error).
-    pub client_body_failed: bool,
+/// A request that got no response head from the upstream, with its cause as the client that
+/// sent it gave it.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// From metronome's own HTTP/1.1 client.
+    #[error(transparent)]
+    Native(#[from] ClientError),
+    /// From hyper-util's client.
+    #[error(transparent)]
+    Hyper(hyper_util::client::legacy::Error),
+    /// hyper-util's client skipped an interim answer that [`interim_allowed`] refuses.
+    #[error("the upstream answered {0}, which was not asked for")]
+    UnexpectedInterim(http::StatusCode),
 }
 
 // === impl UpstreamError ===
 
 impl UpstreamError {
-    /// An error of this kind.
-    pub fn new(failure: UpstreamFailure, cause: String) -> Self {
-        UpstreamError {
-            failure,
-            cause,
-            body_too_large: false,
-            client_body_failed: false,
-        }
-    }
-
     /// An interim answer that [`interim_allowed`] refuses, or a 1xx given as the response.
     pub fn unexpected_interim(status: http::StatusCode) -> Self {
-        UpstreamError::new(
-            UpstreamFailure::Protocol,
-            format!("the upstream answered {status}, which was not asked for"),
-        )
+        UpstreamError::UnexpectedInterim(status)
     }
 
-    /// Reads a hyper-util client error: its kind from its causes, its cause from the innermost.
-    pub fn from_hyper(error: hyper_util::client::legacy::Error) -> Self {
-        let timed_out = error::find_cause::<std::io::Error>(&error)
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
-        let failure = if timed_out {
-            UpstreamFailure::Timeout
-        } else if error.is_connect() {
-            UpstreamFailure::Connect
-        } else if error::is_connection_lost(&error) {
-            UpstreamFailure::Reset
-        } else {
-            UpstreamFailure::Protocol
-        };
-        let cause = error::chain(&error)
-            .last()
-            .map(|e| e.to_string())
-            .unwrap_or_else(|| error.to_string());
-        UpstreamError {
-            failure,
-            cause,
-            body_too_large: error::is_caused_by::<BodyTooLarge>(&error),
-            client_body_failed: error::is_caused_by::<ClientBodyFailed>(&error),
+    /// Which kind of failure, read from the cause's type.
+    pub fn failure(&self) -> UpstreamFailure {
+        match self {
+            UpstreamError::Native(error) => UpstreamFailure::of_native(error),
+            UpstreamError::Hyper(error) => UpstreamFailure::of_hyper(error),
+            UpstreamError::UnexpectedInterim(_) => UpstreamFailure::Protocol,
         }
     }
-}
 
-impl std::fmt::Display for UpstreamError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.cause)
+    /// The client's request body went past `limits.max_request_body_bytes` (answered 413).
+    pub fn body_too_large(&self) -> bool {
+        error::is_caused_by::<BodyTooLarge>(self)
+    }
+
+    /// The client's request body failed (answered 400, not counted as the upstream's error).
+    pub fn client_body_failed(&self) -> bool {
+        error::is_caused_by::<ClientBodyFailed>(self)
     }
 }
-
-impl std::error::Error for UpstreamError {}
 
 pin_project_lite::pin_project! {
     /// A response body from the upstream, from whichever client read its head.

@@ -5,9 +5,8 @@
 //! block says it is open). A task sweeps out connections idle longer than the timeout, so a
 //! burst's connections do not stay open on the inference server after it.
 
-use crate::poison::LockExt;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -56,7 +55,7 @@ impl Pool {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Idles> {
-        self.idles.lock_or_recover()
+        lock(&self.idles)
     }
 
     /// The most recently used idle connection to `authority` that is still open and not expired.
@@ -94,6 +93,12 @@ impl Pool {
     }
 }
 
+/// The idle connections, poisoned or not: a panic while they were held leaves each list whole
+/// (the policy of `crate::poison`, which this wire layer does not depend on).
+fn lock(idles: &Mutex<Idles>) -> std::sync::MutexGuard<'_, Idles> {
+    idles.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Whether the upstream has left `io` open: a read finds nothing to read (it would block). A
 /// closed connection reads its end, an error, or bytes nobody asked for; all are unusable.
 fn is_open(io: &TcpStream) -> bool {
@@ -107,7 +112,7 @@ async fn sweep(idles: Weak<Mutex<Idles>>, idle_timeout: Duration) {
     loop {
         tokio::time::sleep(next).await;
         let Some(idles) = idles.upgrade() else { return };
-        let mut idles = idles.lock_or_recover();
+        let mut idles = lock(&idles);
         let now = Instant::now();
         let mut oldest: Option<Instant> = None;
         idles.by_authority.retain(|_, list| {

@@ -7,6 +7,12 @@
 //! the upstream socket to the client socket in one poll of the client connection's task, as in
 //! an event-loop proxy. What it does not do, hyper-util's client (kept for https upstreams and
 //! `server.upstream_client = "hyper"`) does: TLS, HTTP/2, upgrades.
+//!
+//! It sends any request body of `Bytes` (the proxy's, with its limit) and hands back its own
+//! [`Http1ResponseBody`]; its failures are [`ClientError`]s that keep their causes' types.
+
+pub mod error;
+pub mod pool;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,15 +27,16 @@ use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::pool::{Pool, UpstreamConnection};
-use super::{UpstreamError, UpstreamFailure};
-use crate::http1::decode::{BodyLength, DecodeError, Decoded, Decoder, Incomplete};
+pub use error::{ClientError, Http1ResponseBodyError, ResponseHeadError};
+use pool::{Pool, UpstreamConnection};
+
+use crate::http1::decode::{BodyLength, Decoded, Decoder};
 use crate::http1::encode::{write_fields, ChunkSize, CHUNK_END, LAST_CHUNK};
 use crate::http1::head::{
     content_length, ends_in_chunked, header_map, list_elements, version, InvalidField,
 };
-use crate::http1::MAX_HEADERS;
-use crate::proxy::body::{BodyTooLarge, ClientBodyFailed, RequestBody};
+use crate::http1::{BoxError, MAX_HEADERS};
+
 /// The longest response head read.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// A connection's first read buffer: a few SSE frames of a chat stream (about 250 bytes each).
@@ -64,10 +71,14 @@ impl Http1Client {
 
     /// Sends `request` (its URI absolute, http://) and reads the response head. The request body
     /// is streamed; the response body reads the connection as it is polled.
-    pub async fn request(
+    pub async fn request<B>(
         &self,
-        request: Request<RequestBody>,
-    ) -> Result<Response<Http1ResponseBody>, UpstreamError> {
+        request: Request<B>,
+    ) -> Result<Response<Http1ResponseBody>, ClientError>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
         let authority = authority(request.uri())?;
         let (mut parts, body) = request.into_parts();
         let head_only = parts.method == Method::HEAD;
@@ -99,22 +110,12 @@ impl Http1Client {
         Ok(response.map(|()| body))
     }
 
-    async fn connect(&self, authority: &str) -> Result<UpstreamConnection, UpstreamError> {
+    async fn connect(&self, authority: &str) -> Result<UpstreamConnection, ClientError> {
         let io =
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority)).await {
                 Ok(Ok(io)) => io,
-                Ok(Err(e)) => {
-                    return Err(UpstreamError::new(
-                        UpstreamFailure::Connect,
-                        format!("tcp connect error: {e}"),
-                    ))
-                }
-                Err(_) => {
-                    return Err(UpstreamError::new(
-                        UpstreamFailure::Timeout,
-                        format!("tcp connect timed out after {:?}", self.connect_timeout),
-                    ))
-                }
+                Ok(Err(e)) => return Err(ClientError::Connect(e)),
+                Err(_) => return Err(ClientError::ConnectTimeout(self.connect_timeout)),
             };
         // A token must not wait for Nagle, in either direction.
         let _ = io.set_nodelay(true);
@@ -126,10 +127,10 @@ impl Http1Client {
 }
 
 /// `host:port` of an http:// URI (port 80 when it names none).
-fn authority(uri: &http::Uri) -> Result<Arc<str>, UpstreamError> {
-    let authority = uri.authority().ok_or_else(|| {
-        UpstreamError::new(UpstreamFailure::Protocol, format!("no authority in {uri}"))
-    })?;
+fn authority(uri: &http::Uri) -> Result<Arc<str>, ClientError> {
+    let authority = uri
+        .authority()
+        .ok_or_else(|| ClientError::NoAuthority(uri.clone()))?;
     Ok(match authority.port_u16() {
         Some(_) => Arc::from(authority.as_str()),
         None => Arc::from(format!("{}:80", authority.host())),
@@ -139,11 +140,15 @@ fn authority(uri: &http::Uri) -> Result<Arc<str>, UpstreamError> {
 /// Writes the request line, the header fields and the body, streamed: what has arrived of the
 /// body goes out with the head, the rest as it comes (`content-length` when the length is known,
 /// chunked otherwise).
-async fn write_request(
+async fn write_request<B>(
     io: &mut TcpStream,
     parts: &http::request::Parts,
-    mut body: RequestBody,
-) -> Result<(), UpstreamError> {
+    mut body: B,
+) -> Result<(), ClientError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
     let mut out = Vec::with_capacity(512);
     out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
@@ -164,12 +169,7 @@ async fn write_request(
     }
     out.extend_from_slice(b"\r\n");
 
-    let send = |e: std::io::Error| {
-        UpstreamError::new(
-            UpstreamFailure::Reset,
-            format!("cannot send the request: {e}"),
-        )
-    };
+    let send = ClientError::Send;
     loop {
         // Take what is there; before waiting for more, send what was gathered.
         let frame = match body.frame().now_or_never() {
@@ -184,16 +184,7 @@ async fn write_request(
         };
         match frame {
             None => break,
-            Some(Err(e)) => {
-                let too_large = e.is::<BodyTooLarge>();
-                let mut error = UpstreamError::new(
-                    UpstreamFailure::Reset,
-                    format!("the client's request body failed: {e}"),
-                );
-                error.body_too_large = too_large;
-                error.client_body_failed = e.is::<ClientBodyFailed>();
-                return Err(error);
-            }
+            Some(Err(e)) => return Err(ClientError::RequestBody(e.into())),
             Some(Ok(frame)) => {
                 let Ok(data) = frame.into_data() else {
                     // Request trailers are not forwarded (hyper-util's client drops them too).
@@ -225,54 +216,41 @@ async fn write_request(
     Ok(())
 }
 
+/// Whether an interim (1xx) answer may come before the response: `100 Continue` and `103 Early
+/// Hints` are skipped; any other (an unsolicited `101 Switching Protocols` above all) makes the
+/// request fail as a protocol error. The proxy applies the same rule to hyper-util's client.
+pub fn interim_allowed(status: StatusCode) -> bool {
+    status == StatusCode::CONTINUE || status.as_u16() == 103
+}
+
 /// Reads the response head (skipping `100 Continue` and `103 Early Hints`; any other interim
 /// answer is a protocol error): the response
 /// without its body, the body's length, and whether the connection may be used again after it.
 async fn read_head(
     conn: &mut UpstreamConnection,
     head_only: bool,
-) -> Result<(Response<()>, BodyLength, bool), UpstreamError> {
+) -> Result<(Response<()>, BodyLength, bool), ClientError> {
     loop {
         let parsed = parse_head(&mut conn.buf, head_only)?;
         if let Some((response, length, keep_alive)) = parsed {
             if response.status().is_informational() {
-                if !super::interim_allowed(response.status()) {
-                    return Err(UpstreamError::unexpected_interim(response.status()));
+                if !interim_allowed(response.status()) {
+                    return Err(ClientError::UnexpectedInterim(response.status()));
                 }
                 continue;
             }
             return Ok((response, length, keep_alive));
         }
         if conn.buf.len() >= MAX_HEAD_BYTES {
-            return Err(UpstreamError::new(
-                UpstreamFailure::Protocol,
-                format!("the response head is longer than {MAX_HEAD_BYTES} bytes"),
-            ));
+            return Err(ClientError::HeadTooLong(MAX_HEAD_BYTES));
         }
         conn.buf.reserve(FIRST_READ);
         let read = std::future::poll_fn(|cx| poll_read(&mut conn.io, &mut conn.buf, cx)).await;
         match read {
-            Ok(0) if conn.buf.is_empty() => {
-                return Err(UpstreamError::new(
-                    UpstreamFailure::Reset,
-                    "connection closed before message completed: the upstream sent no response"
-                        .into(),
-                ))
-            }
-            Ok(0) => {
-                return Err(UpstreamError::new(
-                    UpstreamFailure::Reset,
-                    "connection closed before message completed: the response head was cut off"
-                        .into(),
-                ))
-            }
+            Ok(0) if conn.buf.is_empty() => return Err(ClientError::NoResponse),
+            Ok(0) => return Err(ClientError::HeadCut),
             Ok(_) => {}
-            Err(e) => {
-                return Err(UpstreamError::new(
-                    UpstreamFailure::Reset,
-                    format!("cannot read the response: {e}"),
-                ))
-            }
+            Err(e) => return Err(ClientError::Read(e)),
         }
     }
 }
@@ -282,29 +260,28 @@ async fn read_head(
 pub fn parse_head(
     buf: &mut BytesMut,
     head_only: bool,
-) -> Result<Option<(Response<()>, BodyLength, bool)>, UpstreamError> {
-    let protocol = |what: String| UpstreamError::new(UpstreamFailure::Protocol, what);
+) -> Result<Option<(Response<()>, BodyLength, bool)>, ResponseHeadError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut head = httparse::Response::new(&mut fields);
     let end = match head.parse(buf) {
         Ok(httparse::Status::Complete(end)) => end,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(protocol(format!("invalid response head: {e}"))),
+        Err(e) => return Err(ResponseHeadError::Parse(e)),
     };
     let code = head.code.unwrap_or_default();
-    let status =
-        StatusCode::from_u16(code).map_err(|_| protocol(format!("invalid status code {code}")))?;
+    let status = StatusCode::from_u16(code).map_err(|_| ResponseHeadError::Status(code))?;
     let version = version(head.version);
     let http10 = version == http::Version::HTTP_10;
     let mut response = Response::new(());
     *response.status_mut() = status;
     *response.version_mut() = version;
     *response.headers_mut() = header_map(head.headers).map_err(|field| match field {
-        InvalidField::Name(name) => protocol(format!("invalid header name {name:?}")),
-        InvalidField::Value(name) => protocol(format!("invalid value of header {name}")),
+        InvalidField::Name(name) => ResponseHeadError::FieldName(name.to_owned()),
+        InvalidField::Value(name) => ResponseHeadError::FieldValue(name.to_owned()),
     })?;
     let _ = buf.split_to(end);
-    let length = body_length(status, head_only, response.headers()).map_err(protocol)?;
+    let length = body_length(status, head_only, response.headers())
+        .map_err(ResponseHeadError::ContentLength)?;
     if response.headers().contains_key(header::TRANSFER_ENCODING) {
         // Transfer-Encoding overrides Content-Length, and a proxy must not forward the latter
         // (RFC 9112 §6.3): the client would frame the decoded body by a length that is not its.
@@ -322,7 +299,7 @@ fn body_length(
     status: StatusCode,
     head_only: bool,
     headers: &HeaderMap,
-) -> Result<BodyLength, String> {
+) -> Result<BodyLength, &'static str> {
     if head_only
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -352,20 +329,6 @@ fn poll_read(
     cx: &mut Context<'_>,
 ) -> Poll<std::io::Result<usize>> {
     tokio_util::io::poll_read_buf(Pin::new(io), cx, buf)
-}
-
-/// Why a response body from the native client failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Http1ResponseBodyError {
-    /// The upstream closed the connection before the body's end.
-    #[error("connection closed before message completed: {0}")]
-    Incomplete(#[from] Incomplete),
-    /// The upstream broke the chunked framing.
-    #[error("invalid response body: {0}")]
-    Decode(#[from] DecodeError),
-    /// Reading the socket failed (a reset).
-    #[error("error reading the response body: {0}")]
-    Io(#[from] std::io::Error),
 }
 
 /// A response body read straight off its upstream connection as it is polled. At its clean end
@@ -521,7 +484,7 @@ mod tests {
     fn head(wire: &[u8], head_only: bool) -> (Response<()>, BodyLength, bool, BytesMut) {
         let mut buf = BytesMut::from(wire);
         let (response, length, keep_alive) = parse_head(&mut buf, head_only)
-            .unwrap_or_else(|e| panic!("{}", e.cause))
+            .unwrap_or_else(|e| panic!("{e}"))
             .expect("complete");
         (response, length, keep_alive, buf)
     }
@@ -627,8 +590,8 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
         ] {
             let mut buf = BytesMut::from(wire);
-            let error = parse_head(&mut buf, false).unwrap_err();
-            assert_eq!(error.failure, UpstreamFailure::Protocol, "{}", error.cause);
+            // Every refused head is a protocol error (`proxy::upstream` counts it so).
+            assert!(parse_head(&mut buf, false).is_err());
         }
     }
 

@@ -8,9 +8,8 @@
 //! writes `100 Continue` only when the body is first asked for, as hyper does, so a request
 //! refused from its head alone (413, 503) is answered before the client sends its body.
 
-use crate::poison::LockExt;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
@@ -18,8 +17,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::http1::decode::{BodyLength, Decoded, Decoder};
-use crate::proxy::metered::set_waker;
-use crate::proxy::BoxError;
+use crate::http1::{set_waker, BoxError};
 
 /// Why a request body ended before its end.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,8 +49,10 @@ struct Slot {
 
 type SharedSlot = Arc<Mutex<Slot>>;
 
+/// The slot, poisoned or not: a panic while it was held leaves a piece, a flag or a waker, each
+/// whole (the policy of `crate::poison`, which this wire layer does not depend on).
 fn lock(shared: &SharedSlot) -> std::sync::MutexGuard<'_, Slot> {
-    shared.lock_or_recover()
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The request body as the request handler gets it.

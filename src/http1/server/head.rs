@@ -15,8 +15,8 @@ use crate::http1::encode::write_fields;
 use crate::http1::head::{
     content_length, ends_in_chunked, header_map, list_elements, version, InvalidField,
 };
+use crate::http1::request_form::{self, FormError};
 use crate::http1::MAX_HEADERS;
-use crate::proxy::request_form::{self, FormError};
 
 /// A request head, parsed.
 #[derive(Debug)]

@@ -1,6 +1,6 @@
 //! metronome's own HTTP/1.1 server for client connections (`server.http1_server = "native"`,
-//! the default): it reads each request head off the connection, hands the request to the
-//! forwarder, and writes the response as its body yields frames, one vectored write per batch of
+//! the default): it reads each request head off the connection, hands the request to a service
+//! (the proxy's forwarder), and writes the response as its body yields frames, one vectored write per batch of
 //! ready frames, in the connection's own task.
 //!
 //! hyper's server does the same with a dispatcher, a queue of boxed buffers, a formatted chunk
@@ -34,14 +34,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::{Request, Response};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use super::body::{ClientBody, ProxyBody};
+use super::BoxError;
 use head::{Framing, HeadError};
-use request_body::{Fed, Feeder};
+use request_body::{Fed, Feeder, Http1RequestBody};
 use writer::Writer;
 
 /// The settings one connection is served with.
@@ -79,7 +79,7 @@ pub enum ConnectionError {
     #[error("{0}")]
     Head(HeadError),
     #[error("the response body failed: {0}")]
-    Body(super::BoxError),
+    Body(BoxError),
     #[error("{0}")]
     Framing(#[from] writer::FramingError),
 }
@@ -112,16 +112,20 @@ impl<F: Future<Output = Result<(), ConnectionError>>> Future for ServerConnectio
 }
 
 /// Serves HTTP/1.x on `io`, each request through `service`, until the client closes, the idle
-/// timeout passes, or a graceful shutdown finds the connection between requests.
-pub fn serve<I, S, R>(
+/// timeout passes, or a graceful shutdown finds the connection between requests. The service
+/// gets the request with its body streamed off the connection ([`Http1RequestBody`]) and answers
+/// with any body of `Bytes`, written as it yields frames.
+pub fn serve<I, S, R, B>(
     io: I,
     settings: Settings,
     service: S,
 ) -> ServerConnection<impl Future<Output = Result<(), ConnectionError>>>
 where
     I: AsyncRead + AsyncWrite + Unpin,
-    S: FnMut(Request<ClientBody>) -> R,
-    R: Future<Output = Result<Response<ProxyBody>, Infallible>> + Unpin,
+    S: FnMut(Request<Http1RequestBody>) -> R,
+    R: Future<Output = Result<Response<B>, Infallible>> + Unpin,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
 {
     let stop = Arc::new(AtomicBool::new(false));
     ServerConnection {
@@ -131,7 +135,7 @@ where
 }
 
 /// The connection's life: one request after another.
-async fn serve_requests<I, S, R>(
+async fn serve_requests<I, S, R, B>(
     io: I,
     settings: Settings,
     mut service: S,
@@ -139,8 +143,10 @@ async fn serve_requests<I, S, R>(
 ) -> Result<(), ConnectionError>
 where
     I: AsyncRead + AsyncWrite + Unpin,
-    S: FnMut(Request<ClientBody>) -> R,
-    R: Future<Output = Result<Response<ProxyBody>, Infallible>> + Unpin,
+    S: FnMut(Request<Http1RequestBody>) -> R,
+    R: Future<Output = Result<Response<B>, Infallible>> + Unpin,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
 {
     let mut connection = ConnectionState::new(io, settings, stop);
     while let Some(head) = connection.next_head().await? {
@@ -217,14 +223,16 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
 
     /// Serves one request through `service`: whether the connection may read another (when it
     /// may not, it is shut down here).
-    async fn serve_one<S, R>(
+    async fn serve_one<S, R, B>(
         &mut self,
         head: head::RequestHead,
         service: &mut S,
     ) -> Result<bool, ConnectionError>
     where
-        S: FnMut(Request<ClientBody>) -> R,
-        R: Future<Output = Result<Response<ProxyBody>, Infallible>> + Unpin,
+        S: FnMut(Request<Http1RequestBody>) -> R,
+        R: Future<Output = Result<Response<B>, Infallible>> + Unpin,
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
     {
         let exchange = Exchange {
             method: head.method.clone(),
@@ -233,7 +241,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
         };
         let (body, feeder) = request_body::channel(head.body, head.expects_continue);
         self.feeder = feeder;
-        let mut request = Request::new(ClientBody::Native { body });
+        let mut request = Request::new(body);
         *request.method_mut() = head.method;
         *request.uri_mut() = head.uri;
         *request.version_mut() = head.version;
@@ -370,7 +378,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
 
     /// Writes the response head and its body, frame by frame as the body yields them, while
     /// watching the client's side.
-    async fn stream_body(&mut self, body: &mut Option<ProxyBody>) -> Result<(), ConnectionError> {
+    async fn stream_body<B>(&mut self, body: &mut Option<B>) -> Result<(), ConnectionError>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
         // Set once the body failed: the frames before the failure still go out, then the
         // connection closes without the body's end, so the client sees the response cut.
         let mut failed: Option<ConnectionError> = None;
@@ -409,7 +421,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
                             }
                         }
                         Poll::Ready(Some(Err(e))) => {
-                            failed = Some(ConnectionError::Body(e));
+                            failed = Some(ConnectionError::Body(e.into()));
                             *body = None;
                             break;
                         }
