@@ -112,7 +112,7 @@ ws_port=$(free_port)
 python3 scripts/ws_tunnel_check.py serve "$ws_port" >"$work/ws-server.log" 2>&1 &
 pids+=("$!")
 wait_port "$ws_port"
-for server in hyper; do
+for server in native hyper; do
   start_serve "$server" "$ws_port"
   for deflate in "" --deflate; do
     python3 scripts/ws_tunnel_check.py client "ws://127.0.0.1:$ws_port/chat" $deflate \
@@ -134,7 +134,7 @@ done
 
 # The sim behind metronome: the same checks as directly, the probe, and metronome's streams.
 start_sim "$BIN" --gap 2ms --ttft 5ms --tokens "$TOKENS"
-start_serve hyper "$sim_port"
+start_serve native "$sim_port"
 python3 scripts/ws_crosscheck.py "http://127.0.0.1:$proxy_port" "$TOKENS" --sdk \
   || fail "Python's websockets and the openai SDK through metronome: $(tail -5 "$work/serve.log")"
 pass "websockets and the openai SDK through metronome: responses and realtime"

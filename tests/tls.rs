@@ -667,7 +667,6 @@ async fn a_websocket_tunnels_to_an_https_upstream_and_its_responses_are_metered(
             metronome::config::Upstream::parse(&format!("https://localhost:{port}")).unwrap();
         c.routes.clear();
         c.upstream_tls.ca = Some(ca);
-        c.server.http1_server = metronome::config::ServerKind::Hyper;
     })
     .await;
     let url = format!("http://{}/v1/responses", proxy.proxy_addr);

@@ -455,9 +455,9 @@ async fn a_malformed_upgrade_gets_400_and_reaches_no_upstream(server: ServerKind
     let mut upstream = RawUpstream::start("", Vec::new(), None).await;
     let proxy = proxy(upstream.addr, server, |_| {}).await;
     for (request, why) in [
-        ("POST /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nContent-Length: 0\r\n\r\n", "GET"),
-        ("GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n", "Sec-WebSocket-Key"),
-        ("GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n\r\n", "Version: 13"),
+        ("POST /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade, close\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nContent-Length: 0\r\n\r\n", "GET"),
+        ("GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade, close\r\nSec-WebSocket-Version: 13\r\n\r\n", "Sec-WebSocket-Key"),
+        ("GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade, close\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n\r\n", "Version: 13"),
     ] {
         let mut tcp = TcpStream::connect(proxy.proxy_addr).await.unwrap();
         tcp.write_all(request.as_bytes()).await.unwrap();
@@ -684,6 +684,15 @@ async fn a_socket_on_another_path_is_a_connection_only(server: ServerKind) {
 /// Shared set-up for the test modules below: each check on each server.
 macro_rules! on_both_servers {
     ($($check:ident),* $(,)?) => {
+        mod native_server {
+            $(
+                #[tokio::test]
+                async fn $check() {
+                    super::$check(super::ServerKind::Native).await;
+                }
+            )*
+        }
+
         mod hyper_server {
             $(
                 #[tokio::test]

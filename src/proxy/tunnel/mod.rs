@@ -45,17 +45,21 @@ pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-/// How the client's server hands its connection over once the `101` is written: hyper's
-/// upgrade, or a server that puts one of these in the request's extensions (metronome's own
-/// HTTP/1.1 server does, generic over how it is told).
+/// How the client's server hands its connection over once the `101` is written.
 pub type HandOver =
     std::pin::Pin<Box<dyn std::future::Future<Output = Option<ClientIo>> + Send + 'static>>;
 
 /// Takes the means of getting the client's connection after the `101` out of `request`:
-/// hyper's `OnUpgrade`, or a server's own [`HandOver`] slot.
+/// metronome's own server's `OnUpgrade`, or hyper's.
 fn take_hand_over(request: &mut Request<ClientBody>) -> Option<HandOver> {
-    if let Some(slot) = request.extensions_mut().remove::<NativeHandOver>() {
-        return slot.0.lock().ok()?.take();
+    let native = request
+        .extensions_mut()
+        .remove::<crate::http1::server::upgrade::OnUpgrade>();
+    if let Some(native) = native {
+        let upgraded = native.take()?;
+        return Some(Box::pin(async move {
+            Some(Box::new(upgraded.await?) as ClientIo)
+        }));
     }
     request.extensions().get::<hyper::upgrade::OnUpgrade>()?;
     let upgrade = hyper::upgrade::on(&mut *request);
@@ -77,11 +81,6 @@ pub struct Peer {
     /// The tunnels of the listener, which its drain closes.
     pub tunnels: Arc<Tunnels>,
 }
-
-/// A server's own hand-over, put in a request's extensions (extensions must be `Clone`, so it
-/// sits in a shared slot and is taken once).
-#[derive(Clone)]
-pub struct NativeHandOver(pub Arc<std::sync::Mutex<Option<HandOver>>>);
 
 /// Forwards a WebSocket upgrade to the route's upstream and, when it switches, relays its `101`
 /// and starts the tunnel; otherwise passes its answer through, or answers why not.
