@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The proxy benchmark of issue 7: what metronome costs next to the proxies operators already run.
+"""The proxy benchmark: what metronome costs next to the proxies operators already run.
 
 One sim upstream at a steady cadence; `metronome probe` as an open-loop client; five paths side by
 side, interleaved in every repeat so that the machine's load falls on all of them alike:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The proxy benchmark (issue 7): direct, metronome, nginx, HAProxy and metronome with metering off,
+# The proxy benchmark: direct, metronome, nginx, HAProxy and metronome with metering off,
 # side by side against one sim, at 100, 1,000 and 10,000 concurrent streams of 20 events/s, then
 # the one-core saturation figure. Prints the table and writes it into BENCHMARKS.md.
 #

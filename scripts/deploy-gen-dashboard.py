@@ -258,7 +258,7 @@ dashboard = {
     "annotations": {"list": [{
         "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
         "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}]},
-    "description": "metronome: the inter-token cadence of streamed LLM output, at ingress, egress and client. Metric contract: DESIGN.md section 4.",
+    "description": "metronome: the inter-token cadence of streamed LLM output, at ingress, egress and client. Metric contract: docs/metrics.md.",
     "editable": True,
     "graphTooltip": 1,
     "id": None,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end with a real edge: nginx (Debian package) in front of metronome, in front of
-# `metronome sim` at a steady cadence. Shows, with real software, what issue 5 promises:
+# `metronome sim` at a steady cadence. Shows, with real software, what the beacon and the
+# stream timelines promise (docs/beacon.md):
 #  1. through nginx with `proxy_buffering on` and small buffers, `metronome probe --join`
 #     attributes the clumps and the added gaps to the edge ("after metronome"), and the client's
 #     ITL p50 falls while its TTFT and ITL p99 rise (the signature of a buffering proxy);
@@ -12,7 +13,7 @@
 # Asserts directions and rough sizes, never exact times. Talks only to 127.0.0.1, bounded in
 # streams and time (a watchdog stops it after $E2E_EDGE_TIMEOUT seconds, default 600).
 # Installs nginx, chromium and nodejs with apt-get when missing. Needs metronome's /streams and
-# beacon endpoint (the server side of issue 5); says so and fails when they are not there.
+# beacon endpoint; says so and fails when they are not there.
 #
 #   bash scripts/e2e-edge.sh            # run the checks
 #   KEEP_WORK=1 bash scripts/e2e-edge.sh   # keep the work directory (configs, logs, reports)
@@ -102,13 +103,13 @@ $BIN serve --config "$WORK/metronome.toml" >"$WORK/serve.log" 2>&1 & PIDS+=($!)
 wait_http "http://127.0.0.1:$SIM_PORT/health"
 wait_http "$ADMIN/healthz"
 
-# The server side of issue 5 must be there: /streams on the admin listener, the beacon path on
+# The server side must be there: /streams on the admin listener, the beacon path on
 # the proxy listener.
 status=$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/streams" || true)
-[ "$status" = 200 ] || fail "metronome's admin listener has no /streams (got $status): this needs the server side of issue 5 (stream timelines and the beacon endpoint)"
+[ "$status" = 200 ] || fail "metronome's admin listener has no /streams (got $status): this needs the stream timelines and the beacon endpoint"
 status=$(curl -s -o /dev/null -w '%{http_code}' -X POST -d '{"v":1,"id":"00","gaps_ms":[]}' \
   "http://127.0.0.1:$PROXY_PORT/.well-known/metronome/beacon" || true)
-[ "$status" = 400 ] || fail "metronome's proxy listener does not answer the beacon path (an unknown ID got $status, not 400): this needs the server side of issue 5"
+[ "$status" = 400 ] || fail "metronome's proxy listener does not answer the beacon path (an unknown ID got $status, not 400): this needs the beacon endpoint"
 pass "metronome serves /streams and answers the beacon path"
 
 # The edge: one nginx, three server blocks in front of metronome.

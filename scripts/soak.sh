@@ -3,6 +3,7 @@
 # checking that nothing leaks and that every error is an injected one.
 #
 #   scripts/soak.sh [MINUTES]     (CONCURRENCY=32 SAMPLE_EVERY=5 IDLE_WAIT=200 by default)
+#   WEBSOCKET=1 scripts/soak.sh 60   the mixed soak: WebSocket clients too (see below)
 #
 # The churn, from 32 concurrent clients (scripts/soak.py), each request on a new connection:
 #   55% read a whole stream; 20% cancel after 2 to 20 events (half with FIN, half with RST);
@@ -10,14 +11,26 @@
 #   10% go to route `reset`, whose upstream (soak.py reset-upstream) aborts every stream with a
 #   TCP RST after 3 to 20 events: the injected upstream fault.
 # The sim streams 40 tokens, 20 ms apart with jitter and rare stalls.
+# Beside them: a quarter of the whole streams' clients send a beacon (with the stream's
+# x-metronome-beacon-key when the response carries one; BEACONS=0 turns them off), /metrics is
+# scraped every SCRAPE_EVERY=1 s (text, OpenMetrics and protobuf in turn), and every
+# RELOAD_EVERY=60 s the file is rewritten (a spare route added or taken away) and the proxy
+# sent SIGHUP. With WEBSOCKET=1, WS_CLIENTS=4 clients also speak the Responses API's WebSocket
+# mode to the sim through the proxy's tunnel (route `ws`), 1 to 3 responses a socket, one socket
+# in five left mid-response; when the proxy answers the upgrade with anything but 101 they stop
+# and their checks are skipped. Before the clock starts, PRIME=4096 two-token streams fill the
+# proxy's bounded registries (the beacon window, the /streams ring), so even a short run
+# (scripts/soak.sh 2) measures the steady state.
 #
 # Every SAMPLE_EVERY seconds the proxy's resident set (/proc/PID/statm), open descriptors
 # (/proc/PID/fd) and stream gauge are printed. At the end it checks: resident set and descriptors
-# flat within 10% (the mean of the first steady-state minute against the last minute; steady
-# state starts once a minute has passed and 4096 streams are recorded, which fills the proxy's
-# bounded registries), streams_active back to 0, upstream errors only of the injected kind and
+# flat within BOUND=0.10 (the mean of the first steady-state minute against the last minute;
+# steady state starts after a fifth of the run, at most a minute, and once 4096 streams are
+# recorded, which fills the proxy's bounded registries), streams_active back to 0, upstream errors only of the injected kind and
 # exactly one per injected reset, no 4xx/5xx, streams_total adding up to the requests sent with
-# each outcome matching what the clients did, and no panic in the proxy's log. Then, with the load
+# each outcome matching what the clients did, every beacon answered 204 and counted accepted,
+# every WebSocket response recorded once, every scrape answered, every SIGHUP applied and none
+# refused, and no panic in the proxy's log. Then, with the load
 # stopped, it waits (up to IDLE_WAIT=200 s) for the pooled upstream connections to pass their
 # idle timeout: the descriptors must return to their count before the first request. Exits 1 when
 # a check fails. Everything listens on 127.0.0.1. METRONOME_BIN=path skips the build.
@@ -27,6 +40,13 @@ MINUTES=${1:-30}
 CONCURRENCY=${CONCURRENCY:-32}
 SAMPLE_EVERY=${SAMPLE_EVERY:-5}
 IDLE_WAIT=${IDLE_WAIT:-200}
+BOUND=${BOUND:-0.10}
+PRIME=${PRIME:-4096}
+BEACONS=${BEACONS:-1}
+WEBSOCKET=${WEBSOCKET:-0}
+WS_CLIENTS=${WS_CLIENTS:-4}
+SCRAPE_EVERY=${SCRAPE_EVERY:-1}
+RELOAD_EVERY=${RELOAD_EVERY:-60}
 
 cd "$(dirname "$0")/.."
 if [[ -n ${METRONOME_BIN:-} ]]; then
@@ -93,6 +113,10 @@ match = "exact"
 name = "reset"
 path = "/reset"
 upstream = "http://$RESET"
+[[routes]]
+name = "ws"
+path = "/v1/responses"
+match = "exact"
 TOML
 RUST_LOG=info "$BIN" serve --config "$WORK/metronome.toml" >"$WORK/serve.log" 2>&1 &
 SERVE_PID=$!
@@ -101,10 +125,20 @@ PROXY=$(wait_for_addr "$WORK/serve.log" "metronome serving" "$SERVE_PID")
 ADMIN=$(sed 's/\x1b\[[0-9;]*m//g' "$WORK/serve.log" | grep "metronome serving" | grep -oE 'admin=127\.0\.0\.1:[0-9]+' | cut -d= -f2)
 
 echo "soak: $MINUTES min, $CONCURRENCY clients, proxy pid $SERVE_PID, logs in $WORK" >&2
+extra=()
+if [[ $WEBSOCKET == 1 ]]; then
+    extra+=(--websocket --ws-clients "$WS_CLIENTS")
+fi
+if [[ $BEACONS == 0 ]]; then
+    extra+=(--beacon-share 0)
+fi
 rc=0
 python3 scripts/soak.py drive --proxy "$PROXY" --admin "$ADMIN" \
     --pid "$SERVE_PID" --seconds "$((MINUTES * 60))" --concurrency "$CONCURRENCY" \
-    --every "$SAMPLE_EVERY" --idle-wait "$IDLE_WAIT" --rows "$WORK/samples.csv" || rc=$?
+    --every "$SAMPLE_EVERY" --idle-wait "$IDLE_WAIT" --rows "$WORK/samples.csv" \
+    --bound "$BOUND" --prime "$PRIME" --scrape-every "$SCRAPE_EVERY" \
+    --reload-every "$RELOAD_EVERY" --config "$WORK/metronome.toml" \
+    --serve-log "$WORK/serve.log" "${extra[@]}" || rc=$?
 if grep -q "panicked" "$WORK/serve.log"; then
     echo "FAIL the proxy's log shows a panic:" >&2
     grep -m3 "panicked" "$WORK/serve.log" >&2

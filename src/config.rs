@@ -105,9 +105,9 @@ struct RawConfig {
     metering: RawMetering,
     models: ModelsConfig,
     buckets: Buckets,
-    /// `[metrics]` (issue 27: native histograms, the classic preset).
+    /// `[metrics]`: native histograms, the classic preset, the flush interval, the names.
     metrics: MetricsConfig,
-    /// `[otlp]` (issue 32: OpenTelemetry export).
+    /// `[otlp]`: OpenTelemetry export.
     otlp: otlp::RawOtlp,
     timeline: TimelineConfig,
     tls: RawTls,
@@ -115,7 +115,7 @@ struct RawConfig {
     limits: LimitsConfig,
     routes: Vec<RawRoute>,
     readiness: RawReadiness,
-    /// `[batch]` (issue 29: batch-wide hitches and their episodes).
+    /// `[batch]`: batch-wide hitches and their episodes.
     batch: RawBatch,
     /// `[admin]`: the admin listener's own bounds.
     admin: RawAdmin,
@@ -227,7 +227,7 @@ pub struct TimelineConfig {
     pub beacon_path: String,
     /// Largest beacon body accepted, in bytes.
     pub beacon_max_bytes: usize,
-    /// Whether `/streams/{id}` shows each frame's size (issue 26: off by default, since an SSE
+    /// Whether `/streams/{id}` shows each frame's size (off by default, since an SSE
     /// chat stream's frame sizes are its tokens' lengths; timings are shown either way).
     pub frame_sizes: bool,
 }
@@ -280,8 +280,10 @@ struct RawTimeouts {
     idle: String,
     tls_handshake: String,
     client_idle: String,
+    client_head: String,
     upstream_idle: String,
-    // Issue 26 (security): the protocol sniff's own deadline.
+    // The protocol sniff's own deadline, shorter than `client_idle`: a client that never says
+    // which protocol it speaks holds a descriptor only this long.
     sniff: String,
     websocket_idle: String,
 }
@@ -294,6 +296,7 @@ impl Default for RawTimeouts {
             idle: "120s".into(),
             tls_handshake: "10s".into(),
             client_idle: "300s".into(),
+            client_head: "10s".into(),
             upstream_idle: "4s".into(),
             sniff: "5s".into(),
             websocket_idle: "300s".into(),
@@ -582,7 +585,7 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// The upstream check behind `/readyz`.
     pub readiness: ReadinessConfig,
-    /// `[batch]`: batch-wide hitches and episodes (issue 29).
+    /// `[batch]`: batch-wide hitches and episodes.
     pub batch: BatchSettings,
     /// `[admin]`: the admin listener's bounds.
     pub admin: AdminConfig,
@@ -620,16 +623,20 @@ pub struct TimeoutsConfig {
     pub idle: Duration,
     /// How long a client may take to finish the TLS handshake.
     pub tls_handshake: Duration,
-    /// How long a client connection may wait for its next request (and take to send a request
-    /// head) before metronome closes it: longer than the keep-alive timeout of whatever sits in
-    /// front, so that metronome never closes a connection the client is about to reuse.
+    /// How long a client connection may wait for its next request before metronome closes it:
+    /// longer than the keep-alive timeout of whatever sits in front, so that metronome never
+    /// closes a connection the client is about to reuse.
     pub client_idle: Duration,
+    /// How long a client may take to send a request head, from its first byte to its last: a
+    /// head begun and never finished holds its connection and bytes only this long, not
+    /// `client_idle`.
+    pub client_head: Duration,
     /// How long an idle upstream connection waits in the pool for its next request: shorter than
     /// the upstream's own keep-alive timeout, so that metronome never sends a request on a
     /// connection the upstream is closing (the request would fail with a 502).
     pub upstream_idle: Duration,
     /// How long a plain-TCP client may take to send the first bytes that tell HTTP/1 from
-    /// HTTP/2 (`timeouts.sniff`, issue 26); bounded by `client_idle` too.
+    /// HTTP/2 (`timeouts.sniff`); bounded by `client_idle` too.
     pub sniff: Duration,
     /// How long a WebSocket tunnel may carry no byte either way before metronome closes it
     /// with a 1001 close frame to both ends.
@@ -1011,7 +1018,7 @@ mod tests {
         let config = Config::default();
         assert_eq!(config.server.listen.port(), 8080);
         assert_eq!(config.server.admin.port(), 9464);
-        // Issue 26: the unauthenticated admin listener is private unless configured otherwise,
+        // The unauthenticated admin listener is private unless configured otherwise,
         // and frame sizes (a token-length side channel) are opt-in.
         assert!(
             config.server.admin.ip().is_loopback(),
@@ -1366,7 +1373,7 @@ path = "/d"
         assert_eq!(config.server.upstream.base_path, "/base");
     }
 
-    // --- Issue 27: [metrics] ---
+    // --- [metrics] ---
 
     #[test]
     fn metrics_native_defaults_and_bad_values_named_by_key() {

@@ -19,7 +19,7 @@
 //! - [`metering`]: the per-frame core: meter (scan, classify at ingress), ledger (per-stream state,
 //!   recorded once at the end) and clock; below the proxy.
 //! - [`sketch`], [`prefetch`]: the gap sketch and the cache hints, leaves the layers above share.
-//! - [`metrics`]: the Prometheus metric contract of DESIGN.md section 4.
+//! - [`metrics`]: the Prometheus metric contract of docs/metrics.md.
 //! - [`otlp`]: OpenTelemetry export of the same metrics (`[otlp]`), as OTLP protobufs.
 //! - [`timeline`]: the bounded ring of recent streams and their frames (`/streams`).
 //! - [`proxy::beacon`]: the browser beacon endpoint, recorded under `point="client"`.

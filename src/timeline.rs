@@ -287,7 +287,7 @@ pub struct FrameRecord {
     /// Written to the client socket, µs since the stream began; `None` if it never was.
     pub egress_us: Option<u32>,
     /// Its length; `None` (left out of the JSON) unless `timeline.frame_sizes` is on: an SSE
-    /// chat stream's frame sizes are its tokens' lengths, a side channel (issue 26).
+    /// chat stream's frame sizes are its tokens' lengths, a side channel.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u32>,
     /// Events it completed.

@@ -1,5 +1,5 @@
 //! The proxy allocates nothing per frame while a stream flows: an allocation per frame is one of
-//! the costs a sidecar on the token path must not have (issue 7), and one crept in unseen once
+//! the costs a sidecar on the token path must not have, and one crept in unseen once
 //! (the upstream read buffer reallocated every other chat frame). So the whole process's heap
 //! allocations are counted while 400 frames pass through a proxy in this process, for each API
 //! whose events metronome reads (each accountant parses its own way) and with metering off,

@@ -1,4 +1,4 @@
-//! Batch-wide hitches (issue 29) end to end: `metronome sim --engine batch` behind the proxy,
+//! Batch-wide hitches (docs/batch.md) end to end: `metronome sim --engine batch` behind the proxy,
 //! with the sim's `--timeline` as the truth of which gap was the batch's (another request's
 //! prefill held the shared step) and which was the stream's own stall.
 //!

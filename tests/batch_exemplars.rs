@@ -1,4 +1,4 @@
-//! The batch counters' exemplars (issue 29, as issue 27 defines exemplars) end to end:
+//! The batch counters' exemplars (docs/metrics.md, "Exemplars") end to end:
 //! `metronome sim --engine batch` behind the proxy, four streams decoding, one of them with a
 //! stall of its own, and one long prompt whose prefill holds the batch.
 //! The OpenMetrics scrape (parsed by prometheus_client) and the protobuf scrape carry an exemplar

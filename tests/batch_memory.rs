@@ -1,4 +1,4 @@
-//! The batch detector's memory (issue 29) is O(active streams) plus bounded rings: 2,000 streams
+//! The batch detector's memory is O(active streams) plus bounded rings: 2,000 streams
 //! held open through their probes, each with token events and a hitch, cost a bounded amount of
 //! heap each, and once they end what is left is the rings' bound, whatever came before.
 //!

@@ -1,4 +1,4 @@
-//! Clients that attack the proxy listener rather than use it (issue 26), each against a real
+//! Clients that attack the proxy listener rather than use it, each against a real
 //! in-process proxy on loopback: what they hold (descriptors, CPU) must go back to idle within the
 //! configured bounds, and a legitimate client must still be answered.
 //!
@@ -85,10 +85,10 @@ async fn descriptors_fall_to(at_most: usize, limit: Duration) -> Result<Duration
     }
 }
 
-/// Issue 26, item 1: thousands of "connect, send `P`, close" connections, then half-prefix
-/// connections held open. Before the fix each closed one was peeked every millisecond until
-/// `timeouts.client_idle` (300 s here): both cores busy, every descriptor held, and the next
-/// client answered 503.
+/// Thousands of "connect, send `P`, close" connections, then half-prefix connections held
+/// open. A sniff that peeked each closed one every millisecond until
+/// `timeouts.client_idle` (300 s here) would keep both cores busy and every descriptor held,
+/// and answer the next client 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_byte_clients_leave_no_descriptor_and_no_cpu_behind() {
     let _alone = ALONE.lock().await;
@@ -177,7 +177,7 @@ async fn trickling_relay(proxy: SocketAddr, slow: usize, gap: Duration) -> Socke
     addr
 }
 
-/// Issue 26, item 1: an HTTP/2 client with prior knowledge whose preface arrives a byte at a
+/// An HTTP/2 client with prior knowledge whose preface arrives a byte at a
 /// time (24 segments, 20 ms apart) is still told apart and served, like one that sends it whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_that_send_the_preface_slowly_are_served() {
@@ -297,4 +297,71 @@ async fn partial_admin_heads_are_closed_at_the_head_timeout_and_the_proxy_answer
     let health = request(admin, "GET", "/healthz", "", false).await;
     assert_eq!(health.status, 200);
     proxy.shutdown().await;
+}
+
+/// A partial request head of `size` bytes on the proxy listener, held open: how long until the
+/// proxy closed it (read 0 or a reset), or `None` when it was still open after `limit`.
+async fn partial_proxy_head(proxy: SocketAddr, size: usize, limit: Duration) -> Option<Duration> {
+    let mut tcp = TcpStream::connect(proxy).await.ok()?;
+    let mut head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-pad: ".to_vec();
+    head.resize(size.max(head.len()), b'a');
+    let began = Instant::now();
+    let _ = tcp.write_all(&head).await;
+    let mut buf = [0u8; 512];
+    loop {
+        match tokio::time::timeout_at((began + limit).into(), tcp.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(began.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// 1,000 partial request heads (60 KiB each) on the proxy listener, on each server: every one
+/// is closed at `timeouts.client_head` (1 s here), not at `client_idle` (300 s), the proxy
+/// answers meanwhile, and every descriptor comes back. Before `client_head`, a partial head
+/// lived `client_idle`: all 1,000 were still open after 15 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_proxy_heads_are_closed_at_client_head_on_both_servers() {
+    let _alone = ALONE.lock().await;
+    const HEADS: usize = 1000;
+    let client_head = Duration::from_secs(1);
+    let upstream = Upstream::openai_chat().tokens(3).start().await;
+    for kind in [ServerKind::Native, ServerKind::Hyper] {
+        let proxy = proxy_with(upstream.addr, |config| {
+            config.server.http1_server = kind;
+            config.timeouts.client_idle = Duration::from_secs(300);
+            config.timeouts.client_head = client_head;
+            config.limits.max_connections = 4096;
+        })
+        .await;
+        let before = descriptors();
+        let limit = Duration::from_secs(15);
+        let addr = proxy.proxy_addr;
+        let heads: Vec<_> = (0..HEADS)
+            .map(|_| tokio::spawn(partial_proxy_head(addr, 60 * 1024, limit)))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(stream_chat(addr).await.status, 200, "{kind:?}");
+        let (mut open, mut slowest) = (0, Duration::ZERO);
+        for head in heads {
+            match head.await.unwrap() {
+                Some(took) => slowest = slowest.max(took),
+                None => open += 1,
+            }
+        }
+        println!("{kind:?}: {HEADS} partial heads of 60 KiB: {open} still open after {limit:?}, the last closed after {slowest:?}");
+        assert_eq!(open, 0, "{kind:?}: heads still open after {limit:?}");
+        assert!(
+            slowest < client_head + Duration::from_secs(8),
+            "{kind:?}: {slowest:?}"
+        );
+        let fell = descriptors_fall_to(before + 16, Duration::from_secs(10)).await;
+        assert!(
+            fell.is_ok(),
+            "{kind:?}: descriptors {before} before, {fell:?} after"
+        );
+        assert_eq!(stream_chat(addr).await.status, 200, "{kind:?}");
+        proxy.shutdown().await;
+    }
 }

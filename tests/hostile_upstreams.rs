@@ -1,4 +1,4 @@
-//! Upstreams that answer what a proxy must not pass on (issue 26), through every client path:
+//! Upstreams that answer what a proxy must not pass on, through every client path:
 //! the native client (http://), hyper's client for http:// (`upstream_client = "hyper"`), and
 //! hyper's client for https://, which serves every TLS upstream. Each upstream here writes the
 //! exact bytes a test scripts, so nothing in between can tidy them.

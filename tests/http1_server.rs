@@ -826,7 +826,7 @@ async fn expect_100_continue_is_answered_before_the_body(kind: ServerKind) {
 }
 
 /// A chunked request body with a malformed chunk size ends the exchange: the client gets 400
-/// (its body is at fault, not the upstream: issue 26 item 7), the connection closes and the
+/// (its body is at fault, not the upstream), the connection closes and the
 /// upstream never gets a whole request.
 async fn a_malformed_chunked_request_body_closes_the_connection(kind: ServerKind) {
     let recorder = Recorder::start().await;
@@ -876,7 +876,8 @@ async fn until_close(wire: &mut Wire) -> String {
     String::from_utf8_lossy(&seen).into_owned()
 }
 
-/// Chunked framing leniencies in a request body (issue 26 item 6) are refused: a bare LF after a
+/// Chunked framing leniencies in a request body are refused (a proxy in front may read them
+/// otherwise): a bare LF after a
 /// chunk-size line or a chunk's data, whitespace before a chunk size, a CR in a chunk extension.
 /// Each is a 400 from the client's side (item 7), never a 502, and not counted as an upstream
 /// error; the connection closes and no whole body reaches the upstream.
@@ -942,7 +943,7 @@ async fn until_close_or_reply(wire: &mut Wire) -> String {
     text
 }
 
-/// Heads refused by their form (issue 26 item 6) get 400 and a close, and reach no upstream:
+/// Heads refused by their form get 400 and a close, and reach no upstream:
 /// HTTP/1.1 without `Host`, with two, with an invalid one; `CONNECT`; `GET *`; a dot segment
 /// (raw or percent-encoded) that would climb out of the upstream's base path; a
 /// `Transfer-Encoding` field that is not text, before or after a `chunked` one.
@@ -972,8 +973,9 @@ async fn heads_refused_by_their_form_get_400(kind: ServerKind) {
     proxy.shutdown().await;
 }
 
-/// Header names with an underscore (issue 26 item 7) are dropped; agreeing `content-length`
-/// values (a repeated field, and a list in one field) reach the upstream as one field (item 6).
+/// Header names with an underscore are dropped (a server behind may read them as dashes);
+/// agreeing `content-length` values (a repeated field, and a list in one field) reach the
+/// upstream as one field.
 ///
 /// hyper's server refuses the list form (`content-length: 2, 2`) with its own 400, which is
 /// stricter than RFC 9110 §8.6 asks and just as safe; asserted so a change shows up here.
@@ -1039,6 +1041,171 @@ async fn agreeing_response_lengths_reach_the_client_as_one(kind: ServerKind) {
     assert_eq!(reply.field("content-length"), Some("2"), "{}", reply.head);
     assert_eq!(reply.body, b"{}");
     proxy.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The last divergences of the smuggling matrix: request targets and codings a proxy in front
+// could read otherwise, and a HEAD answered as if it had a body.
+
+/// Sends each case on a connection of its own and requires `status` and a close.
+async fn each_refused(proxy: &ProxyHandle, cases: &[&[u8]], status: &str) {
+    for case in cases {
+        let shown = String::from_utf8_lossy(case).into_owned();
+        let mut wire = Wire::connect(proxy.proxy_addr).await;
+        wire.send(case).await;
+        let seen = until_close(&mut wire).await;
+        assert!(
+            seen.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{shown:?}: {seen}"
+        );
+    }
+}
+
+/// `OPTIONS *` asks about the server itself: metronome answers it (200, no body) and the
+/// connection goes on; never is it forwarded (it became `OPTIONS /base*` upstream). Any other
+/// method with the asterisk form gets 400 and a close.
+async fn the_asterisk_form_is_answered_here_or_refused(kind: ServerKind) {
+    let upstream = Upstream::json(JSON).with_content_length().start().await;
+    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let mut wire = Wire::connect(proxy.proxy_addr).await;
+    wire.send("OPTIONS * HTTP/1.1\r\nhost: metronome.test\r\n\r\n")
+        .await;
+    let reply = wire.reply("OPTIONS").await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert!(reply.body.is_empty(), "{}", reply.head);
+    assert_ne!(reply.field("connection"), Some("close"), "{}", reply.head);
+    wire.send(post(CHAT, "{}", "")).await;
+    let reply = wire.reply("POST").await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert_eq!(upstream.stats.requests.load(Ordering::SeqCst), 1);
+    each_refused(
+        &proxy,
+        &[
+            b"GET * HTTP/1.1\r\nhost: a.test\r\n\r\n",
+            b"HEAD * HTTP/1.1\r\nhost: a.test\r\n\r\n",
+            b"POST * HTTP/1.1\r\nhost: a.test\r\ncontent-length: 2\r\n\r\n{}",
+            b"DELETE * HTTP/1.1\r\nhost: a.test\r\n\r\n",
+        ],
+        "400",
+    )
+    .await;
+    assert_eq!(upstream.stats.requests.load(Ordering::SeqCst), 1);
+    proxy.shutdown().await;
+}
+
+/// A request body under a coding before `chunked` (`gzip, chunked`) cannot be forwarded
+/// unmarked, and metronome does not decode it: 501 (RFC 9112 §6.1). `chunked` twice is a
+/// malformed framing: 400. Either way the connection closes and nothing reaches the upstream.
+async fn a_coded_request_body_gets_501_and_chunked_twice_400(kind: ServerKind) {
+    let recorder = Recorder::start().await;
+    let proxy = proxy(kind, recorder.addr, |_| {}).await;
+    let chunked = |fields: &str| {
+        format!("POST {CHAT} HTTP/1.1\r\nhost: a.test\r\n{fields}\r\n2\r\n{{}}\r\n0\r\n\r\n")
+            .into_bytes()
+    };
+    let coded = [
+        chunked("transfer-encoding: gzip, chunked\r\n"),
+        chunked("transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n"),
+        chunked("transfer-encoding: deflate,chunked\r\n"),
+        chunked("transfer-encoding: identity, chunked\r\n"),
+    ];
+    each_refused(
+        &proxy,
+        &coded.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        "501",
+    )
+    .await;
+    let doubled = [
+        chunked("transfer-encoding: chunked, chunked\r\n"),
+        chunked("transfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n"),
+    ];
+    each_refused(
+        &proxy,
+        &doubled.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        "400",
+    )
+    .await;
+    assert_eq!(recorder.seen.lock().unwrap().len(), 0);
+    proxy.shutdown().await;
+}
+
+/// A request target is origin-form (`/path`), absolute-form (`http://host/path`), or `*`:
+/// one without a leading slash, or the authority form of anything but CONNECT, gets 400 and a
+/// close, and reaches no upstream.
+async fn a_target_without_a_leading_slash_gets_400(kind: ServerKind) {
+    let upstream = Upstream::json(JSON).with_content_length().start().await;
+    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    each_refused(
+        &proxy,
+        &[
+            b"GET v1/models HTTP/1.1\r\nhost: a.test\r\n\r\n",
+            b"POST v1/chat/completions HTTP/1.1\r\nhost: a.test\r\ncontent-length: 2\r\n\r\n{}",
+            b"GET a.test:80 HTTP/1.1\r\nhost: a.test\r\n\r\n",
+            b"OPTIONS a.test:443 HTTP/1.1\r\nhost: a.test\r\n\r\n",
+        ],
+        "400",
+    )
+    .await;
+    assert_eq!(upstream.stats.requests.load(Ordering::SeqCst), 0);
+    proxy.shutdown().await;
+}
+
+/// An upstream that answers HEAD with `transfer-encoding: chunked` and, as it must, no body:
+/// the client gets a head framed as no body (no length made up, no chunk nor last chunk), and
+/// the connection carries the next request; for a JSON answer and for an event stream.
+async fn a_head_answered_chunked_gets_no_body(kind: ServerKind) {
+    for content_type in ["application/json", "text/event-stream"] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        while let Some(end) = find(&got, b"\r\n\r\n") {
+                            let head: Vec<u8> = got.drain(..end + 4).collect();
+                            let answer = if head.starts_with(b"HEAD ") {
+                                format!("HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n\r\n")
+                            } else {
+                                format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{JSON}", JSON.len())
+                            };
+                            if stream.write_all(answer.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        let proxy = proxy(kind, addr, |_| {}).await;
+        let mut wire = Wire::connect(proxy.proxy_addr).await;
+        wire.send(format!(
+            "HEAD {CHAT} HTTP/1.1\r\nhost: metronome.test\r\n\r\n"
+        ))
+        .await;
+        let reply = wire.reply("HEAD").await;
+        assert_eq!(reply.status, 200, "{content_type}: {}", reply.head);
+        // The upstream gave no length, so none may be made up (the native server said 0).
+        assert_eq!(
+            reply.field("content-length"),
+            None,
+            "{content_type}: {}",
+            reply.head
+        );
+        wire.silent_for(ms(300), "after a HEAD answered chunked")
+            .await;
+        wire.send("GET /v1/models HTTP/1.1\r\nhost: metronome.test\r\n\r\n")
+            .await;
+        let reply = wire.reply("GET").await;
+        assert_eq!(reply.status, 200, "{content_type}: {}", reply.head);
+        assert_eq!(reply.body, JSON.as_bytes(), "{content_type}");
+        proxy.shutdown().await;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1319,11 +1486,15 @@ async fn a_shutdown_closes_idle_connections_and_lets_a_stream_finish(kind: Serve
 // ---------------------------------------------------------------------------------------------
 // 9. The idle timeout (`timeouts.client_idle`).
 
-/// With `timeouts.client_idle` at 300 ms: a connection idle after a response is closed, and
-/// not before the timeout.
+/// With `timeouts.client_idle` (and `client_head`) at 300 ms: a connection idle after a
+/// response is closed, and not before the timeout.
 async fn an_idle_connection_is_closed_after_the_timeout(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |c| c.timeouts.client_idle = ms(300)).await;
+    let proxy = proxy(kind, upstream.addr, |c| {
+        c.timeouts.client_idle = ms(300);
+        c.timeouts.client_head = ms(300);
+    })
+    .await;
 
     // Silent from the start.
     let mut wire = Wire::connect(proxy.proxy_addr).await;
@@ -1354,6 +1525,50 @@ async fn an_idle_connection_is_closed_after_the_timeout(kind: ServerKind) {
     let waited = start.elapsed();
     assert!(waited >= ms(150), "closed after {waited:?}");
     assert_eq!(upstream.stats.requests.load(Ordering::SeqCst), 1);
+    proxy.shutdown().await;
+}
+
+/// A head begun and never finished is closed at `timeouts.client_head` (300 ms here), not at
+/// `client_idle` (5 s): before, it lived `client_idle`, 300 s by default. A connection idle
+/// between requests keeps `client_idle`, and a head sent slowly but within the bound is served.
+async fn a_partial_head_is_closed_at_client_head_not_client_idle(kind: ServerKind) {
+    let upstream = Upstream::json(JSON).with_content_length().start().await;
+    let proxy = proxy(kind, upstream.addr, |c| {
+        c.timeouts.client_idle = Duration::from_secs(5);
+        c.timeouts.client_head = ms(300);
+    })
+    .await;
+    for partial in [
+        format!("POST {CHAT} HTTP/1.1\r\nhost: metronome.test\r\n"),
+        format!(
+            "POST {CHAT} HTTP/1.1\r\nhost: metronome.test\r\nx-pad: {}",
+            "a".repeat(60 * 1024)
+        ),
+    ] {
+        let mut wire = Wire::connect(proxy.proxy_addr).await;
+        wire.send(&partial).await;
+        let start = Instant::now();
+        until_close(&mut wire).await;
+        let waited = start.elapsed();
+        assert!(
+            waited >= ms(200) && waited < Duration::from_secs(3),
+            "a partial head of {} bytes closed after {waited:?}",
+            partial.len()
+        );
+    }
+    // After a response, the wait for the next head is client_idle's.
+    let mut wire = Wire::connect(proxy.proxy_addr).await;
+    wire.send(post(CHAT, "{}", "")).await;
+    assert_eq!(wire.reply("POST").await.status, 200);
+    wire.silent_for(ms(1000), "idle between requests").await;
+    // A head that trickles in within the bound is served.
+    let head = "GET /v1/models HTTP/1.1\r\nhost: metronome.test\r\n\r\n";
+    let (first, rest) = head.split_at(10);
+    wire.send(first).await;
+    tokio::time::sleep(ms(100)).await;
+    wire.send(rest).await;
+    assert_eq!(wire.reply("GET").await.status, 200);
+    assert_eq!(upstream.stats.requests.load(Ordering::SeqCst), 2);
     proxy.shutdown().await;
 }
 
@@ -1448,4 +1663,9 @@ on_both_servers!(
     heads_refused_by_their_form_get_400,
     underscored_names_are_dropped_and_lengths_collapsed,
     agreeing_response_lengths_reach_the_client_as_one,
+    the_asterisk_form_is_answered_here_or_refused,
+    a_coded_request_body_gets_501_and_chunked_twice_400,
+    a_target_without_a_leading_slash_gets_400,
+    a_head_answered_chunked_gets_no_body,
+    a_partial_head_is_closed_at_client_head_not_client_idle,
 );

@@ -1,5 +1,5 @@
-//! A stream's span names the batch episodes it was caught in (issue 32, with issue 29's
-//! detector): `metronome sim --engine batch` behind the proxy with `[otlp] traces = true`, and a
+//! A stream's span names the batch episodes it was caught in (the OTLP traces of
+//! docs/operations.md, with the batch detector of docs/batch.md): `metronome sim --engine batch` behind the proxy with `[otlp] traces = true`, and a
 //! receiver here that decodes the OTLP/HTTP trace exports with the official protobufs.
 //!
 //! Four streams decode at a 20 ms step; one long prompt (3,000 tokens at 100 µs each) holds the

@@ -226,7 +226,9 @@ async fn the_span_queue_stays_within_its_bytes_under_a_black_hole_receiver() {
             .await
             .unwrap();
     let sink = proxy.state.spans.clone().unwrap();
-    let streams = 40;
+    // 100 streams, not 40: at a load average of 12, 40 queued 61,824 bytes and never
+    // reached the bound, so the test saw no drop.
+    let streams = 100;
     let addr = proxy.proxy_addr;
     let clients = tokio::spawn(futures_util::future::join_all(
         (0..streams).map(move |_| support::stream_chat(addr)),

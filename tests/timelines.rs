@@ -102,7 +102,7 @@ async fn a_finished_stream_has_a_summary_and_a_frame_timeline() {
         .map(|f| f["token_events"].as_u64().unwrap())
         .sum();
     assert_eq!(tokens, 10);
-    // Issue 26: frame sizes (one token's length per SSE frame) are not shown by default.
+    // Frame sizes (one token's length per SSE frame) are not shown by default.
     assert!(
         frames.iter().all(|f| f.get("bytes").is_none()),
         "frame sizes shown without timeline.frame_sizes: {frames:?}"
@@ -332,7 +332,7 @@ async fn the_admin_listener_serves_the_beacon_module() {
     proxy.shutdown().await;
 }
 
-/// Issue 26: `timeline.frame_sizes = true` shows each frame's size, and they add up to the bytes
+/// `timeline.frame_sizes = true` shows each frame's size, and they add up to the bytes
 /// the client received.
 #[tokio::test]
 async fn frame_sizes_are_shown_when_opted_in() {

@@ -1,4 +1,4 @@
-//! Batch-wide stalls (issue 29): tell a hitch that hit the whole batch of an engine ("someone
+//! Batch-wide stalls: tell a hitch that hit the whole batch of an engine ("someone
 //! else hit submit": a long prompt's prefill inside the shared forward pass) from one that hit
 //! a single stream, and name the requests that arrived just before.
 //!

@@ -87,6 +87,7 @@ fn timeouts(raw: &RawTimeouts, problem: &mut Problem<'_>) -> Option<TimeoutsConf
     let idle = timeout("timeouts.idle", &raw.idle, problem);
     let tls_handshake = timeout("timeouts.tls_handshake", &raw.tls_handshake, problem);
     let client_idle = timeout("timeouts.client_idle", &raw.client_idle, problem);
+    let client_head = timeout("timeouts.client_head", &raw.client_head, problem);
     let upstream_idle = timeout("timeouts.upstream_idle", &raw.upstream_idle, problem);
     let sniff = timeout("timeouts.sniff", &raw.sniff, problem);
     let websocket_idle = timeout("timeouts.websocket_idle", &raw.websocket_idle, problem);
@@ -96,6 +97,7 @@ fn timeouts(raw: &RawTimeouts, problem: &mut Problem<'_>) -> Option<TimeoutsConf
         idle: idle?,
         tls_handshake: tls_handshake?,
         client_idle: client_idle?,
+        client_head: client_head?,
         upstream_idle: upstream_idle?,
         sniff: sniff?,
         websocket_idle: websocket_idle?,

@@ -5,9 +5,10 @@
 //! differently. Both HTTP/1.1 servers apply them (the native one from its head parser, hyper's
 //! from the forwarder), HTTP/2 the ones that are not about `Host`.
 
-use http::{header, HeaderMap, Method, Uri, Version};
+use http::{header, HeaderMap, Method, StatusCode, Uri, Version};
 
-/// Why a request head is refused; every one is answered 400 and the connection closed.
+/// Why a request head is refused; every one is answered 400 (a coded body 501) and the
+/// connection closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FormError {
     /// An HTTP/1.1 request without `Host` (RFC 9112 §3.2: a server must answer 400).
@@ -25,6 +26,19 @@ pub enum FormError {
     /// An asterisk-form target (`*`) with a method other than `OPTIONS`.
     #[error("only OPTIONS may have the request target *")]
     Asterisk,
+    /// A target that is neither origin-form (`/path`), absolute-form (`http://host/path`) nor
+    /// `*`: no leading slash, or the authority form outside CONNECT (RFC 9112 §3.2). A proxy in
+    /// front may route it as it likes, and prefixed with the upstream's base path it names
+    /// another resource.
+    #[error("the request target must begin with a slash")]
+    TargetForm,
+    /// A transfer coding before `chunked` (`gzip, chunked`): metronome does not decode it, and
+    /// forwarded without the field the body would arrive unmarked (RFC 9112 §6.1: 501).
+    #[error("transfer codings other than chunked are not implemented")]
+    CodedBody,
+    /// `chunked` more than once (RFC 9112 §6.1: applied once only).
+    #[error("the chunked transfer coding may be applied only once")]
+    ChunkedTwice,
     /// A `.` or `..` path segment (also percent-encoded): after the upstream's base path is
     /// prefixed it would climb out of it.
     #[error("the request path has a dot segment")]
@@ -32,6 +46,18 @@ pub enum FormError {
     /// A `Transfer-Encoding` field that is not text: a coding that cannot be chunked.
     #[error("the transfer-encoding header is not text")]
     TransferEncoding,
+}
+
+// === impl FormError ===
+
+impl FormError {
+    /// The status the client is answered with.
+    pub fn status(self) -> StatusCode {
+        match self {
+            FormError::CodedBody => StatusCode::NOT_IMPLEMENTED,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
 }
 
 /// Checks a request head; `Ok` for one that may be forwarded.
@@ -45,21 +71,40 @@ pub fn check(
         return Err(FormError::Connect);
     }
     let path = uri.path();
-    if path == "*" && uri.authority().is_none() && method != Method::OPTIONS {
+    let (scheme, authority) = (uri.scheme().is_some(), uri.authority().is_some());
+    let asterisk = !scheme && !authority && path == "*";
+    if asterisk && method != Method::OPTIONS {
         return Err(FormError::Asterisk);
+    }
+    let origin = !scheme && !authority && path.starts_with('/');
+    let absolute = scheme && authority;
+    if !(asterisk || origin || absolute) {
+        return Err(FormError::TargetForm);
     }
     if has_dot_segment(path) {
         return Err(FormError::DotSegment);
     }
-    if headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .any(|v| v.to_str().is_err())
-    {
-        return Err(FormError::TransferEncoding);
-    }
+    check_transfer_codings(headers)?;
     if version < Version::HTTP_2 {
         check_host(version, headers)?;
+    }
+    Ok(())
+}
+
+/// `Transfer-Encoding`, all its fields read as one list: text, `chunked` at most once, and no
+/// coding before it. One that does not end in `chunked` is the head parser's to refuse (400).
+fn check_transfer_codings(headers: &HeaderMap) -> Result<(), FormError> {
+    let mut codings = Vec::new();
+    for value in headers.get_all(header::TRANSFER_ENCODING) {
+        let text = value.to_str().map_err(|_| FormError::TransferEncoding)?;
+        codings.extend(text.split(',').map(str::trim).filter(|c| !c.is_empty()));
+    }
+    let chunked = |c: &str| c.eq_ignore_ascii_case("chunked");
+    if codings.iter().filter(|c| chunked(c)).count() > 1 {
+        return Err(FormError::ChunkedTwice);
+    }
+    if codings.last().is_some_and(|c| chunked(c)) && codings.len() > 1 {
+        return Err(FormError::CodedBody);
     }
     Ok(())
 }
@@ -208,6 +253,63 @@ mod tests {
                 "{path}"
             );
         }
+    }
+
+    #[test]
+    fn a_target_is_origin_absolute_or_asterisk_form() {
+        let v11 = Version::HTTP_11;
+        let mut parsed = Vec::new();
+        // A target that is no URI at all ("?a=1") the head parsers refuse as malformed.
+        for target in ["v1/models", "v1", "a.test:80", "a.test", "?a=1"] {
+            let Ok(uri) = target.parse::<Uri>() else {
+                continue;
+            };
+            parsed.push(target);
+            for method in ["GET", "OPTIONS", "POST"] {
+                let method = Method::from_bytes(method.as_bytes()).unwrap();
+                assert_eq!(
+                    check(
+                        &method,
+                        &uri,
+                        v11,
+                        &HeaderMap::from_iter([(header::HOST, "a".parse().unwrap())])
+                    ),
+                    Err(FormError::TargetForm),
+                    "{method} {target}"
+                );
+            }
+        }
+        assert!(parsed.contains(&"a.test:80"), "{parsed:?}");
+        assert!(parsed.contains(&"v1"), "{parsed:?}");
+        assert_eq!(
+            checked("GET", "http://a.test/v1/models", v11, &[HOST]),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_coding_before_chunked_is_not_implemented_and_chunked_twice_is_refused() {
+        let te = |values: &[&'static [u8]]| {
+            let mut fields = vec![HOST];
+            fields.extend(values.iter().map(|v| ("transfer-encoding", *v)));
+            checked("POST", "/", Version::HTTP_11, &fields)
+        };
+        assert_eq!(te(&[b"chunked"]), Ok(()));
+        assert_eq!(te(&[b" Chunked "]), Ok(()));
+        for coded in [
+            &[&b"gzip, chunked"[..]][..],
+            &[b"gzip", b"chunked"],
+            &[b"deflate,chunked"],
+            &[b"identity, chunked"],
+        ] {
+            assert_eq!(te(coded), Err(FormError::CodedBody), "{coded:?}");
+            assert_eq!(FormError::CodedBody.status(), StatusCode::NOT_IMPLEMENTED);
+        }
+        for twice in [&[&b"chunked, chunked"[..]][..], &[b"chunked", b"chunked"]] {
+            assert_eq!(te(twice), Err(FormError::ChunkedTwice), "{twice:?}");
+        }
+        // Not ending in chunked: the head parser's 400, not this check's.
+        assert_eq!(te(&[b"chunked, gzip"]), Ok(()));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::timeline::{
     StreamRegistry,
 };
 
-/// Streams with fewer gaps get no jank-ratio sample (DESIGN.md section 3).
+/// Streams with fewer gaps get no jank-ratio sample (docs/design.md section 3).
 pub const MIN_GAPS_FOR_JANK: u32 = 8;
 
 /// Per-stream samples of a histogram of whole numbers that are almost always small (events per

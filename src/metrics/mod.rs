@@ -1,8 +1,9 @@
-//! The Prometheus metric contract of DESIGN.md section 4.
+//! The Prometheus metric contract of docs/metrics.md.
 //!
 //! Names, labels, help texts and default buckets are a public interface: dashboards and alerts are
-//! written against them, so they change only through an issue. Stream figures are merged here once
-//! per stream by the ledger; request figures once per request by the forwarder.
+//! written against them, so they change only with docs/metrics.md, as a breaking change. Stream
+//! figures are merged here once per stream by the ledger; request figures once per request by the
+//! forwarder.
 
 pub mod counter;
 pub mod exposition;
@@ -145,8 +146,6 @@ impl Default for Buckets {
     }
 }
 
-// --- Issue 27: native histograms, exemplars, the finer classic preset ---
-
 /// `[metrics]`: how the histograms are published.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -161,7 +160,7 @@ pub struct MetricsConfig {
     /// `fine` (up to 32 bounds per latency histogram, for backends that cannot read native
     /// histograms). A `[buckets]` list that differs from the default is kept either way.
     pub classic: ClassicPreset,
-    /// `metrics.names` (issue 32): `metronome`, `otel` or `both`; see `otlp::names`.
+    /// `metrics.names`: `metronome`, `otel` or `both`; see `otlp::names`.
     pub names: Names,
 }
 
@@ -180,7 +179,7 @@ impl Default for MetricsConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Names {
-    /// metronome's own names only (the default): DESIGN.md's contract.
+    /// metronome's own names only (the default): the contract of docs/metrics.md.
     #[default]
     Metronome,
     /// On OTLP the semconv names (`gen_ai.server.time_to_first_token`, ...) and `metronome.` for
@@ -328,8 +327,6 @@ pub fn trace_id(traceparent: &str) -> Option<&str> {
     traceparent.trim_matches([' ', '\t']).get(3..35)
 }
 
-// --- end of issue 27's block ---
-
 /// Every metric metronome exports, registered in one registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -364,9 +361,9 @@ pub struct Metrics {
     /// `metronome_output_tokens_total{route,model,source}`.
     pub output_tokens: IntCounterVec,
     /// `metronome_prompt_tokens_total{route,model}`: input tokens of finished streams, as the
-    /// server's usage reported them (issue 29).
+    /// server's usage reported them.
     pub prompt_tokens: IntCounterVec,
-    /// `metronome_batch_episode_duration_seconds{upstream}` (issue 29); its exemplar names the
+    /// `metronome_batch_episode_duration_seconds{upstream}` (docs/batch.md); its exemplar names the
     /// episode's last arrival, most often the request that caused it.
     pub batch_episode_duration: HistogramFamily,
     /// `metronome_batch_episode_streams{upstream}`: streams caught in each episode.
@@ -374,11 +371,11 @@ pub struct Metrics {
     /// `metronome_batch_episode_arrivals{upstream}`: requests in each episode's lookback.
     pub batch_episode_arrivals: HistogramFamily,
     /// `metronome_streams_total{route,model,outcome,finish_reason}`; `finish_reason` is one of
-    /// [`FinishReason`](crate::format::FinishReason)'s labels or `none` (issue 32).
+    /// [`FinishReason`](crate::format::FinishReason)'s labels or `none`.
     pub streams: IntCounterVec,
     /// `metronome_request_tokens{route,model,type}`: per stream, its input (prompt) tokens as
     /// the server reported them and its output tokens, `type` = `input` | `output`; the shape of
-    /// OpenTelemetry's `gen_ai.client.token.usage` (issue 32).
+    /// OpenTelemetry's `gen_ai.client.token.usage`.
     pub request_tokens: HistogramFamily,
     /// `metronome_slo_streams_total{route,model,objective,result}`: streams whose request set
     /// latency objectives (`x-llm-d-slo-ttft-ms`, `x-llm-d-slo-tpot-ms`), met or missed.
@@ -392,22 +389,21 @@ pub struct Metrics {
     /// `metronome_upstream_errors_total{route,kind}`.
     pub upstream_errors: IntCounterVec,
     /// `metronome_unparsed_events_total{route,reason}`: events the accountant could not inspect
-    /// (they still went through untouched). Not in DESIGN.md's table; see ARCHITECTURE.md.
+    /// (they still went through untouched).
     pub unparsed_events: IntCounterVec,
     /// `metronome_config_reload_failures_total`: SIGHUP reloads refused because the file was
-    /// invalid (the running configuration stayed). Not in DESIGN.md's table; issue 6 names it.
+    /// invalid (the running configuration stayed), so a reload that did nothing shows.
     pub config_reload_failures: IntCounter,
     /// `metronome_sniff_timeouts_total`: plain-TCP connections closed because their first bytes
-    /// did not tell HTTP/1 from HTTP/2 within `timeouts.sniff`. Not in DESIGN.md's table; issue
-    /// 26 asks for the counter (a one-byte client must show, not hide).
+    /// did not tell HTTP/1 from HTTP/2 within `timeouts.sniff`, so a client that sends one byte
+    /// and waits shows rather than hides.
     pub sniff_timeouts: IntCounter,
-    /// `metronome_beacons_total{result}`: browser beacons by how they were answered. Not in
-    /// DESIGN.md's table; issue 5 asks for the counter.
+    /// `metronome_beacons_total{result}`: browser beacons by how they were answered.
     pub beacons: IntCounterVec,
     /// `metronome_stream_format_total{route,format}`: metered streams by the API detected (or
     /// configured) for them, `unknown` included, so an operator can see streams whose events are
-    /// only approximately accounted. Not in DESIGN.md's table; a counter rather than a label on
-    /// the latency histograms, which would multiply their series.
+    /// only approximately accounted; a counter rather than a label on the latency histograms,
+    /// which would multiply their series.
     pub stream_format: IntCounterVec,
     /// The bounded `model` label.
     pub models: ModelLabels,
@@ -455,7 +451,7 @@ impl Metrics {
     /// buckets as `native` says, and ITL, TTFT, stall duration and proxy delay keep exemplars.
     //
     // Longer than 150 lines on purpose: one declaration per family (name, help text, labels,
-    // buckets), the public contract of DESIGN.md section 4 read in one place; split, a family's
+    // buckets), the public contract of docs/metrics.md read in one place; split, a family's
     // name and the field that holds it would sit in different functions.
     pub fn with_native(
         buckets: &Buckets,

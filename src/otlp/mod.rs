@@ -1,4 +1,4 @@
-//! OpenTelemetry export (issue 32): metronome's metrics pushed as OTLP to a receiver.
+//! OpenTelemetry export: metronome's metrics pushed as OTLP to a receiver.
 //!
 //! The export reads the families `/metrics` encodes, every `otlp.interval`, on the admin event
 //! loop: the proxy's workers do nothing for it. With `traces = true` each stream's span is

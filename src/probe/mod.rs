@@ -1,6 +1,6 @@
 //! `metronome probe`: streams requests and measures the cadence at the client.
 //!
-//! It is the third clock of DESIGN.md (ingress, egress, **client**): every body frame is stamped
+//! It is the third clock of docs/design.md (ingress, egress, **client**): every body frame is stamped
 //! as it arrives, token events are found by the same scanner and accounting as the proxy's, and
 //! the gaps between them are summarized into TTFT, ITL percentiles, tokens/s, stall share, jank
 //! ratio and a SMOOTH / JANKY verdict. Gates (`--assert 'itl_p99<250ms'`) make it a CI check.

@@ -35,7 +35,7 @@ use super::stream::{Phase, StreamRecord};
 use super::verdict::{Evidence, Verdict};
 use super::workload::RequestShape;
 
-/// Streams need at least this many gaps for a per-stream jank ratio (DESIGN.md section 3).
+/// Streams need at least this many gaps for a per-stream jank ratio (docs/design.md section 3).
 pub const MIN_GAPS_FOR_STREAM_JANK: usize = 8;
 
 /// The jank ratio's floor for the median gap, so a stream of clumps does not divide by zero.
@@ -89,7 +89,7 @@ pub struct Report {
     pub detail: ReportDetail,
 }
 
-/// One phase's figures (DESIGN.md section 3: a gap belongs to the phase of the event that ends
+/// One phase's figures (docs/design.md section 3: a gap belongs to the phase of the event that ends
 /// it).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct PhaseFigures {

@@ -17,7 +17,7 @@ use crate::units::format_duration;
 /// timeline, so a join never runs short on the client's side first.
 pub const MAX_READS: usize = 8192;
 
-/// The phase of a token event (DESIGN.md section 3): what kind of output it shows.
+/// The phase of a token event (docs/design.md section 3): what kind of output it shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Phase {
     /// The model's thinking.

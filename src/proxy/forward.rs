@@ -84,6 +84,11 @@ pub async fn handle(
         }
         return Ok(response);
     }
+    if uri.path() == "*" {
+        // `OPTIONS *` (the only asterisk form the check lets by) asks about metronome itself,
+        // not about a resource of the upstream: forwarded, it became `OPTIONS /base*`.
+        return Ok(server_options());
+    }
     if let Some(upgrade) = connect.or_else(|| super::tunnel::websocket_upgrade(&request)) {
         return Ok(
             tunnel_or_refusal(request, upgrade, &state, &connection, &route, received).await,
@@ -134,6 +139,15 @@ async fn tunnel_or_refusal(
         let close = HeaderValue::from_static("close");
         response.headers_mut().insert(header::CONNECTION, close);
     }
+    response
+}
+
+/// The answer to `OPTIONS *`: 200 with no content (RFC 9110 §9.3.7), from metronome.
+fn server_options() -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::local(""));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
     response
 }
 

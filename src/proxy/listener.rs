@@ -30,6 +30,7 @@ use tokio_rustls::TlsAcceptor;
 use super::body::{ClientBody, ProxyBody};
 use super::egress_clock::{EgressClock, EgressIo};
 use super::forward::{handle, ClientConnection};
+use super::head_deadline::{Answered, ClockedIo, HeadClock, HeadDeadline};
 use super::joined_writes::JoinedWrites;
 use super::tunnel::Tunnels;
 use super::{ProxyState, UpstreamClient};
@@ -83,9 +84,11 @@ pub async fn serve(
     let native = h1::Settings {
         max_head_bytes: limits.max_header_bytes,
         idle_timeout: header_read_timeout,
+        head_timeout: state.config.timeouts.client_head,
     };
     let builders = Arc::new(Builders {
         http1_server: state.config.server.http1_server,
+        client_head: state.config.timeouts.client_head,
         native,
         h1,
         h2,
@@ -206,6 +209,8 @@ type RequestFuture =
 struct Builders {
     /// Which server HTTP/1.x connections get (`server.http1_server`).
     http1_server: ServerKind,
+    /// A request head's bound on hyper's HTTP/1 connections (`timeouts.client_head`).
+    client_head: Duration,
     /// metronome's own HTTP/1.x server's settings.
     native: h1::Settings,
     /// HTTP/1 connections, plain or TLS, under `http1_server = "hyper"`.
@@ -242,6 +247,13 @@ impl Builders {
             tokio::spawn(Drain::watch(&watcher, conn, remote, permit));
             return;
         }
+        let http2 = match protocol {
+            Some(Protocol::Http1) => {
+                return self.spawn_hyper_http1(io, watcher, state, connection, permit);
+            }
+            Some(Protocol::Http2) => true,
+            None => false,
+        };
         let io = TokioIo::new(io);
         // The request's future is boxed, so it is freed once the response head is out: hyper
         // keeps a service future's slot (inline in the HTTP/2 stream's task, boxed beside the
@@ -253,26 +265,63 @@ impl Builders {
                 Box::pin(handle(request, state.clone(), connection.clone()))
             },
         );
-        match protocol {
-            Some(Protocol::Http1) => {
-                // With upgrades: a WebSocket handshake's connection is handed to its tunnel.
-                let conn = self.h1.serve_connection(io, service).with_upgrades();
-                tokio::spawn(Drain::watch(&watcher, Upgradeable { conn }, remote, permit));
-            }
-            Some(Protocol::Http2) => {
-                let conn = self.h2.serve_connection(io, service);
-                tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
-            }
-            None => {
-                let conn = self
-                    .auto
-                    .serve_connection_with_upgrades(io, service)
-                    .into_owned();
-                tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
-            }
+        if http2 {
+            let conn = self.h2.serve_connection(io, service);
+            tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
+        } else {
+            let conn = self
+                .auto
+                .serve_connection_with_upgrades(io, service)
+                .into_owned();
+            tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
         }
     }
 }
+
+impl Builders {
+    /// Serves HTTP/1.x on hyper's server (`server.http1_server = "hyper"`), each request head
+    /// bounded by `timeouts.client_head` from its first byte (`head_deadline`), the wait between
+    /// requests by hyper's `header_read_timeout` (`timeouts.client_idle`).
+    fn spawn_hyper_http1<I>(
+        &self,
+        io: I,
+        watcher: Arc<Drain>,
+        state: Arc<ProxyState>,
+        connection: ClientConnection,
+        permit: Arc<tokio::sync::OwnedSemaphorePermit>,
+    ) where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let remote = connection.remote;
+        let clock = HeadClock::new();
+        let answers = clock.clone();
+        // Boxed for the reason `spawn` gives.
+        let service = service_fn(
+            move |request: hyper::Request<hyper::body::Incoming>| -> AnsweredFuture {
+                answers.answering();
+                let request = request.map(|body| ClientBody::Hyper { body });
+                let handling = handle(request, state.clone(), connection.clone());
+                let answers = answers.clone();
+                Box::pin(async move {
+                    let response = handling.await?;
+                    Ok(response.map(|body| Answered::new(body, answers)))
+                })
+            },
+        );
+        let io = TokioIo::new(ClockedIo::new(io, clock.clone()));
+        // With upgrades: a WebSocket handshake's connection is handed to its tunnel.
+        let conn = Upgradeable {
+            conn: self.h1.serve_connection(io, service).with_upgrades(),
+        };
+        let conn = HeadDeadline::new(conn, clock, self.client_head);
+        tokio::spawn(Drain::watch(&watcher, conn, remote, permit));
+    }
+}
+
+/// One request's handling on hyper's HTTP/1 server, its body telling the head clock when the
+/// answer is over.
+type AnsweredFuture =
+    Pin<Box<dyn Future<Output = Result<hyper::Response<Answered<ProxyBody>>, Infallible>> + Send>>;
 
 /// A connection the drain can ask to finish: hyper's or metronome's own HTTP/1.x one.
 trait Serving: Future<Output = Result<(), Self::Error>> {
@@ -340,6 +389,14 @@ where
     }
 }
 
+impl<S: Serving> Serving for HeadDeadline<S> {
+    type Error = S::Error;
+
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.conn().graceful_shutdown();
+    }
+}
+
 impl<F: Future<Output = Result<(), h1::ConnectionError>>> Serving for h1::ServerConnection<F> {
     type Error = h1::ConnectionError;
 
@@ -396,7 +453,7 @@ enum SniffEnd {
 /// last one clears the socket's readiness, so the task sleeps until more bytes or the peer's close
 /// arrive. A peek never consumes, so a closed peer's bytes stay readable for ever: the close is
 /// seen in the readiness itself (`read_closed`, from the kernel's EPOLLRDHUP), never by a read of
-/// 0 while bytes remain. Issue 26: a 1 ms sleep-and-peek loop here took two cores for
+/// 0 while bytes remain. A 1 ms sleep-and-peek loop here would take two cores for
 /// `timeouts.client_idle` once clients sent "P" and closed.
 async fn sniff(stream: &TcpStream, deadline: tokio::time::Instant) -> Result<Protocol, SniffEnd> {
     let mut first = [0u8; 4];
@@ -674,7 +731,7 @@ mod tests {
         );
     }
 
-    /// Issue 26: a peek never consumes, so a peer that sent a prefix of the preface and closed
+    /// A peek never consumes, so a peer that sent a prefix of the preface and closed
     /// still has bytes to peek; its close must be seen at once, not at the deadline.
     #[tokio::test]
     async fn a_prefix_of_the_preface_then_a_close_ends_the_sniff_at_once() {

@@ -161,7 +161,7 @@ struct State {
     reader_spawned: bool,
     /// The egress body was dropped: the client is gone.
     closed: bool,
-    /// The batch detector's side of this stream (issue 29), fed per token-bearing frame.
+    /// The batch detector's side of this stream, fed per token-bearing frame.
     probe: Option<StreamProbe>,
 }
 
@@ -570,7 +570,7 @@ impl Body for EgressBody {
 }
 
 impl EgressBody {
-    /// Feeds this stream's ingress to the batch detector (issue 29); before the first poll.
+    /// Feeds this stream's ingress to the batch detector; before the first poll.
     pub fn attach_probe(&self, probe: StreamProbe) {
         if let Some(mut state) = self.shared.lock() {
             state.probe = Some(probe);

@@ -14,6 +14,7 @@ pub mod body;
 pub mod client_body;
 pub mod egress_clock;
 pub mod forward;
+pub mod head_deadline;
 pub mod headers;
 pub mod joined_writes;
 pub mod listener;
@@ -70,7 +71,7 @@ pub use crate::http1::BoxError;
 /// Whoever holds a stream's ID may post its one beacon and read its timeline, so an ID must not
 /// say anything about the next: each is 128 bits from the thread's CSPRNG (ChaCha, seeded by
 /// the OS), written as [`StreamIds::LEN`] lowercase hex digits. (A per-process prefix and a
-/// sequence number let a client that saw its own ID claim the next users' beacons; issue 26.)
+/// sequence number would let a client that saw its own ID claim the next users' beacons.)
 #[derive(Debug, Default)]
 pub struct StreamIds;
 
@@ -117,7 +118,7 @@ pub struct ProxyState {
     pub connections: Arc<tokio::sync::Semaphore>,
     /// The metered streams in flight, swept every `metrics.flush_interval` (the live flush).
     pub live_streams: Arc<crate::live::LiveStreams>,
-    /// Batch-wide hitches and episodes per upstream (`[batch]`, issue 29).
+    /// Batch-wide hitches and episodes per upstream (`[batch]`, docs/batch.md).
     pub batch: Arc<crate::batch::BatchDetector>,
     /// The span queue, when traces are on (`[otlp] traces = true`): the forwarder makes each
     /// stream's span context, the registry offers each finished stream, the exporter drains it.

@@ -78,9 +78,8 @@ impl Refusal {
         match self {
             Refusal::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Refusal::UpstreamUri(_) | Refusal::Form(_) | Refusal::ClientBody(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Refusal::Form(form) => form.status(),
+            Refusal::UpstreamUri(_) | Refusal::ClientBody(_) => StatusCode::BAD_REQUEST,
             Refusal::NoHead { .. } => StatusCode::GATEWAY_TIMEOUT,
             Refusal::Upstream { error, .. } => match error.failure() {
                 UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,

@@ -58,9 +58,8 @@ impl HeadError {
     pub fn status(&self) -> StatusCode {
         match self {
             HeadError::TooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            HeadError::Malformed(_) | HeadError::BodyLength(_) | HeadError::Form(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            HeadError::Form(form) => form.status(),
+            HeadError::Malformed(_) | HeadError::BodyLength(_) => StatusCode::BAD_REQUEST,
         }
     }
 }
@@ -214,11 +213,8 @@ pub fn frame_response(
         };
     }
     if request_method == Method::HEAD {
-        if declared.is_none() {
-            if let Some(n) = body_exact {
-                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
-            }
-        }
+        // A HEAD answer's body is always empty, so its size says nothing of the GET's: only a
+        // length the handler set is kept (an upstream that answered chunked gets none, never 0).
         return ResponseFraming {
             framing: Framing::None,
             keep_alive,
@@ -402,9 +398,10 @@ mod tests {
             length("content-length: 5, 5\r\ncontent-length: 5\r\n"),
             Ok(BodyLength::Length(5))
         );
+        // A coding before chunked is read, and refused as not implemented (request_form).
         assert_eq!(
             length("transfer-encoding: gzip, Chunked\r\n"),
-            Ok(BodyLength::Chunked)
+            Err(HeadError::Form(FormError::CodedBody))
         );
         for refused in [
             "content-length: 5\r\ncontent-length: 6\r\n",
@@ -497,6 +494,14 @@ mod tests {
         let (framing, _, headers) = frame(200, Method::HEAD, Version::HTTP_11, Some("9"), None);
         assert_eq!(framing, Framing::None);
         assert_eq!(headers[header::CONTENT_LENGTH], "9");
+        // A HEAD answered chunked: no body, and no length made up from the empty one.
+        let (framing, _, headers) = frame(200, Method::HEAD, Version::HTTP_11, None, Some(0));
+        assert_eq!(framing, Framing::None);
+        assert!(!headers.contains_key(header::CONTENT_LENGTH), "{headers:?}");
+        assert!(
+            !headers.contains_key(header::TRANSFER_ENCODING),
+            "{headers:?}"
+        );
         let (framing, _, headers) = frame(204, Method::POST, Version::HTTP_11, Some("0"), None);
         assert_eq!(framing, Framing::None);
         assert!(headers.is_empty());

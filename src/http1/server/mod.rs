@@ -15,7 +15,8 @@
 //! What it serves: HTTP/1.0 and HTTP/1.1 with keep-alive and pipelining (requests answered in
 //! order), request bodies of a declared length or chunked (streamed, `100 Continue` sent when
 //! the body is first asked for), responses framed by length, chunked, or until close (HTTP/1.0),
-//! `HEAD`, and the idle and head-read timeout (`timeouts.client_idle`). A head it cannot serve
+//! `HEAD`, the idle timeout (`timeouts.client_idle`) and the head's own (`timeouts.client_head`,
+//! from its first byte). A head it cannot serve
 //! is answered with a JSON error and the connection closed: 400 for a malformed one or an
 //! ambiguous body length, 431 past `limits.max_header_bytes`. Upgrades ([`upgrade`]): a request
 //! that asks for one may be answered `101`, and the connection, with the bytes read past the
@@ -51,9 +52,12 @@ use writer::Writer;
 pub struct Settings {
     /// The longest request head (`limits.max_header_bytes`).
     pub max_head_bytes: usize,
-    /// How long the connection may wait for a request head, from its start or the end of the
-    /// last response, to the head's last byte (`timeouts.client_idle`).
+    /// How long the connection may wait for a request head's first byte, from its start or the
+    /// end of the last response (`timeouts.client_idle`).
     pub idle_timeout: Duration,
+    /// How long a request head may take from its first byte to its last
+    /// (`timeouts.client_head`).
+    pub head_timeout: Duration,
 }
 
 /// A read's size while a head or body is read: a chat request's head and JSON fit in one.
@@ -331,10 +335,18 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
         Ok(Next::Request)
     }
 
-    /// Reads the next request head, within the idle timeout. `None`: the client closed between
-    /// requests, the timeout passed, or a shutdown asked the idle connection to close.
+    /// Reads the next request head: its first byte within the idle timeout, its last within the
+    /// head timeout of the first. `None`: the client closed between requests, a timeout passed,
+    /// or a shutdown asked the idle connection to close.
+    ///
+    /// Reads go into the stack and only the bytes read are kept, so a head begun and never
+    /// finished holds about its own size (a buffer reserved ahead held 4 KiB for a 57-byte one),
+    /// and never more than `limits.max_header_bytes` and one read.
     async fn read_head(&mut self) -> Result<Option<head::RequestHead>, HeadRead> {
-        let deadline = tokio::time::sleep(self.settings.idle_timeout);
+        let (idle, head_timeout) = (self.settings.idle_timeout, self.settings.head_timeout);
+        // Bytes already read (a pipelined request) began the head.
+        let mut head_begun = !self.buf.is_empty();
+        let deadline = tokio::time::sleep(if head_begun { head_timeout } else { idle });
         tokio::pin!(deadline);
         let max_head_bytes = self.settings.max_head_bytes;
         // How much of `buf` is known to hold no head's end. A head that trickles in is parsed
@@ -360,12 +372,20 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
             if self.stop.load(Ordering::Acquire) && buf.is_empty() {
                 return Poll::Ready(Ok(None));
             }
-            if buf.capacity() - buf.len() < READ_SIZE / 2 {
-                buf.reserve(READ_SIZE);
-            }
-            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, buf) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(Ok(None)),
-                Poll::Ready(Ok(_)) => continue,
+            // Not initialised, as in `poll_closed`.
+            let mut chunk = [const { MaybeUninit::<u8>::uninit() }; READ_SIZE];
+            let mut read = ReadBuf::uninit(&mut chunk);
+            match Pin::new(&mut self.io).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) if read.filled().is_empty() => return Poll::Ready(Ok(None)),
+                Poll::Ready(Ok(())) => {
+                    buf.extend_from_slice(read.filled());
+                    if !head_begun {
+                        head_begun = true;
+                        let at = tokio::time::Instant::now() + head_timeout;
+                        deadline.as_mut().reset(at);
+                    }
+                    continue;
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(HeadRead::Io(e))),
                 Poll::Pending => {}
             }
@@ -576,6 +596,7 @@ mod tests {
         let settings = Settings {
             max_head_bytes: 8192,
             idle_timeout: Duration::from_secs(10),
+            head_timeout: Duration::from_secs(10),
         };
         let stop = Arc::new(AtomicBool::new(false));
         let mut connection = ConnectionState::new(io, settings, stop.clone());

@@ -101,8 +101,10 @@ impl TunnelMetrics {
         })
     }
 
-    /// Counts an upgrade or tunnel that ended.
+    /// Counts an upgrade or tunnel that ended. The route's gauge of open tunnels shows from its
+    /// first upgrade on, at 0 when none is open.
     pub fn ended(&self, route: &str, outcome: Outcome) {
+        self.active.with_label_values(&[route]);
         self.connections
             .with_label_values(&[route, outcome.as_str()])
             .inc();
