@@ -2,7 +2,10 @@
 //! .delta`, about 150 bytes, one text frame): from the server unmasked (a slice of the read),
 //! from the client masked (unmasked into the reader's buffer), and compressed with
 //! permessage-deflate, with and without context takeover; one message per read, and a stream
-//! cut into 16 KiB reads. Run: `cargo bench --bench websocket`.
+//! cut into 16 KiB reads. `tunnel_metering` is the whole per-message work of a metered tunnel:
+//! the reader, the Responses accountant, the stream's ingress ledger and its egress stamp, one
+//! delta per upstream read, as `proxy::tunnel::relay` runs it. Run: `cargo bench --bench
+//! websocket`.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use metronome::websocket::encode::{write_frame, Deflater, FrameSpec};
@@ -130,5 +133,49 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// A metered tunnel's meter on a Responses socket whose client asked for one response.
+fn tunnel_meter() -> metronome::proxy::tunnel::metering::TunnelMeter {
+    use metronome::proxy::tunnel::metering::{Api, Setup, TunnelMeter};
+    let config = metronome::config::Config::from_toml("").expect("the default configuration");
+    let state = std::sync::Arc::new(metronome::proxy::ProxyState::new(config).expect("state"));
+    let mut meter = TunnelMeter::new(Setup {
+        state,
+        route: "bench".into(),
+        api: Some(Api::Responses),
+        extensions: metronome::websocket::Extensions::None,
+        first_id: "0".repeat(32).into(),
+        traceparent: None,
+        request_id: None,
+    });
+    let create = frames(
+        &[br#"{"type":"response.create","model":"m","input":"hi"}"#.to_vec()],
+        Some([1, 2, 3, 4]),
+        None,
+    );
+    meter.from_client(&create[0], metronome::metering::clock::Tick::now());
+    meter
+}
+
+fn bench_tunnel(c: &mut Criterion) {
+    use metronome::metering::clock::Tick;
+    let reads = frames(&deltas(MESSAGES), None, None);
+    let mut group = c.benchmark_group("tunnel_metering");
+    group.throughput(Throughput::Elements(MESSAGES as u64));
+    group.bench_function("server_unmasked/message_per_read", |b| {
+        b.iter_batched(
+            tunnel_meter,
+            |mut meter| {
+                for read in &reads {
+                    meter.from_upstream(black_box(read), Tick::now());
+                    meter.delivered(Tick::now());
+                }
+                meter
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_tunnel);
 criterion_main!(benches);

@@ -302,6 +302,7 @@ struct RawTimeouts {
     // The protocol sniff's own deadline, shorter than `client_idle`: a client that never says
     // which protocol it speaks holds a descriptor only this long.
     sniff: String,
+    websocket_idle: String,
 }
 
 impl Default for RawTimeouts {
@@ -315,6 +316,7 @@ impl Default for RawTimeouts {
             client_head: "10s".into(),
             upstream_idle: "4s".into(),
             sniff: "5s".into(),
+            websocket_idle: "300s".into(),
         }
     }
 }
@@ -683,6 +685,9 @@ pub struct TimeoutsConfig {
     /// How long a plain-TCP client may take to send the first bytes that tell HTTP/1 from
     /// HTTP/2 (`timeouts.sniff`); bounded by `client_idle` too.
     pub sniff: Duration,
+    /// How long a WebSocket tunnel may carry no byte either way before metronome closes it
+    /// with a 1001 close frame to both ends.
+    pub websocket_idle: Duration,
 }
 
 /// `[metering]`, validated.

@@ -464,6 +464,9 @@ false_positive = 1.0
     assert_eq!(send(addr, "/v1/down", chat, &[]).await, 502);
     let beacon = send(addr, "/.well-known/metronome/beacon", "not a beacon", &[]).await;
     assert_eq!(beacon, 400);
+    // A WebSocket upgrade that is not a GET: refused, and counted with the tunnels.
+    let upgrade = [("connection", "upgrade"), ("upgrade", "websocket")];
+    assert_eq!(send(addr, "/v1/realtime", "", &upgrade).await, 400);
 
     // Every family the tables name shows once the streams are recorded and the episode ends.
     let deadline = Instant::now() + Duration::from_secs(20);

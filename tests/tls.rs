@@ -617,3 +617,90 @@ async fn connections_over_the_limit_get_503_and_close() {
     drop(held);
     proxy.shutdown().await;
 }
+
+/// A TLS front on its own port that pipes each connection to `to`: an https upstream made of a
+/// plain one (the sim).
+async fn tls_front(cert: &Path, key: &Path, to: SocketAddr) -> u16 {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            metronome::tls::load_certs(cert).unwrap(),
+            metronome::tls::load_key(key).unwrap(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut plain = tokio::net::TcpStream::connect(to).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_websocket_tunnels_to_an_https_upstream_and_its_responses_are_metered() {
+    let pki = Pki::new();
+    let (cert, key) = pki.leaf("upstream", "ws-upstream");
+    let sim = sim_with(metronome::sim::SimConfig {
+        gap: ms(2),
+        ttft: ms(5),
+        tokens: 4,
+        ..metronome::sim::SimConfig::default()
+    })
+    .await;
+    let port = tls_front(&cert, &key, sim.addr()).await;
+    let ca = pki.ca_path();
+    let proxy = proxy_with("127.0.0.1:9".parse().unwrap(), move |c| {
+        c.server.upstream =
+            metronome::config::Upstream::parse(&format!("https://localhost:{port}")).unwrap();
+        c.routes.clear();
+        c.upstream_tls.ca = Some(ca);
+    })
+    .await;
+    let url = format!("http://{}/v1/responses", proxy.proxy_addr);
+    let mut config = ProbeConfig::new(&url, "sim-model").unwrap();
+    config.body = Bytes::from_static(br#"{"model":"sim-model","input":"Hi"}"#);
+    config.stop = Stop::Requests(2);
+    config.websocket = Some(metronome::probe::WsSettings {
+        protocol: metronome::probe::WsProtocol::from_path("/v1/responses").unwrap(),
+        per_socket: 2,
+        realtime: metronome::probe::RealtimeAsk {
+            audio: false,
+            beta: false,
+        },
+    });
+    let run = measure(&config).await.unwrap();
+    assert_eq!(
+        stream_errors(&run),
+        Vec::<String>::new(),
+        "{:?}",
+        run.streams[0].error_body
+    );
+    let m = scrape_until(&proxy, |m| {
+        m.value(
+            "metronome_streams_total",
+            &[("route", "other"), ("outcome", "complete")],
+        ) == 2.0
+    })
+    .await;
+    assert_eq!(
+        m.value(
+            "metronome_stream_format_total",
+            &[("format", "responses_websocket")]
+        ),
+        2.0
+    );
+    proxy.shutdown().await;
+}

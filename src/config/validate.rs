@@ -92,6 +92,7 @@ fn timeouts(raw: &RawTimeouts, problem: &mut Problem<'_>) -> Option<TimeoutsConf
     let client_head = timeout("timeouts.client_head", &raw.client_head, problem);
     let upstream_idle = timeout("timeouts.upstream_idle", &raw.upstream_idle, problem);
     let sniff = timeout("timeouts.sniff", &raw.sniff, problem);
+    let websocket_idle = timeout("timeouts.websocket_idle", &raw.websocket_idle, problem);
     Some(TimeoutsConfig {
         connect: connect?,
         first_byte: first_byte?,
@@ -101,6 +102,7 @@ fn timeouts(raw: &RawTimeouts, problem: &mut Problem<'_>) -> Option<TimeoutsConf
         client_head: client_head?,
         upstream_idle: upstream_idle?,
         sniff: sniff?,
+        websocket_idle: websocket_idle?,
     })
 }
 

@@ -127,6 +127,10 @@ pub enum Format {
     Anthropic,
     /// Gemini `streamGenerateContent`.
     Gemini,
+    /// The Responses API's WebSocket mode: each `response.create` on a socket is a stream.
+    ResponsesWebsocket,
+    /// The Realtime API (WebSocket): each response is a stream.
+    Realtime,
     /// A stream no accountant recognised.
     Unknown,
 }
@@ -135,7 +139,7 @@ pub enum Format {
 
 impl Format {
     /// Every format, `Unknown` last.
-    pub const ALL: [Format; 9] = [
+    pub const ALL: [Format; 11] = [
         Format::OpenAi,
         Format::Tgi,
         Format::LlamaCpp,
@@ -144,6 +148,8 @@ impl Format {
         Format::Responses,
         Format::Anthropic,
         Format::Gemini,
+        Format::ResponsesWebsocket,
+        Format::Realtime,
         Format::Unknown,
     ];
 
@@ -158,6 +164,8 @@ impl Format {
             Format::Responses => "responses",
             Format::Anthropic => "anthropic",
             Format::Gemini => "gemini",
+            Format::ResponsesWebsocket => "responses_websocket",
+            Format::Realtime => "realtime",
             Format::Unknown => "unknown",
         }
     }
@@ -216,6 +224,8 @@ pub enum Accounting {
     Anthropic(AnthropicAccounting),
     /// Gemini chunks.
     Gemini(GeminiAccounting),
+    /// Realtime API server events (WebSocket messages).
+    Realtime(RealtimeAccounting),
     /// A stream of unrecognised shape.
     Unknown(UnknownAccounting),
     /// Not decided yet: becomes one of the others at the first event that tells.
@@ -238,7 +248,10 @@ impl Accounting {
             Format::LlamaCpp => Accounting::LlamaCpp(Box::default()),
             Format::SgLang => Accounting::SgLang(Box::default()),
             Format::Ollama => Accounting::Ollama(OllamaAccounting),
-            Format::Responses => Accounting::Responses(ResponsesAccounting),
+            Format::Responses | Format::ResponsesWebsocket => {
+                Accounting::Responses(ResponsesAccounting)
+            }
+            Format::Realtime => Accounting::Realtime(RealtimeAccounting),
             Format::Anthropic => Accounting::Anthropic(AnthropicAccounting),
             Format::Gemini => Accounting::Gemini(GeminiAccounting::default()),
             Format::Unknown => Accounting::Unknown(UnknownAccounting),
@@ -271,6 +284,7 @@ impl Accounting {
             Accounting::Responses(a) => a.classify(event),
             Accounting::Anthropic(a) => a.classify(event),
             Accounting::Gemini(a) => a.classify(event),
+            Accounting::Realtime(a) => a.classify(event),
             Accounting::Unknown(a) => a.classify(event),
             Accounting::Auto(auto) => match auto.decide(event) {
                 Ok(format) => {
@@ -314,6 +328,7 @@ impl Accounting {
             Accounting::Responses(_) => Format::Responses,
             Accounting::Anthropic(_) => Format::Anthropic,
             Accounting::Gemini(_) => Format::Gemini,
+            Accounting::Realtime(_) => Format::Realtime,
             Accounting::Unknown(_) => Format::Unknown,
             Accounting::Auto(auto) => auto.hint().unwrap_or(Format::Unknown),
         }

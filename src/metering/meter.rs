@@ -57,13 +57,46 @@ impl IngressMeter {
             counts: FrameCounts::default(),
         };
         self.scanner.feed(bytes, &mut sink);
-        let mut counts = sink.counts;
+        let counts = sink.counts;
+        self.close_frame(bytes.len(), at, counts, metrics)
+    }
+
+    /// Classifies one whole event that arrived without a scanner (a WebSocket message) and adds
+    /// it to `counts`, the counts of the frame (read) it came in; [`Self::close_frame`] then
+    /// records that frame. Returns what the event meant for the stream's end.
+    pub fn event(
+        &mut self,
+        event: &Event<'_>,
+        metrics: &Metrics,
+        counts: &mut FrameCounts,
+    ) -> EventMeaning {
+        let mut sink = IngressSink {
+            accounting: &mut self.accounting,
+            ledger: &mut self.ledger,
+            metrics,
+            counts: *counts,
+        };
+        let meaning = sink.account(event);
+        *counts = sink.counts;
+        meaning
+    }
+
+    /// Records a frame of `bytes` bytes read at `at` whose events are `counts`: its timeline entry
+    /// and its per-frame figures, as [`Self::frame`] does after its scan.
+    #[inline(always)]
+    pub fn close_frame(
+        &mut self,
+        bytes: usize,
+        at: Tick,
+        mut counts: FrameCounts,
+        metrics: &Metrics,
+    ) -> FrameCounts {
         let ledger = &mut self.ledger;
         if ledger.timeline.len() < self.max_frames {
             counts.seq = Some(ledger.timeline.len() as u32);
             ledger.timeline.push(IngressFrame {
                 ingress_us: at.micros_since(self.received),
-                bytes: u32::try_from(bytes.len()).unwrap_or(u32::MAX),
+                bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
                 events: u16::try_from(counts.events).unwrap_or(u16::MAX),
                 token_events: u16::try_from(counts.token_events).unwrap_or(u16::MAX),
                 mix: counts.mix,
@@ -131,18 +164,29 @@ struct IngressSink<'a> {
     counts: FrameCounts,
 }
 
-impl EventSink for IngressSink<'_> {
-    #[inline]
-    fn on_event(&mut self, event: Event<'_>) {
+/// What one event meant for its stream's end, for a caller that ends streams itself (the
+/// WebSocket tunnel, where one connection carries many).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EventMeaning {
+    /// The format's end marker.
+    pub end: bool,
+    /// An error from the server.
+    pub error: bool,
+}
+
+impl IngressSink<'_> {
+    /// Counts and classifies one event into the ledger.
+    #[inline(always)]
+    fn account(&mut self, event: &Event<'_>) -> EventMeaning {
         self.counts.events += 1;
         if event.truncated {
             self.ledger.oversize_events += 1;
-            return;
+            return EventMeaning::default();
         }
-        let classified = self.accounting.classify(&event);
+        let classified = self.accounting.classify(event);
         if classified.unparsed {
             self.ledger.unparsed_events += 1;
-            return;
+            return EventMeaning::default();
         }
         self.ledger.error_event |= classified.error;
         if let Some(total) = classified.usage_total {
@@ -180,6 +224,17 @@ impl EventSink for IngressSink<'_> {
             // Tokens that show the reader nothing (a special token) count toward the total only.
             self.ledger.counted_tokens += u64::from(unseen);
         }
+        EventMeaning {
+            end: classified.end,
+            error: classified.error,
+        }
+    }
+}
+
+impl EventSink for IngressSink<'_> {
+    #[inline]
+    fn on_event(&mut self, event: Event<'_>) {
+        self.account(&event);
     }
 
     /// llama.cpp's legacy `error:` line is not an SSE field; the accountant says what it means.

@@ -8,16 +8,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{header, HeaderValue, Request, Response, Uri};
+use http::{header, HeaderValue, Method, Request, Response};
 
-use super::body::{ClientBody, ProxyBody, RequestBody, TimedBody};
+use super::body::{ClientBody, ProxyBody, TimedBody};
 use super::egress_clock::EgressClock;
 use super::headers::{
-    append_forwarded, collapse_content_length, content_type_essence, remove_hop_by_hop,
-    remove_hop_by_hop_from_response, remove_underscored,
+    collapse_content_length, content_type_essence, remove_hop_by_hop_from_response,
 };
 use super::metered::{meter, MeterSettings};
 use super::refusal::Refusal;
+use super::rewrite::upstream_request;
 use super::router::Route;
 use super::upstream::UpstreamError;
 use super::{ProxyState, UpstreamClient};
@@ -39,6 +39,11 @@ pub struct ClientConnection {
     pub clock: Arc<EgressClock>,
     /// The upstream client of the thread serving this connection.
     pub client: UpstreamClient,
+    /// The connection's place under `limits.max_connections`: a WebSocket tunnel holds it on
+    /// after the connection's server is done.
+    pub place: Arc<tokio::sync::OwnedSemaphorePermit>,
+    /// The tunnels open on this listener, which the drain closes.
+    pub tunnels: Arc<super::tunnel::Tunnels>,
 }
 
 /// Handles one request from a client connection: the beacon route, or the request forwarded,
@@ -62,8 +67,15 @@ pub async fn handle(
         .router()
         .route(request.method(), request.uri().path())
         .clone();
-    // The native server refused these from the head already; hyper's leaves them to us.
+    // HTTP/2's WebSocket (RFC 8441) is a CONNECT with a path: its form is checked as a GET's.
+    let connect = super::tunnel::websocket_connect(&request);
     let (method, uri, version) = (request.method(), request.uri(), request.version());
+    let method = if connect.is_some() {
+        &Method::GET
+    } else {
+        method
+    };
+    // The native server refused these from the head already; hyper's leaves them to us.
     if let Err(form) = crate::http1::request_form::check(method, uri, version, request.headers()) {
         let mut response = Refusal::Form(form).answer(&state, &route);
         if version < http::Version::HTTP_2 {
@@ -77,12 +89,57 @@ pub async fn handle(
         // not about a resource of the upstream: forwarded, it became `OPTIONS /base*`.
         return Ok(server_options());
     }
+    if let Some(upgrade) = connect.or_else(|| super::tunnel::websocket_upgrade(&request)) {
+        return Ok(
+            tunnel_or_refusal(request, upgrade, &state, &connection, &route, received).await,
+        );
+    }
     Ok(
         match forward(request, &state, &connection, &route, received).await {
             Ok(response) => response,
             Err(refusal) => refusal.answer(&state, &route),
         },
     )
+}
+
+/// A WebSocket upgrade (or HTTP/2 extended CONNECT) tunnelled, or the JSON 400 that says why not.
+async fn tunnel_or_refusal(
+    request: Request<ClientBody>,
+    upgrade: Result<super::tunnel::UpgradeRequest, super::tunnel::handshake::BadUpgrade>,
+    state: &Arc<ProxyState>,
+    connection: &ClientConnection,
+    route: &Route,
+    received: Instant,
+) -> Response<ProxyBody> {
+    let version = request.version();
+    let bad = match upgrade {
+        Ok(upgrade) => {
+            let peer = super::tunnel::Peer {
+                remote: connection.remote,
+                scheme: connection.scheme,
+                place: connection.place.clone(),
+                tunnels: connection.tunnels.clone(),
+            };
+            let client = &connection.client;
+            return super::tunnel::open(request, upgrade, state, client, peer, route, received)
+                .await;
+        }
+        Err(bad) => bad,
+    };
+    state
+        .tunnel_metrics
+        .ended(&route.name, super::tunnel::Outcome::Error);
+    let mut response = state.answer_error(
+        &route.name,
+        http::StatusCode::BAD_REQUEST,
+        "bad_upgrade",
+        &bad.to_string(),
+    );
+    if version < http::Version::HTTP_2 {
+        let close = HeaderValue::from_static("close");
+        response.headers_mut().insert(header::CONNECTION, close);
+    }
+    response
 }
 
 /// The answer to `OPTIONS *`: 200 with no content (RFC 9110 §9.3.7), from metronome.
@@ -125,7 +182,12 @@ async fn forward(
     if declared_body.is_some_and(|n| n > body_limit) {
         return Err(Refusal::BodyTooLarge(body_limit));
     }
-    let mut upstream_request = upstream_request(request, &route.upstream, connection, body_limit)?;
+    let mut upstream_request = upstream_request(
+        request,
+        &route.upstream,
+        (connection.remote, connection.scheme),
+        body_limit,
+    )?;
     // `[otlp] traces`: the stream's span continues the client's trace; the upstream's nests in it.
     let span = state.spans.as_ref().map(|_| {
         let span = crate::trace_context::SpanContext::continue_from(traceparent.as_deref());
@@ -291,49 +353,4 @@ fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
-}
-
-/// The request as the upstream gets it: its URI, hop-by-hop headers removed, forwarding headers
-/// appended, the body streamed as it arrives.
-fn upstream_request(
-    request: Request<ClientBody>,
-    upstream: &crate::config::Upstream,
-    connection: &ClientConnection,
-    body_limit: u64,
-) -> Result<Request<RequestBody>, Refusal> {
-    let (mut parts, body) = request.into_parts();
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    let uri: Uri = format!(
-        "{}://{}{}{}",
-        upstream.scheme, upstream.authority, upstream.base_path, path_and_query
-    )
-    .parse()
-    .map_err(Refusal::UpstreamUri)?;
-    // An HTTP/2 client names the host in `:authority`; the HTTP/1.1 upstream needs `Host`.
-    if !parts.headers.contains_key(header::HOST) {
-        if let Some(authority) = parts.uri.authority() {
-            if let Ok(value) = HeaderValue::from_str(authority.as_str()) {
-                parts.headers.insert(header::HOST, value);
-            }
-        }
-    }
-    remove_hop_by_hop(&mut parts.headers);
-    remove_underscored(&mut parts.headers);
-    collapse_content_length(&mut parts.headers);
-    append_forwarded(
-        &mut parts.headers,
-        "x-forwarded-for",
-        &connection.remote.ip().to_string(),
-    );
-    append_forwarded(&mut parts.headers, "x-forwarded-proto", connection.scheme);
-    parts.uri = uri;
-    parts.version = http::Version::HTTP_11;
-    Ok(Request::from_parts(
-        parts,
-        RequestBody::new(body, body_limit),
-    ))
 }

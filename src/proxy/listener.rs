@@ -32,6 +32,7 @@ use super::egress_clock::{EgressClock, EgressIo};
 use super::forward::{handle, ClientConnection};
 use super::head_deadline::{Answered, ClockedIo, HeadClock, HeadDeadline};
 use super::joined_writes::JoinedWrites;
+use super::tunnel::Tunnels;
 use super::{ProxyState, UpstreamClient};
 use crate::config::ServerKind;
 use crate::http1::server as h1;
@@ -63,7 +64,9 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
         .max_buf_size(max_buf_size);
+    // RFC 8441: HTTP/2 clients open WebSockets with an extended CONNECT.
     auto.http2()
+        .enable_connect_protocol()
         .timer(TokioTimer::new())
         .max_header_list_size(max_header_list_size)
         .max_concurrent_streams(max_concurrent_streams);
@@ -74,7 +77,8 @@ pub async fn serve(
         .header_read_timeout(header_read_timeout)
         .max_buf_size(max_buf_size);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
-    h2.timer(TokioTimer::new())
+    h2.enable_connect_protocol()
+        .timer(TokioTimer::new())
         .max_header_list_size(max_header_list_size)
         .max_concurrent_streams(max_concurrent_streams);
     let native = h1::Settings {
@@ -101,6 +105,7 @@ pub async fn serve(
         None => None,
     };
     let drain = Arc::new(Drain::default());
+    let tunnels = Arc::new(Tunnels::default());
     tokio::pin!(shutdown);
     loop {
         let (mut stream, remote) = tokio::select! {
@@ -128,11 +133,14 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let clock = Arc::new(EgressClock::new());
+        let permit = Arc::new(permit);
         let connection = ClientConnection {
             remote,
             scheme: if acceptor.is_some() { "https" } else { "http" },
             clock: clock.clone(),
             client: client.clone(),
+            place: permit.clone(),
+            tunnels: tunnels.clone(),
         };
         let state = state.clone();
         let watcher = drain.clone();
@@ -178,11 +186,20 @@ pub async fn serve(
     }
     drop(listener);
     let grace = state.config.server.drain_grace;
+    let drained = async {
+        drain.shutdown().await;
+        tunnels.closed().await;
+    };
     tokio::select! {
-        _ = drain.shutdown() => tracing::debug!("all connections drained"),
+        _ = drained => tracing::debug!("all connections drained"),
         _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "drain grace over; closing the remaining connections"),
     }
+    // WebSocket tunnels get a `1001` close frame to both ends rather than a cut.
+    tunnels.close_all(TUNNEL_CLOSE_WITHIN).await;
 }
+
+/// How long the tunnels still open after the drain grace may take to send their close frames.
+const TUNNEL_CLOSE_WITHIN: Duration = Duration::from_secs(2);
 
 /// One request's handling, from its head to its response head (see `Builders::spawn`).
 type RequestFuture =
@@ -216,7 +233,7 @@ impl Builders {
         watcher: Arc<Drain>,
         state: Arc<ProxyState>,
         connection: ClientConnection,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        permit: Arc<tokio::sync::OwnedSemaphorePermit>,
     ) where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -252,7 +269,10 @@ impl Builders {
             let conn = self.h2.serve_connection(io, service);
             tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
         } else {
-            let conn = self.auto.serve_connection(io, service).into_owned();
+            let conn = self
+                .auto
+                .serve_connection_with_upgrades(io, service)
+                .into_owned();
             tokio::spawn(Drain::watch(&watcher, Hyper { conn }, remote, permit));
         }
     }
@@ -268,7 +288,7 @@ impl Builders {
         watcher: Arc<Drain>,
         state: Arc<ProxyState>,
         connection: ClientConnection,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        permit: Arc<tokio::sync::OwnedSemaphorePermit>,
     ) where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -289,8 +309,9 @@ impl Builders {
             },
         );
         let io = TokioIo::new(ClockedIo::new(io, clock.clone()));
-        let conn = Hyper {
-            conn: self.h1.serve_connection(io, service),
+        // With upgrades: a WebSocket handshake's connection is handed to its tunnel.
+        let conn = Upgradeable {
+            conn: self.h1.serve_connection(io, service).with_upgrades(),
         };
         let conn = HeadDeadline::new(conn, clock, self.client_head);
         tokio::spawn(Drain::watch(&watcher, conn, remote, permit));
@@ -327,6 +348,41 @@ where
     C::Error: std::fmt::Display,
 {
     type Error = C::Error;
+
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.project().conn.graceful_shutdown();
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// hyper's HTTP/1 connection with upgrades, which hyper-util's graceful trait does not cover.
+    struct Upgradeable<C> { #[pin] conn: C }
+}
+
+impl<I, S, B> Future for Upgradeable<http1::UpgradeableConnection<I, S>>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Output = Result<(), hyper::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().conn.poll(cx)
+    }
+}
+
+impl<I, S, B> Serving for Upgradeable<http1::UpgradeableConnection<I, S>>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Error = hyper::Error;
 
     fn graceful_shutdown(self: Pin<&mut Self>) {
         self.project().conn.graceful_shutdown();
@@ -487,7 +543,7 @@ impl Drain {
         drain: &Arc<Drain>,
         conn: C,
         remote: std::net::SocketAddr,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        permit: Arc<tokio::sync::OwnedSemaphorePermit>,
     ) -> Watched<C> {
         let signal = Arc::new(StopSignal::default());
         let id = drain.next.fetch_add(1, Ordering::Relaxed);
@@ -537,7 +593,7 @@ pin_project_lite::pin_project! {
         id: u64,
         stopping: bool,
         remote: std::net::SocketAddr,
-        _permit: tokio::sync::OwnedSemaphorePermit,
+        _permit: Arc<tokio::sync::OwnedSemaphorePermit>,
     }
 
     impl<C> PinnedDrop for Watched<C> {

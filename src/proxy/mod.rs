@@ -21,8 +21,10 @@ pub mod listener;
 pub mod metered;
 pub mod refusal;
 pub mod reload;
+pub mod rewrite;
 pub mod router;
 pub mod serve;
+pub mod tunnel;
 pub mod upstream;
 pub mod workers;
 
@@ -123,6 +125,8 @@ pub struct ProxyState {
     /// The span queue, when traces are on (`[otlp] traces = true`): the forwarder makes each
     /// stream's span context, the registry offers each finished stream, the exporter drains it.
     pub spans: Option<Arc<crate::otlp::traces::SpanSink>>,
+    /// WebSocket tunnels' two families (`metronome_websocket_connections_*`).
+    pub tunnel_metrics: tunnel::TunnelMetrics,
 }
 
 impl crate::admin::AdminView for ProxyState {
@@ -215,6 +219,7 @@ impl ProxyState {
             Some(t) => Some(Arc::new(tls::ReloadableCert::load(&t.cert, &t.key)?)),
             None => None,
         };
+        let tunnel_metrics = tunnel::TunnelMetrics::register(&metrics)?;
         let metrics = Arc::new(metrics);
         let spans = match &config.otlp {
             Some(otlp) if otlp.traces => Some(crate::otlp::traces::SpanSink::new(
@@ -243,6 +248,7 @@ impl ProxyState {
         )?;
         let backpressure = crate::metering::backpressure::Backpressure::register(&metrics)?;
         Ok(ProxyState {
+            tunnel_metrics,
             batch,
             backpressure,
             spans,

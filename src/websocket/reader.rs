@@ -197,6 +197,13 @@ impl FrameReader {
         }
     }
 
+    /// The bytes fed so far end at a frame boundary (between frames, no header begun), so a
+    /// frame written next into the same direction would be read as a frame of its own: where a
+    /// tunnel may add its own close frame. False once the reading stopped.
+    pub fn at_frame_boundary(&self) -> bool {
+        matches!(self.state, State::Header | State::Closed) && self.header.is_empty()
+    }
+
     /// A close frame was read: the direction's sender has begun the closing handshake.
     pub fn is_closed(&self) -> bool {
         matches!(self.state, State::Closed)

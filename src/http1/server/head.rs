@@ -308,7 +308,7 @@ thread_local! {
 }
 
 /// Calls `f` with the current time as an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
-fn with_date(f: impl FnOnce(&[u8])) {
+pub(super) fn with_date(f: impl FnOnce(&[u8])) {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -18,12 +18,14 @@
 //! `HEAD`, the idle timeout (`timeouts.client_idle`) and the head's own (`timeouts.client_head`,
 //! from its first byte). A head it cannot serve
 //! is answered with a JSON error and the connection closed: 400 for a malformed one or an
-//! ambiguous body length, 431 past `limits.max_header_bytes`. No upgrades (hyper is not asked
-//! for them either: `Upgrade` is a hop-by-hop field the forwarder drops). HTTP/2 connections
-//! stay on hyper, and `server.http1_server = "hyper"` puts HTTP/1.x back on it too.
+//! ambiguous body length, 431 past `limits.max_header_bytes`. Upgrades ([`upgrade`]): a request
+//! that asks for one may be answered `101`, and the connection, with the bytes read past the
+//! request, is handed over. HTTP/2 connections stay on hyper, and `server.http1_server = "hyper"`
+//! puts HTTP/1.x back on it too.
 
 pub mod head;
 pub mod request_body;
+pub mod upgrade;
 mod writer;
 
 use std::convert::Infallible;
@@ -125,7 +127,7 @@ pub fn serve<I, S, R, B>(
     service: S,
 ) -> ServerConnection<impl Future<Output = Result<(), ConnectionError>>>
 where
-    I: AsyncRead + AsyncWrite + Unpin,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: FnMut(Request<Http1RequestBody>) -> R,
     R: Future<Output = Result<Response<B>, Infallible>> + Unpin,
     B: Body<Data = Bytes> + Unpin,
@@ -146,7 +148,7 @@ async fn serve_requests<I, S, R, B>(
     stop: Arc<AtomicBool>,
 ) -> Result<(), ConnectionError>
 where
-    I: AsyncRead + AsyncWrite + Unpin,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: FnMut(Request<Http1RequestBody>) -> R,
     R: Future<Output = Result<Response<B>, Infallible>> + Unpin,
     B: Body<Data = Bytes> + Unpin,
@@ -154,11 +156,27 @@ where
 {
     let mut connection = ConnectionState::new(io, settings, stop);
     while let Some(head) = connection.next_head().await? {
-        if !connection.serve_one(head, &mut service).await? {
-            break;
+        match connection.serve_one(head, &mut service).await? {
+            Next::Request => {}
+            Next::Close => break,
+            Next::Upgrade(pending) => {
+                let ConnectionState { io, buf, .. } = connection;
+                pending.hand_over(upgrade::Upgraded::new(Box::new(io), buf.freeze()));
+                return Ok(());
+            }
         }
     }
     Ok(())
+}
+
+/// What follows a request's exchange on its connection.
+enum Next {
+    /// The next request.
+    Request,
+    /// Nothing: the connection is shut.
+    Close,
+    /// The connection switched protocols: it goes to whoever asked.
+    Upgrade(upgrade::Pending),
 }
 
 /// What the response is framed by, from its request.
@@ -225,13 +243,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
         }
     }
 
-    /// Serves one request through `service`: whether the connection may read another (when it
-    /// may not, it is shut down here).
+    /// Serves one request through `service`: what follows on the connection (when nothing, it
+    /// is shut down here).
     async fn serve_one<S, R, B>(
         &mut self,
         head: head::RequestHead,
         service: &mut S,
-    ) -> Result<bool, ConnectionError>
+    ) -> Result<Next, ConnectionError>
     where
         S: FnMut(Request<Http1RequestBody>) -> R,
         R: Future<Output = Result<Response<B>, Infallible>> + Unpin,
@@ -249,6 +267,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
         *request.method_mut() = head.method;
         *request.uri_mut() = head.uri;
         *request.version_mut() = head.version;
+        let mut upgrade = upgrade::requested(&head.headers).map(|(on, pending)| {
+            request.extensions_mut().insert(on);
+            pending
+        });
         *request.headers_mut() = head.headers;
         let mut handling = service(request);
 
@@ -265,6 +287,19 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
         drop(handling);
 
         let (mut parts, body) = response.into_parts();
+        if upgrade::switches(parts.status) {
+            // Only a `101` to a request that asked for an upgrade, with all of the request read.
+            let Some(pending) = upgrade.take().filter(|_| self.body_whole) else {
+                let _ = self.io.shutdown().await;
+                return Ok(Next::Close);
+            };
+            self.io
+                .write_all(&upgrade::switching_head(&parts.headers))
+                .await?;
+            self.io.flush().await?;
+            return Ok(Next::Upgrade(pending));
+        }
+        drop(upgrade);
         let framed = head::frame_response(
             parts.status,
             &exchange.method,
@@ -292,11 +327,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
         drop(body);
         // A body still unread leaves the connection where no next request can be found.
         let next = framed.keep_alive && self.body_whole && !self.stopping();
+        self.feeder = None;
         if !next {
             let _ = self.io.shutdown().await;
+            return Ok(Next::Close);
         }
-        self.feeder = None;
-        Ok(next)
+        Ok(Next::Request)
     }
 
     /// Reads the next request head: its first byte within the idle timeout, its last within the

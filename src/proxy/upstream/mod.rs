@@ -53,6 +53,12 @@ impl UpstreamClient {
         self.native.as_ref()
     }
 
+    /// hyper-util's client, for what only it does: upgrades (WebSocket tunnels), whatever
+    /// `server.upstream_client` says.
+    pub fn hyper(&self) -> &HyperClient {
+        &self.hyper
+    }
+
     /// Sends `request` (its URI absolute) and reads the response head.
     pub async fn request(
         &self,

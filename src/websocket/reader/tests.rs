@@ -565,3 +565,29 @@ fn an_unsupported_extension_gets_no_reader() {
         FrameReader::for_extensions(Direction::ServerToClient, &Extensions::None, limits).is_some()
     );
 }
+
+#[test]
+fn a_frame_boundary_is_between_frames_only() {
+    let bytes = frame(spec(Opcode::Text, true), b"hello");
+    let mut reader = FrameReader::new(Direction::ServerToClient, None, Limits::default());
+    let mut sink = CollectedEvents::default();
+    assert!(reader.at_frame_boundary());
+    reader.feed(&bytes[..1], &mut sink);
+    assert!(!reader.at_frame_boundary(), "inside a header");
+    reader.feed(&bytes[1..4], &mut sink);
+    assert!(!reader.at_frame_boundary(), "inside a payload");
+    reader.feed(&bytes[4..], &mut sink);
+    assert!(reader.at_frame_boundary());
+    // A masked frame toward a client is a protocol error: the reading stops, and no boundary
+    // is known any more.
+    let masked = frame(
+        FrameSpec {
+            mask: Some(KEY),
+            ..spec(Opcode::Text, true)
+        },
+        b"x",
+    );
+    reader.feed(&masked, &mut sink);
+    assert!(reader.stopped().is_some());
+    assert!(!reader.at_frame_boundary());
+}

@@ -1,0 +1,207 @@
+//! WebSocket tunnels (RFC 6455): an HTTP/1.1 `Upgrade: websocket` request is forwarded to the
+//! route's upstream, the upstream's `101` relayed, and from then on the two connections are
+//! joined byte for byte, while the frames of both directions are read as they pass to meter the
+//! Responses API's WebSocket mode and the Realtime API.
+//!
+//! - [`handshake`] tells a WebSocket upgrade from other requests, refuses a malformed one, and
+//!   builds the upstream request and the client's `101`;
+//! - [`relay`] is the tunnel itself: one task copying both ways through small buffers, holding
+//!   only the bytes the other end has not taken, closing one end as soon as the other goes;
+//! - [`metering`] reads what passes ([`crate::websocket::FrameReader`]) and turns each response
+//!   into a metered stream, as an SSE stream is;
+//! - [`registry`] keeps the tunnels open on one listener (closed with `1001` after the drain
+//!   grace) and their two metric families.
+//!
+//! The upstream is reached through hyper-util's client whatever `server.upstream_client` says:
+//! metronome's own client does not do upgrades, on purpose (its connections go back to a pool).
+
+pub mod handshake;
+pub mod metering;
+pub mod registry;
+pub mod relay;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::body::{ClientBody, ProxyBody, TimedBody};
+use super::refusal::Refusal;
+use super::router::Route;
+use super::upstream::{UpstreamBody, UpstreamError};
+use super::ProxyState;
+use crate::websocket::Extensions;
+pub use handshake::{websocket_connect, websocket_upgrade, UpgradeRequest};
+pub use registry::{Outcome, TunnelMetrics, Tunnels};
+
+/// A client connection once its server has written the `101`: its socket (with whatever bytes
+/// the client sent ahead already read back into it), boxed so one tunnel type serves every
+/// server and transport.
+pub type ClientIo = Box<dyn Io>;
+
+/// A byte stream both ways: what a tunnel joins.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// How the client's server hands its connection over once the `101` is written.
+pub type HandOver =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<ClientIo>> + Send + 'static>>;
+
+/// Takes the means of getting the client's connection after the `101` out of `request`:
+/// metronome's own server's `OnUpgrade`, or hyper's.
+fn take_hand_over(request: &mut Request<ClientBody>) -> Option<HandOver> {
+    let native = request
+        .extensions_mut()
+        .remove::<crate::http1::server::upgrade::OnUpgrade>();
+    if let Some(native) = native {
+        let upgraded = native.take()?;
+        return Some(Box::pin(async move {
+            Some(Box::new(upgraded.await?) as ClientIo)
+        }));
+    }
+    request.extensions().get::<hyper::upgrade::OnUpgrade>()?;
+    let upgrade = hyper::upgrade::on(&mut *request);
+    Some(Box::pin(async move {
+        let upgraded = upgrade.await.ok()?;
+        Some(Box::new(hyper_util::rt::TokioIo::new(upgraded)) as ClientIo)
+    }))
+}
+
+/// What a tunnel needs of the client connection it came on.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// The client's address (for `X-Forwarded-For`).
+    pub remote: std::net::SocketAddr,
+    /// `http` or `https` (for `X-Forwarded-Proto`).
+    pub scheme: &'static str,
+    /// The connection's place under `limits.max_connections`, held as long as the tunnel.
+    pub place: Arc<tokio::sync::OwnedSemaphorePermit>,
+    /// The tunnels of the listener, which its drain closes.
+    pub tunnels: Arc<Tunnels>,
+}
+
+/// Forwards a WebSocket upgrade to the route's upstream and, when it switches, relays its `101`
+/// and starts the tunnel; otherwise passes its answer through, or answers why not.
+pub async fn open(
+    mut request: Request<ClientBody>,
+    upgrade: UpgradeRequest,
+    state: &Arc<ProxyState>,
+    client: &super::UpstreamClient,
+    peer: Peer,
+    route: &Route,
+    received: Instant,
+) -> Response<ProxyBody> {
+    let metrics = &state.tunnel_metrics;
+    let Ok(permit) = state.requests_in_flight.clone().try_acquire_owned() else {
+        return Refusal::Overloaded.answer(state, route);
+    };
+    let Some(hand_over) = take_hand_over(&mut request) else {
+        // A server that cannot hand its connection over (none should reach here).
+        metrics.ended(&route.name, Outcome::Error);
+        return state.answer_error(
+            &route.name,
+            StatusCode::BAD_REQUEST,
+            "bad_upgrade",
+            "this connection cannot be upgraded",
+        );
+    };
+    let body_limit = state.config.limits.max_request_body_bytes;
+    let extended_connect = request.method() == http::Method::CONNECT;
+    let path = request.uri().path().to_string();
+    let upstream_request = match handshake::upstream_request(request, &route.upstream, &peer) {
+        Ok(r) => r,
+        Err(refusal) => return refusal.answer(state, route),
+    };
+    let sent = tokio::time::timeout(
+        state.config.timeouts.first_byte,
+        client.hyper().request(upstream_request),
+    )
+    .await;
+    let mut response = match sent {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => {
+            metrics.ended(&route.name, Outcome::Error);
+            let error = UpstreamError::Hyper(error);
+            return Refusal::from_upstream(error, &route.upstream, body_limit).answer(state, route);
+        }
+        Err(_elapsed) => {
+            metrics.ended(&route.name, Outcome::Error);
+            let timeout = state.config.timeouts.first_byte;
+            let upstream = route.upstream.clone();
+            return Refusal::NoHead { upstream, timeout }.answer(state, route);
+        }
+    };
+    state
+        .metrics
+        .requests
+        .with_label_values(&[&route.name, crate::metrics::status_class(response.status())])
+        .inc();
+    if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+        // The upstream did not switch: its answer goes to the client as any response does.
+        metrics.ended(&route.name, Outcome::UpstreamRefused);
+        let (mut parts, body) = response.into_parts();
+        super::headers::remove_hop_by_hop_from_response(&mut parts.headers);
+        let body = TimedBody::new(
+            UpstreamBody::Hyper { body },
+            state.metrics.clone(),
+            route.name.clone(),
+            received,
+            parts.status,
+            permit,
+        );
+        let body = ProxyBody::Passthrough {
+            body: Box::pin(body),
+        };
+        return Response::from_parts(parts, body);
+    }
+    let upstream_upgrade = hyper::upgrade::on(&mut response);
+    let first_id: Arc<str> = Arc::from(state.stream_ids.next());
+    let extensions = Extensions::from_response(
+        response
+            .headers()
+            .get_all(header::SEC_WEBSOCKET_EXTENSIONS)
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+    .unwrap_or(Extensions::Unsupported);
+    let mut client_response = match extended_connect {
+        true => handshake::connect_response(response.headers()),
+        false => handshake::switching_response(response.headers()),
+    };
+    if let Some(name) = &state.config.metering.stream_id_header {
+        if let Ok(value) = HeaderValue::from_str(&first_id) {
+            client_response.headers_mut().insert(name.clone(), value);
+        }
+    }
+    let setup = metering::Setup {
+        state: state.clone(),
+        route: route.name.clone(),
+        api: metering::Api::of(route.format, &path),
+        extensions,
+        first_id,
+        traceparent: upgrade.traceparent,
+        request_id: upgrade.request_id,
+    };
+    let route_name = route.name.clone();
+    let state = state.clone();
+    tokio::spawn(async move {
+        drop(permit);
+        let upstream = match upstream_upgrade.await {
+            Ok(upgraded) => hyper_util::rt::TokioIo::new(upgraded),
+            Err(e) => {
+                tracing::debug!(error = %e, "the upstream's upgraded connection was lost");
+                state.tunnel_metrics.ended(&route_name, Outcome::Error);
+                return;
+            }
+        };
+        let Some(client) = hand_over.await else {
+            tracing::debug!("the client's upgraded connection was lost");
+            state.tunnel_metrics.ended(&route_name, Outcome::Error);
+            return;
+        };
+        relay::run(client, upstream, setup, &peer).await;
+    });
+    client_response
+}
