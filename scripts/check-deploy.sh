@@ -258,6 +258,49 @@ else
     skip "metronome check-config (no cargo, no METRONOME_BIN; cargo test checks both files in src/config.rs)"
 fi
 
+# --- installing ------------------------------------------------------------------------------
+step "what an installer gets: licence, manifest, profiles, --version"
+check "LICENSE is the Apache-2.0 Cargo.toml names; repository; release without debug info; profiling" python3 - <<'EOF'
+import sys, tomllib
+cargo = tomllib.load(open("Cargo.toml", "rb"))
+pkg, profiles = cargo["package"], cargo.get("profile", {})
+bad = []
+text = open("LICENSE").read()
+if pkg.get("license") != "Apache-2.0" or "Apache License" not in text or "Version 2.0, January 2004" not in text:
+    bad.append("LICENSE is not the Apache-2.0 text Cargo.toml's license names")
+if not pkg.get("repository", "").startswith("https://"):
+    bad.append("Cargo.toml has no repository URL")
+if profiles.get("release", {}).get("debug", 0) not in (0, False, "none"):
+    bad.append(f"the release profile ships debug info: debug = {profiles['release']['debug']}")
+prof = profiles.get("profiling", {})
+if prof.get("inherits") != "release" or prof.get("debug") in (None, 0, False, "none"):
+    bad.append("no profiling profile (inherits release, with debug info) for the measurement scripts")
+changelog = open("CHANGELOG.md").read()
+for word in ("Metric names", "Label names", "Configuration keys"):
+    if word not in changelog:
+        bad.append(f"CHANGELOG.md does not promise stability for: {word}")
+if "cargo install --locked --path ." not in open("README.md").read():
+    bad.append("README has no `cargo install --locked --path .`")
+for b in bad:
+    print(b)
+print("license", pkg.get("license"), "| repository", pkg.get("repository"),
+      "| release debug", profiles.get("release", {}).get("debug", "off"))
+sys.exit(1 if bad else 0)
+EOF
+# Debug builds do not read git (they would recompile after every commit): the release one does.
+if [[ $BIN == target/release/metronome ]]; then
+    if [[ $(git rev-parse --show-toplevel 2>/dev/null) == "$ROOT" ]]; then
+        head=$(git rev-parse --short=12 HEAD)
+        check "$BIN --version names this commit ($head)" \
+            bash -c "'$BIN' --version && '$BIN' --version | grep -q 'commit $head'"
+    fi
+    check "the release binary has no debug info" \
+        bash -c "ls -l '$BIN' && ! readelf -S -W '$BIN' | grep -E '[.]debug_(info|line) '"
+fi
+check "cargo package ships LICENSE, README.md, CHANGELOG.md and build.rs" bash -c "
+    cargo package --list --allow-dirty --quiet 2>/dev/null >'$TMP/package';
+    grep -x -e LICENSE -e README.md -e CHANGELOG.md -e build.rs '$TMP/package'; test \$(grep -cx -e LICENSE -e README.md -e CHANGELOG.md -e build.rs '$TMP/package') = 4"
+
 # --- systemd ---------------------------------------------------------------------------------
 step "systemd unit"
 UNIT=deploy/systemd/metronome.service
@@ -328,6 +371,32 @@ print("stages:", ", ".join(f"{img} as {name or '-'}" for img, name in stages), "
 for b in bad: print(b)
 sys.exit(1 if bad else 0)
 EOF
+
+# The build stage's commands outside Docker, on the context the .dockerignore leaves, with cargo
+# on this tree's target/ (built in release above, so the stage is a fresh check, not a rebuild).
+if [[ $BIN == target/release/metronome ]]; then
+    check "the Dockerfile's build stage, run outside Docker (scripts/deploy-check-dockerfile.py)" \
+        python3 scripts/deploy-check-dockerfile.py --target-dir target
+    # The Dockerfile this replaced: its dependency stage stubbed two of the five benches.
+    mkdir -p "$TMP/docker"
+    cp deploy/docker/Dockerfile.dockerignore "$TMP/docker/"
+    python3 - "$TMP/docker/Dockerfile" <<'EOF'
+import sys
+s = open("deploy/docker/Dockerfile").read()
+old = "COPY benches ./benches\nRUN mkdir -p src \\\n"
+assert old in s, "the dependency stage's COPY of benches/ moved: update this broken copy"
+s = s.replace(old, "RUN mkdir -p src benches \\\n    && touch benches/scanner.rs benches/metering.rs \\\n")
+open(sys.argv[1], "w").write(s)
+EOF
+    must_fail "the build-stage run catches a dependency stage that stubs only some benches" \
+        python3 scripts/deploy-check-dockerfile.py --dockerfile "$TMP/docker/Dockerfile" --target-dir target
+    sed 's#^COPY --from=build /src/dist/metronome#COPY --from=build /src/target/metronome#' \
+        deploy/docker/Dockerfile >"$TMP/docker/Dockerfile"
+    must_fail "the build-stage run catches a final stage copying a path the build did not make" \
+        python3 scripts/deploy-check-dockerfile.py --dockerfile "$TMP/docker/Dockerfile" --target-dir target
+else
+    skip "the Dockerfile's build stage (needs this tree's release build: METRONOME_BIN was set)"
+fi
 
 if command -v hadolint >/dev/null; then
     check "hadolint deploy/docker/Dockerfile ($(hadolint --version 2>/dev/null))" hadolint deploy/docker/Dockerfile
