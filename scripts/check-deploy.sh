@@ -199,7 +199,7 @@ assert list(cm["data"]) == ["metronome.json"], list(cm["data"])
 assert json.loads(cm["data"]["metronome.json"]) == json.load(open(sys.argv[2]))
 PY
 
-    step "the Component on an existing vLLM Deployment"
+    step "the Component on an existing vLLM Deployment and Service (PodMonitor, Service port, NetworkPolicy)"
     kubectl kustomize deploy/kubernetes/examples/existing-vllm >"$TMP/component.yaml" 2>"$TMP/kerr" || cat "$TMP/kerr"
     check "kustomize build examples/existing-vllm: Kubernetes 1.29 and 1.37" python3 $V -k 1.29.0 -k 1.37.0 "$TMP/component.yaml"
     check "the Component adds a native sidecar (ports, probes, admin address) and leaves vLLM untouched" \
@@ -210,6 +210,12 @@ PY
         python3 scripts/deploy-check-sidecar.py <(sed 's/--port=8000/--port=8001/' "$TMP/component.yaml")
     must_fail "the sidecar check catches the admin address left to its 127.0.0.1 default" \
         python3 scripts/deploy-check-sidecar.py <(sed 's/- 0.0.0.0:9464/- 127.0.0.1:9464/' "$TMP/component.yaml")
+    must_fail "the sidecar check catches a Service still leading to vLLM's port" \
+        python3 scripts/deploy-check-sidecar.py <(sed 's/targetPort: http$/targetPort: vllm/' "$TMP/component.yaml")
+    must_fail "the sidecar check catches a Component without its PodMonitor" \
+        python3 scripts/deploy-check-sidecar.py <(sed 's/^kind: PodMonitor$/kind: ConfigMap/' "$TMP/component.yaml")
+    must_fail "the sidecar check catches a NetworkPolicy that opens the admin port to everyone" \
+        python3 scripts/deploy-check-sidecar.py <(sed '/^  - from:$/,/app.kubernetes.io\/name: prometheus$/d' "$TMP/component.yaml")
 else
     skip "kustomize builds (no kubectl): each manifest file is still checked above"
 fi
@@ -237,6 +243,40 @@ if python3 -c 'import helm_python' 2>/dev/null; then
         python3 -c 'import sys, helm_python as h; r = h.lint(sys.argv[1], strict=True); print(r); sys.exit(1 if [m for m in r[\"messages\"] if m[\"severity\"] >= 3] or r.get(\"errors\") else 0)' '$TMP/badchart'"
     must_fail "the render check catches a release label left out" \
         python3 scripts/deploy-check-helm.py "$TMP/helm.yaml" my-release
+
+    step "Helm chart modes: add metronome to the vLLM you run (deploy/helm/metronome/ci/*.yaml)"
+    for mode in sidecar service all-in-one; do
+        vals=deploy/helm/metronome/ci/$mode-values.yaml
+        check "helm lint --strict, mode $mode" python3 $H lint -f $vals
+        check "helm template, mode $mode" python3 $H template "$TMP/helm-$mode.yaml" -f $vals
+        check "mode $mode: every value reaches the pod, upstream, Service, monitor, NetworkPolicy, runbook_url" \
+            python3 scripts/deploy-check-helm-modes.py $vals "$TMP/helm-$mode.yaml" "$TMP/helm-$mode-all.yaml"
+        check "mode $mode against the Kubernetes and CRD schemas, 1.29 and 1.37 (sidecar: with the patched Deployment)" \
+            python3 $V -k 1.29.0 -k 1.37.0 "$TMP/helm-$mode-all.yaml"
+    done
+    must_fail "helm template refuses mode sidecar without the Deployment to patch" \
+        python3 $H template "$TMP/bad.yaml" mode=sidecar
+    must_fail "helm template refuses an unknown mode" python3 $H template "$TMP/bad.yaml" mode=sidecars
+    rm -rf "$TMP/badchart" && cp -r deploy/helm/metronome "$TMP/badchart"
+    sed -i '/include "metronome.scheduling"/d' "$TMP/badchart/templates/proxy-deployment.yaml"
+    must_fail "the modes check catches nodeSelector, tolerations and affinity left off the pod" bash -c "
+        HELM_CHART='$TMP/badchart' python3 $H template '$TMP/bad.yaml' -f deploy/helm/metronome/ci/service-values.yaml &&
+        python3 scripts/deploy-check-helm-modes.py deploy/helm/metronome/ci/service-values.yaml '$TMP/bad.yaml'"
+    python3 - "$TMP/helm-sidecar.yaml" "$TMP/bad.yaml" <<'EOF'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+for d in docs:
+    if d["metadata"]["name"].endswith("-patch"):
+        patch = yaml.safe_load(d["data"]["patch.yaml"])
+        patch["spec"]["template"]["spec"]["containers"] = [{"name": "vllm", "args": ["--port=8001"]}]
+        d["data"]["patch.yaml"] = yaml.safe_dump(patch)
+yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
+EOF
+    must_fail "the modes check catches a sidecar patch that changes your vLLM container" \
+        python3 scripts/deploy-check-helm-modes.py deploy/helm/metronome/ci/sidecar-values.yaml "$TMP/bad.yaml"
+    sed 's/^    app.kubernetes.io\/name: vllm$/    app.kubernetes.io\/name: vlm/' "$TMP/helm-sidecar.yaml" >"$TMP/bad.yaml"
+    must_fail "the modes check catches a sidecar-mode Service that misses your pods" \
+        python3 scripts/deploy-check-helm-modes.py deploy/helm/metronome/ci/sidecar-values.yaml "$TMP/bad.yaml"
 else
     skip "Helm chart (helm-python-sdk not installed)"
 fi
@@ -253,6 +293,15 @@ if [[ -n $BIN ]]; then
     if [[ -f $TMP/helm.toml ]]; then
         check "metronome check-config on the Helm chart's rendered metronome.toml" "$BIN" check-config "$TMP/helm.toml"
     fi
+    for mode in sidecar service all-in-one; do
+        if [[ -f $TMP/helm-$mode.yaml ]]; then
+            python3 -c 'import sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and "metronome.toml" in (d.get("data") or {}): open(sys.argv[2], "w").write(d["data"]["metronome.toml"])' \
+                "$TMP/helm-$mode.yaml" "$TMP/helm-$mode.toml"
+            check "metronome check-config on the chart's metronome.toml, mode $mode" "$BIN" check-config "$TMP/helm-$mode.toml"
+        fi
+    done
     check "metronome check-config config/metronome.toml (the file the systemd unit and image use)" "$BIN" check-config config/metronome.toml
 else
     skip "metronome check-config (no cargo, no METRONOME_BIN; cargo test checks both files in src/config.rs)"
