@@ -105,8 +105,8 @@ for g in yaml.safe_load(open("deploy/prometheus/rules/metronome.alerts.yml"))["g
         for key in ("summary", "description", "runbook_url"):
             if key not in r.get("annotations", {}):
                 print(f"{r['alert']}: no {key} annotation"); bad += 1
-        if r.get("labels", {}).get("severity") not in ("page", "ticket"):
-            print(f"{r['alert']}: severity must be page or ticket"); bad += 1
+        if r.get("labels", {}).get("severity") not in ("critical", "warning", "info"):
+            print(f"{r['alert']}: severity must be critical, warning or info (kube-prometheus-stack's)"); bad += 1
         anchor = r["annotations"].get("runbook_url", "").split("#")[-1]
         if f'<a id="{anchor}"></a>' not in open("docs/operations.md").read():
             print(f"{r['alert']}: docs/operations.md has no runbook anchor {anchor}"); bad += 1
@@ -139,6 +139,14 @@ must_fail "promtool test rules catches a page threshold moved from 300ms to 500m
 sed "s/namespace='%\\[2\\]s', job='%\\[3\\]s', //" deploy/prometheus/rules/metronome.alerts.yml >"$TMP/bad/rules/metronome.alerts.yml"
 must_fail "promtool test rules catches a worst-pod query that leaves out the namespace and job" \
     promtool test rules "$TMP/bad/tests/metronome_test.yml"
+sed 's/, phase=~"content|"}/}/g' deploy/prometheus/rules/metronome.alerts.yml >"$TMP/bad/rules/metronome.alerts.yml"
+must_fail "promtool test rules catches the ITL page watching every phase (stuttering reasoning would page)" \
+    promtool test rules "$TMP/bad/tests/metronome_test.yml"
+cp deploy/prometheus/rules/metronome.alerts.yml "$TMP/bad/rules/metronome.alerts.yml"
+sed 's/rate(metronome_stalls_total{point="egress"}/rate(metronome_stalls_total{point="ingress"}/' \
+    deploy/prometheus/rules/metronome.rules.yml >"$TMP/bad/rules/metronome.rules.yml"
+must_fail "promtool test rules catches an SLO counting stalls at ingress rather than egress" \
+    promtool test rules "$TMP/bad/tests/metronome_test.yml"
 sed 's/sum by (cluster, namespace, job, route, model, point) (rate(metronome_stalls_total\[5m\]))/sum by (cluster, namespace, job, route, model, point) (rate(metronome_stalls_total[5m])/' \
     deploy/prometheus/rules/metronome.rules.yml >"$TMP/bad/rules/metronome.rules.yml"
 must_fail "promtool check rules catches an unbalanced parenthesis" promtool check rules "$TMP/bad/rules/metronome.rules.yml"
@@ -156,6 +164,32 @@ cp "$TMP/dashboard.json" deploy/grafana/metronome.json
 sed -i 's/\[\$__rate_interval\]))) \/ clamp_min/[$__rate_interval])) \/ clamp_min/' deploy/grafana/metronome.json
 must_fail "the dashboard check catches a query that does not parse" python3 scripts/deploy-check-promql.py check
 cp "$TMP/dashboard.json" deploy/grafana/metronome.json
+sed -i 's/"exemplar": true/"exemplar": false/' deploy/grafana/metronome.json
+must_fail "the dashboard check catches latency panels with exemplars off" python3 scripts/deploy-check-promql.py check
+cp "$TMP/dashboard.json" deploy/grafana/metronome.json
+check "the dashboard has hitches by scope, batch episodes, goodput, a Phases and a WebSocket row" python3 - <<'EOF'
+import json, sys
+d = json.load(open("deploy/grafana/metronome.json"))
+text = json.dumps(d)
+need = {"hitches by scope": "sum by (scope) (rate(metronome_hitches_total",
+        "batch episodes": "metronome_batch_episodes_total", "goodput": "metronome_slo_streams_total",
+        "TTFO": "metronome_time_to_first_output_token_seconds", "ITL by phase": "sum by (phase, le)",
+        "stalls by phase": "sum by (phase, point) (rate(metronome_stalls_total",
+        "reasoning duration": "metronome_reasoning_duration_seconds",
+        "WebSocket tunnels": "metronome_websocket_connections_active",
+        "WebSocket outcomes": "metronome_websocket_connections_total"}
+rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
+missing = [k for k, v in need.items() if v not in text]
+missing += [r for r in ("Batch", "Goodput", "Phases", "WebSocket") if not any(t.startswith(r) for t in rows)]
+print("rows:", "; ".join(t.split(":")[0] for t in rows))
+if missing:
+    print("missing:", missing)
+sys.exit(1 if missing else 0)
+EOF
+check "NOTES.txt names the Prometheus flags the native panels and exemplars need" bash -c "
+    grep -q -- '--enable-feature=native-histograms' deploy/helm/metronome/templates/NOTES.txt &&
+    grep -q 'scrape_native_histograms: true' deploy/helm/metronome/templates/NOTES.txt &&
+    grep -q -- '--enable-feature=exemplar-storage' deploy/helm/metronome/templates/NOTES.txt"
 
 # --- Kubernetes ------------------------------------------------------------------------------
 step "Kubernetes manifests"
