@@ -15,6 +15,7 @@
 //! answered.
 
 mod connection;
+pub mod query;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -151,7 +152,7 @@ async fn answer(
             );
             response
         }
-        "/streams" => json(StatusCode::OK, state.registry().list_json()),
+        "/streams" => streams(&*state, request.uri().query()),
         "/episodes" => json(StatusCode::OK, state.batch().episodes_json()),
         "/metronome-beacon.js" => {
             let mut response = text(StatusCode::OK, BEACON_MODULE);
@@ -178,6 +179,23 @@ async fn answer(
             "not found: try /metrics, /healthz, /readyz, /streams or /episodes\n",
         ),
     })
+}
+
+/// `/streams`, filtered by its query (`query::StreamQuery`); a bad parameter is a 400 naming it.
+fn streams(state: &dyn AdminView, query: Option<&str>) -> Response<Full<Bytes>> {
+    match query::StreamQuery::parse(query) {
+        Ok(q) => json(
+            StatusCode::OK,
+            state
+                .registry()
+                .list_json_where(|s| q.matches(s), q.limit.unwrap_or(usize::MAX)),
+        ),
+        Err(e) => json(
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({"error": {"type": "invalid_parameter", "parameter": e.parameter(), "message": e.to_string()}})
+                .to_string(),
+        ),
+    }
 }
 
 /// A stream's detail with its hitches marked (scope and episode; docs/batch.md), when it had any.

@@ -83,6 +83,8 @@ struct DurationRecorder {
     route: Arc<str>,
     received: Instant,
     status: u16,
+    /// The request's method, path and ID, for the access log.
+    line: crate::logging::RequestLine,
     /// How the body ended, as the access log says it: `client_cancelled` until the upstream's
     /// body ends (`complete`) or fails (`upstream_error`).
     outcome: &'static str,
@@ -96,13 +98,12 @@ impl Drop for DurationRecorder {
             .request_duration
             .observe(&[&self.route], duration.as_secs_f64());
         crate::logging::access(&crate::logging::AccessRecord {
+            line: Some(&self.line),
             route: &self.route,
             status: self.status,
             duration: Some(duration),
-            ttft: None,
-            stalls: 0,
             outcome: self.outcome,
-            stream_id: None,
+            ..Default::default()
         });
     }
 }
@@ -129,6 +130,7 @@ impl<B> TimedBody<B> {
         route: Arc<str>,
         received: Instant,
         status: http::StatusCode,
+        line: crate::logging::RequestLine,
         in_flight: tokio::sync::OwnedSemaphorePermit,
     ) -> Self {
         TimedBody {
@@ -138,6 +140,7 @@ impl<B> TimedBody<B> {
                 route,
                 received,
                 status: status.as_u16(),
+                line,
                 outcome: "client_cancelled",
                 _in_flight: in_flight,
             }),

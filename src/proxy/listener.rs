@@ -177,8 +177,29 @@ pub async fn serve(
     let grace = state.config.server.drain_grace;
     tokio::select! {
         _ = drain.shutdown() => tracing::debug!("all connections drained"),
-        _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "drain grace over; closing the remaining connections"),
+        _ = tokio::time::sleep(grace) => {
+            let (streams, requests) = cut_by_drain(&state);
+            tracing::warn!(
+                ?grace,
+                streams_cut = streams,
+                requests_cut = requests,
+                "drain grace over; closing the remaining connections cuts {streams} streams ({requests} requests in flight on every worker)"
+            );
+        }
     }
+}
+
+/// What the end of the drain cuts: metered streams still open (`metronome_streams_active`,
+/// summed over routes) and requests in flight (`limits.max_requests` less the free places).
+fn cut_by_drain(state: &ProxyState) -> (i64, usize) {
+    use prometheus::core::Collector;
+    let streams = (state.metrics.streams_active.collect().iter())
+        .flat_map(|family| family.get_metric())
+        .map(|m| m.get_gauge().get_value() as i64)
+        .sum();
+    let limit = state.config.limits.max_requests;
+    let requests = limit.saturating_sub(state.requests_in_flight.available_permits());
+    (streams, requests)
 }
 
 /// One request's handling, from its head to its response head (see `Builders::spawn`).

@@ -328,11 +328,8 @@ impl ProxyState {
         crate::logging::access(&crate::logging::AccessRecord {
             route,
             status: status.as_u16(),
-            duration: None,
-            ttft: None,
-            stalls: 0,
             outcome: kind,
-            stream_id: None,
+            ..Default::default()
         });
         let body = serde_json::json!({ "error": { "type": kind, "message": message } });
         let mut response = Response::new(ProxyBody::local(body.to_string()));
