@@ -200,6 +200,32 @@ check "each manifest file (strict schemas, CRD schemas)" \
 check "the PrometheusRule is what scripts/deploy-gen-prometheusrule.py writes from the rules" \
     bash -c "python3 scripts/deploy-gen-prometheusrule.py '$TMP/pr.yaml' && diff -u deploy/kubernetes/base/prometheusrule.yaml '$TMP/pr.yaml'"
 check "the PrometheusRule against its CRD schema" python3 $V deploy/kubernetes/base/prometheusrule.yaml
+check "operations.md's selectors are the manifests' (release label, pod and Service labels, ports)" python3 - <<'EOF'
+import sys, yaml
+doc = open("docs/operations.md").read()
+load = lambda f: yaml.safe_load(open(f"deploy/kubernetes/base/{f}"))
+pm, sm, pr, svc, dep = (load(f) for f in ("podmonitor.yaml", "servicemonitor.yaml", "prometheusrule.yaml",
+                                          "service.yaml", "deployment.yaml"))
+bad = []
+for name, obj in (("PodMonitor", pm), ("ServiceMonitor", sm), ("PrometheusRule", pr)):
+    release = obj["metadata"]["labels"].get("release")
+    if f"`release: {release}`" not in doc:
+        bad.append(f"{name} has release: {release}, which operations.md does not name")
+for name, sel, labels in (("PodMonitor", pm["spec"]["selector"]["matchLabels"], dep["spec"]["template"]["metadata"]["labels"]),
+                          ("ServiceMonitor", sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"])):
+    for k, v in sel.items():
+        if f"`{k}: {v}`" not in doc:
+            bad.append(f"{name} selects {k}: {v}, which operations.md does not name")
+        if labels.get(k) != v:
+            bad.append(f"{name} selects {k}: {v}, which its target does not carry")
+for port in [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] + [e["port"] for e in sm["spec"]["endpoints"]]:
+    if f"`{port}`" not in doc:
+        bad.append(f"a monitor scrapes port {port}, which operations.md does not name")
+for b in bad:
+    print(b)
+print("selectors named in docs/operations.md:", "ok" if not bad else f"{len(bad)} problems")
+sys.exit(1 if bad else 0)
+EOF
 check "the ServiceMonitor alternative with the Service" \
     python3 $V deploy/kubernetes/base/service.yaml deploy/kubernetes/base/servicemonitor.yaml
 if command -v kubectl >/dev/null; then
@@ -405,6 +431,24 @@ if not stop or int(stop.group(1)) <= drain_s:
 else:
     print(f"TimeoutStopSec={stop.group(1)}s > drain_grace {drain}")
 sys.exit(1 if bad else 0)
+EOF
+check "the unit's Documentation= is a file the host steps install (docs/operations.md)" python3 - "$UNIT" <<'EOF'
+import re, sys
+unit = open(sys.argv[1]).read()
+docs = re.findall(r"^Documentation=(.+)$", unit, re.M)
+steps = open("docs/operations.md").read()
+bad = 0
+for url in " ".join(docs).split():
+    if url.startswith("file://"):
+        path = url[len("file://"):]
+        installed = re.search(r"install .*?(\S+) " + re.escape(path) + r"\b", steps)
+        if not installed or not __import__("os").path.exists(installed.group(1)):
+            print(f"{url}: no host step in docs/operations.md installs an existing file there"); bad += 1
+        else:
+            print(f"{url}: installed from {installed.group(1)}")
+    elif url.startswith("man:"):
+        print(f"{url}: no man page ships"); bad += 1
+sys.exit(1 if bad or not docs else 0)
 EOF
 if command -v systemd-analyze >/dev/null; then
     # verify wants the executables to exist: point the unit at a stand-in. Unknown keys are only

@@ -15,6 +15,7 @@
 //! answered.
 
 mod connection;
+mod gzip;
 pub mod query;
 
 use std::convert::Infallible;
@@ -145,11 +146,28 @@ async fn answer(
                 .get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok());
             let format = Format::from_accept(accept);
-            let mut response = text(StatusCode::OK, state.metrics().encode_as(format));
-            response.headers_mut().insert(
+            let body = state.metrics().encode_as(format);
+            let accept_encoding = request
+                .headers()
+                .get(header::ACCEPT_ENCODING)
+                .and_then(|v| v.to_str().ok());
+            let gzipped = gzip::accepts_gzip(accept_encoding)
+                .then(|| gzip::compress(body.as_ref()))
+                .flatten();
+            let gzip = gzipped.is_some();
+            let mut response = match gzipped {
+                Some(gz) => text(StatusCode::OK, gz),
+                None => text(StatusCode::OK, body),
+            };
+            let headers = response.headers_mut();
+            headers.insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static(format.content_type()),
             );
+            headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+            if gzip {
+                headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            }
             response
         }
         "/streams" => streams(&*state, request.uri().query()),
