@@ -146,6 +146,8 @@ fn tunnel_meter() -> metronome::proxy::tunnel::metering::TunnelMeter {
         first_id: "0".repeat(32).into(),
         traceparent: None,
         request_id: None,
+        line: Default::default(),
+        think: Default::default(),
     });
     let create = frames(
         &[br#"{"type":"response.create","model":"m","input":"hi"}"#.to_vec()],

@@ -4,7 +4,7 @@
 # `perf` cannot make (its hardware counters read `<not supported>`). Deterministic for a given
 # interleaving, so builds can be compared on a noisy machine.
 #
-#   scripts/cache-misses-per-event.sh [BIN ...]     # default: target/release/metronome (built)
+#   scripts/cache-misses-per-event.sh [BIN ...]     # default: target/profiling/metronome (built)
 #   STREAMS=1000 scripts/cache-misses-per-event.sh  # streams open at once (default 500)
 #   LL=2097152,16,64 scripts/cache-misses-per-event.sh
 #   KEEP=DIR scripts/cache-misses-per-event.sh      # keep the callgrind outputs in DIR, for
@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null 2>&1 || {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
 }
-[ $# -gt 0 ] || { cargo build --release --quiet; set -- target/release/metronome; }
+[ $# -gt 0 ] || { cargo build --profile profiling --quiet --bin metronome; set -- target/profiling/metronome; }
 streams=${STREAMS:-500}
 d1=${D1:-32768,8,64}
 ll=${LL:-1048576,8,64}

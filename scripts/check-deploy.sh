@@ -105,8 +105,8 @@ for g in yaml.safe_load(open("deploy/prometheus/rules/metronome.alerts.yml"))["g
         for key in ("summary", "description", "runbook_url"):
             if key not in r.get("annotations", {}):
                 print(f"{r['alert']}: no {key} annotation"); bad += 1
-        if r.get("labels", {}).get("severity") not in ("page", "ticket"):
-            print(f"{r['alert']}: severity must be page or ticket"); bad += 1
+        if r.get("labels", {}).get("severity") not in ("critical", "warning", "info"):
+            print(f"{r['alert']}: severity must be critical, warning or info (kube-prometheus-stack's)"); bad += 1
         anchor = r["annotations"].get("runbook_url", "").split("#")[-1]
         if f'<a id="{anchor}"></a>' not in open("docs/operations.md").read():
             print(f"{r['alert']}: docs/operations.md has no runbook anchor {anchor}"); bad += 1
@@ -139,6 +139,14 @@ must_fail "promtool test rules catches a page threshold moved from 300ms to 500m
 sed "s/namespace='%\\[2\\]s', job='%\\[3\\]s', //" deploy/prometheus/rules/metronome.alerts.yml >"$TMP/bad/rules/metronome.alerts.yml"
 must_fail "promtool test rules catches a worst-pod query that leaves out the namespace and job" \
     promtool test rules "$TMP/bad/tests/metronome_test.yml"
+sed 's/, phase=~"content|"}/}/g' deploy/prometheus/rules/metronome.alerts.yml >"$TMP/bad/rules/metronome.alerts.yml"
+must_fail "promtool test rules catches the ITL page watching every phase (stuttering reasoning would page)" \
+    promtool test rules "$TMP/bad/tests/metronome_test.yml"
+cp deploy/prometheus/rules/metronome.alerts.yml "$TMP/bad/rules/metronome.alerts.yml"
+sed 's/rate(metronome_stalls_total{point="egress"}/rate(metronome_stalls_total{point="ingress"}/' \
+    deploy/prometheus/rules/metronome.rules.yml >"$TMP/bad/rules/metronome.rules.yml"
+must_fail "promtool test rules catches an SLO counting stalls at ingress rather than egress" \
+    promtool test rules "$TMP/bad/tests/metronome_test.yml"
 sed 's/sum by (cluster, namespace, job, route, model, point) (rate(metronome_stalls_total\[5m\]))/sum by (cluster, namespace, job, route, model, point) (rate(metronome_stalls_total[5m])/' \
     deploy/prometheus/rules/metronome.rules.yml >"$TMP/bad/rules/metronome.rules.yml"
 must_fail "promtool check rules catches an unbalanced parenthesis" promtool check rules "$TMP/bad/rules/metronome.rules.yml"
@@ -156,6 +164,32 @@ cp "$TMP/dashboard.json" deploy/grafana/metronome.json
 sed -i 's/\[\$__rate_interval\]))) \/ clamp_min/[$__rate_interval])) \/ clamp_min/' deploy/grafana/metronome.json
 must_fail "the dashboard check catches a query that does not parse" python3 scripts/deploy-check-promql.py check
 cp "$TMP/dashboard.json" deploy/grafana/metronome.json
+sed -i 's/"exemplar": true/"exemplar": false/' deploy/grafana/metronome.json
+must_fail "the dashboard check catches latency panels with exemplars off" python3 scripts/deploy-check-promql.py check
+cp "$TMP/dashboard.json" deploy/grafana/metronome.json
+check "the dashboard has hitches by scope, batch episodes, goodput, a Phases and a WebSocket row" python3 - <<'EOF'
+import json, sys
+d = json.load(open("deploy/grafana/metronome.json"))
+text = json.dumps(d)
+need = {"hitches by scope": "sum by (scope) (rate(metronome_hitches_total",
+        "batch episodes": "metronome_batch_episodes_total", "goodput": "metronome_slo_streams_total",
+        "TTFO": "metronome_time_to_first_output_token_seconds", "ITL by phase": "sum by (phase, le)",
+        "stalls by phase": "sum by (phase, point) (rate(metronome_stalls_total",
+        "reasoning duration": "metronome_reasoning_duration_seconds",
+        "WebSocket tunnels": "metronome_websocket_connections_active",
+        "WebSocket outcomes": "metronome_websocket_connections_total"}
+rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
+missing = [k for k, v in need.items() if v not in text]
+missing += [r for r in ("Batch", "Goodput", "Phases", "WebSocket") if not any(t.startswith(r) for t in rows)]
+print("rows:", "; ".join(t.split(":")[0] for t in rows))
+if missing:
+    print("missing:", missing)
+sys.exit(1 if missing else 0)
+EOF
+check "NOTES.txt names the Prometheus flags the native panels and exemplars need" bash -c "
+    grep -q -- '--enable-feature=native-histograms' deploy/helm/metronome/templates/NOTES.txt &&
+    grep -q 'scrape_native_histograms: true' deploy/helm/metronome/templates/NOTES.txt &&
+    grep -q -- '--enable-feature=exemplar-storage' deploy/helm/metronome/templates/NOTES.txt"
 
 # --- Kubernetes ------------------------------------------------------------------------------
 step "Kubernetes manifests"
@@ -166,6 +200,32 @@ check "each manifest file (strict schemas, CRD schemas)" \
 check "the PrometheusRule is what scripts/deploy-gen-prometheusrule.py writes from the rules" \
     bash -c "python3 scripts/deploy-gen-prometheusrule.py '$TMP/pr.yaml' && diff -u deploy/kubernetes/base/prometheusrule.yaml '$TMP/pr.yaml'"
 check "the PrometheusRule against its CRD schema" python3 $V deploy/kubernetes/base/prometheusrule.yaml
+check "operations.md's selectors are the manifests' (release label, pod and Service labels, ports)" python3 - <<'EOF'
+import sys, yaml
+doc = open("docs/operations.md").read()
+load = lambda f: yaml.safe_load(open(f"deploy/kubernetes/base/{f}"))
+pm, sm, pr, svc, dep = (load(f) for f in ("podmonitor.yaml", "servicemonitor.yaml", "prometheusrule.yaml",
+                                          "service.yaml", "deployment.yaml"))
+bad = []
+for name, obj in (("PodMonitor", pm), ("ServiceMonitor", sm), ("PrometheusRule", pr)):
+    release = obj["metadata"]["labels"].get("release")
+    if f"`release: {release}`" not in doc:
+        bad.append(f"{name} has release: {release}, which operations.md does not name")
+for name, sel, labels in (("PodMonitor", pm["spec"]["selector"]["matchLabels"], dep["spec"]["template"]["metadata"]["labels"]),
+                          ("ServiceMonitor", sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"])):
+    for k, v in sel.items():
+        if f"`{k}: {v}`" not in doc:
+            bad.append(f"{name} selects {k}: {v}, which operations.md does not name")
+        if labels.get(k) != v:
+            bad.append(f"{name} selects {k}: {v}, which its target does not carry")
+for port in [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] + [e["port"] for e in sm["spec"]["endpoints"]]:
+    if f"`{port}`" not in doc:
+        bad.append(f"a monitor scrapes port {port}, which operations.md does not name")
+for b in bad:
+    print(b)
+print("selectors named in docs/operations.md:", "ok" if not bad else f"{len(bad)} problems")
+sys.exit(1 if bad else 0)
+EOF
 check "the ServiceMonitor alternative with the Service" \
     python3 $V deploy/kubernetes/base/service.yaml deploy/kubernetes/base/servicemonitor.yaml
 if command -v kubectl >/dev/null; then
@@ -199,7 +259,7 @@ assert list(cm["data"]) == ["metronome.json"], list(cm["data"])
 assert json.loads(cm["data"]["metronome.json"]) == json.load(open(sys.argv[2]))
 PY
 
-    step "the Component on an existing vLLM Deployment"
+    step "the Component on an existing vLLM Deployment and Service (PodMonitor, Service port, NetworkPolicy)"
     kubectl kustomize deploy/kubernetes/examples/existing-vllm >"$TMP/component.yaml" 2>"$TMP/kerr" || cat "$TMP/kerr"
     check "kustomize build examples/existing-vllm: Kubernetes 1.29 and 1.37" python3 $V -k 1.29.0 -k 1.37.0 "$TMP/component.yaml"
     check "the Component adds a native sidecar (ports, probes, admin address) and leaves vLLM untouched" \
@@ -210,6 +270,12 @@ PY
         python3 scripts/deploy-check-sidecar.py <(sed 's/--port=8000/--port=8001/' "$TMP/component.yaml")
     must_fail "the sidecar check catches the admin address left to its 127.0.0.1 default" \
         python3 scripts/deploy-check-sidecar.py <(sed 's/- 0.0.0.0:9464/- 127.0.0.1:9464/' "$TMP/component.yaml")
+    must_fail "the sidecar check catches a Service still leading to vLLM's port" \
+        python3 scripts/deploy-check-sidecar.py <(sed 's/targetPort: http$/targetPort: vllm/' "$TMP/component.yaml")
+    must_fail "the sidecar check catches a Component without its PodMonitor" \
+        python3 scripts/deploy-check-sidecar.py <(sed 's/^kind: PodMonitor$/kind: ConfigMap/' "$TMP/component.yaml")
+    must_fail "the sidecar check catches a NetworkPolicy that opens the admin port to everyone" \
+        python3 scripts/deploy-check-sidecar.py <(sed '/^  - from:$/,/app.kubernetes.io\/name: prometheus$/d' "$TMP/component.yaml")
 else
     skip "kustomize builds (no kubectl): each manifest file is still checked above"
 fi
@@ -237,6 +303,40 @@ if python3 -c 'import helm_python' 2>/dev/null; then
         python3 -c 'import sys, helm_python as h; r = h.lint(sys.argv[1], strict=True); print(r); sys.exit(1 if [m for m in r[\"messages\"] if m[\"severity\"] >= 3] or r.get(\"errors\") else 0)' '$TMP/badchart'"
     must_fail "the render check catches a release label left out" \
         python3 scripts/deploy-check-helm.py "$TMP/helm.yaml" my-release
+
+    step "Helm chart modes: add metronome to the vLLM you run (deploy/helm/metronome/ci/*.yaml)"
+    for mode in sidecar service all-in-one; do
+        vals=deploy/helm/metronome/ci/$mode-values.yaml
+        check "helm lint --strict, mode $mode" python3 $H lint -f $vals
+        check "helm template, mode $mode" python3 $H template "$TMP/helm-$mode.yaml" -f $vals
+        check "mode $mode: every value reaches the pod, upstream, Service, monitor, NetworkPolicy, runbook_url" \
+            python3 scripts/deploy-check-helm-modes.py $vals "$TMP/helm-$mode.yaml" "$TMP/helm-$mode-all.yaml"
+        check "mode $mode against the Kubernetes and CRD schemas, 1.29 and 1.37 (sidecar: with the patched Deployment)" \
+            python3 $V -k 1.29.0 -k 1.37.0 "$TMP/helm-$mode-all.yaml"
+    done
+    must_fail "helm template refuses mode sidecar without the Deployment to patch" \
+        python3 $H template "$TMP/bad.yaml" mode=sidecar
+    must_fail "helm template refuses an unknown mode" python3 $H template "$TMP/bad.yaml" mode=sidecars
+    rm -rf "$TMP/badchart" && cp -r deploy/helm/metronome "$TMP/badchart"
+    sed -i '/include "metronome.scheduling"/d' "$TMP/badchart/templates/proxy-deployment.yaml"
+    must_fail "the modes check catches nodeSelector, tolerations and affinity left off the pod" bash -c "
+        HELM_CHART='$TMP/badchart' python3 $H template '$TMP/bad.yaml' -f deploy/helm/metronome/ci/service-values.yaml &&
+        python3 scripts/deploy-check-helm-modes.py deploy/helm/metronome/ci/service-values.yaml '$TMP/bad.yaml'"
+    python3 - "$TMP/helm-sidecar.yaml" "$TMP/bad.yaml" <<'EOF'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+for d in docs:
+    if d["metadata"]["name"].endswith("-patch"):
+        patch = yaml.safe_load(d["data"]["patch.yaml"])
+        patch["spec"]["template"]["spec"]["containers"] = [{"name": "vllm", "args": ["--port=8001"]}]
+        d["data"]["patch.yaml"] = yaml.safe_dump(patch)
+yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
+EOF
+    must_fail "the modes check catches a sidecar patch that changes your vLLM container" \
+        python3 scripts/deploy-check-helm-modes.py deploy/helm/metronome/ci/sidecar-values.yaml "$TMP/bad.yaml"
+    sed 's/^    app.kubernetes.io\/name: vllm$/    app.kubernetes.io\/name: vlm/' "$TMP/helm-sidecar.yaml" >"$TMP/bad.yaml"
+    must_fail "the modes check catches a sidecar-mode Service that misses your pods" \
+        python3 scripts/deploy-check-helm-modes.py deploy/helm/metronome/ci/sidecar-values.yaml "$TMP/bad.yaml"
 else
     skip "Helm chart (helm-python-sdk not installed)"
 fi
@@ -253,10 +353,62 @@ if [[ -n $BIN ]]; then
     if [[ -f $TMP/helm.toml ]]; then
         check "metronome check-config on the Helm chart's rendered metronome.toml" "$BIN" check-config "$TMP/helm.toml"
     fi
+    for mode in sidecar service all-in-one; do
+        if [[ -f $TMP/helm-$mode.yaml ]]; then
+            python3 -c 'import sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and "metronome.toml" in (d.get("data") or {}): open(sys.argv[2], "w").write(d["data"]["metronome.toml"])' \
+                "$TMP/helm-$mode.yaml" "$TMP/helm-$mode.toml"
+            check "metronome check-config on the chart's metronome.toml, mode $mode" "$BIN" check-config "$TMP/helm-$mode.toml"
+        fi
+    done
     check "metronome check-config config/metronome.toml (the file the systemd unit and image use)" "$BIN" check-config config/metronome.toml
 else
     skip "metronome check-config (no cargo, no METRONOME_BIN; cargo test checks both files in src/config.rs)"
 fi
+
+# --- installing ------------------------------------------------------------------------------
+step "what an installer gets: licence, manifest, profiles, --version"
+check "LICENSE is the Apache-2.0 Cargo.toml names; repository; release without debug info; profiling" python3 - <<'EOF'
+import sys, tomllib
+cargo = tomllib.load(open("Cargo.toml", "rb"))
+pkg, profiles = cargo["package"], cargo.get("profile", {})
+bad = []
+text = open("LICENSE").read()
+if pkg.get("license") != "Apache-2.0" or "Apache License" not in text or "Version 2.0, January 2004" not in text:
+    bad.append("LICENSE is not the Apache-2.0 text Cargo.toml's license names")
+if not pkg.get("repository", "").startswith("https://"):
+    bad.append("Cargo.toml has no repository URL")
+if profiles.get("release", {}).get("debug", 0) not in (0, False, "none"):
+    bad.append(f"the release profile ships debug info: debug = {profiles['release']['debug']}")
+prof = profiles.get("profiling", {})
+if prof.get("inherits") != "release" or prof.get("debug") in (None, 0, False, "none"):
+    bad.append("no profiling profile (inherits release, with debug info) for the measurement scripts")
+changelog = open("CHANGELOG.md").read()
+for word in ("Metric names", "Label names", "Configuration keys"):
+    if word not in changelog:
+        bad.append(f"CHANGELOG.md does not promise stability for: {word}")
+if "cargo install --locked --path ." not in open("README.md").read():
+    bad.append("README has no `cargo install --locked --path .`")
+for b in bad:
+    print(b)
+print("license", pkg.get("license"), "| repository", pkg.get("repository"),
+      "| release debug", profiles.get("release", {}).get("debug", "off"))
+sys.exit(1 if bad else 0)
+EOF
+# Debug builds do not read git (they would recompile after every commit): the release one does.
+if [[ $BIN == target/release/metronome ]]; then
+    if [[ $(git rev-parse --show-toplevel 2>/dev/null) == "$ROOT" ]]; then
+        head=$(git rev-parse --short=12 HEAD)
+        check "$BIN --version names this commit ($head)" \
+            bash -c "'$BIN' --version && '$BIN' --version | grep -q 'commit $head'"
+    fi
+    check "the release binary has no debug info" \
+        bash -c "ls -l '$BIN' && ! readelf -S -W '$BIN' | grep -E '[.]debug_(info|line) '"
+fi
+check "cargo package ships LICENSE, README.md, CHANGELOG.md and build.rs" bash -c "
+    cargo package --list --allow-dirty --quiet 2>/dev/null >'$TMP/package';
+    grep -x -e LICENSE -e README.md -e CHANGELOG.md -e build.rs '$TMP/package'; test \$(grep -cx -e LICENSE -e README.md -e CHANGELOG.md -e build.rs '$TMP/package') = 4"
 
 # --- systemd ---------------------------------------------------------------------------------
 step "systemd unit"
@@ -279,6 +431,24 @@ if not stop or int(stop.group(1)) <= drain_s:
 else:
     print(f"TimeoutStopSec={stop.group(1)}s > drain_grace {drain}")
 sys.exit(1 if bad else 0)
+EOF
+check "the unit's Documentation= is a file the host steps install (docs/operations.md)" python3 - "$UNIT" <<'EOF'
+import re, sys
+unit = open(sys.argv[1]).read()
+docs = re.findall(r"^Documentation=(.+)$", unit, re.M)
+steps = open("docs/operations.md").read()
+bad = 0
+for url in " ".join(docs).split():
+    if url.startswith("file://"):
+        path = url[len("file://"):]
+        installed = re.search(r"install .*?(\S+) " + re.escape(path) + r"\b", steps)
+        if not installed or not __import__("os").path.exists(installed.group(1)):
+            print(f"{url}: no host step in docs/operations.md installs an existing file there"); bad += 1
+        else:
+            print(f"{url}: installed from {installed.group(1)}")
+    elif url.startswith("man:"):
+        print(f"{url}: no man page ships"); bad += 1
+sys.exit(1 if bad or not docs else 0)
 EOF
 if command -v systemd-analyze >/dev/null; then
     # verify wants the executables to exist: point the unit at a stand-in. Unknown keys are only
@@ -328,6 +498,32 @@ print("stages:", ", ".join(f"{img} as {name or '-'}" for img, name in stages), "
 for b in bad: print(b)
 sys.exit(1 if bad else 0)
 EOF
+
+# The build stage's commands outside Docker, on the context the .dockerignore leaves, with cargo
+# on this tree's target/ (built in release above, so the stage is a fresh check, not a rebuild).
+if [[ $BIN == target/release/metronome ]]; then
+    check "the Dockerfile's build stage, run outside Docker (scripts/deploy-check-dockerfile.py)" \
+        python3 scripts/deploy-check-dockerfile.py --target-dir target
+    # The Dockerfile this replaced: its dependency stage stubbed two of the five benches.
+    mkdir -p "$TMP/docker"
+    cp deploy/docker/Dockerfile.dockerignore "$TMP/docker/"
+    python3 - "$TMP/docker/Dockerfile" <<'EOF'
+import sys
+s = open("deploy/docker/Dockerfile").read()
+old = "COPY benches ./benches\nRUN mkdir -p src \\\n"
+assert old in s, "the dependency stage's COPY of benches/ moved: update this broken copy"
+s = s.replace(old, "RUN mkdir -p src benches \\\n    && touch benches/scanner.rs benches/metering.rs \\\n")
+open(sys.argv[1], "w").write(s)
+EOF
+    must_fail "the build-stage run catches a dependency stage that stubs only some benches" \
+        python3 scripts/deploy-check-dockerfile.py --dockerfile "$TMP/docker/Dockerfile" --target-dir target
+    sed 's#^COPY --from=build /src/dist/metronome#COPY --from=build /src/target/metronome#' \
+        deploy/docker/Dockerfile >"$TMP/docker/Dockerfile"
+    must_fail "the build-stage run catches a final stage copying a path the build did not make" \
+        python3 scripts/deploy-check-dockerfile.py --dockerfile "$TMP/docker/Dockerfile" --target-dir target
+else
+    skip "the Dockerfile's build stage (needs this tree's release build: METRONOME_BIN was set)"
+fi
 
 if command -v hadolint >/dev/null; then
     check "hadolint deploy/docker/Dockerfile ($(hadolint --version 2>/dev/null))" hadolint deploy/docker/Dockerfile

@@ -6,7 +6,8 @@
 The PodMonitor or ServiceMonitor, the PrometheusRule and the dashboard ConfigMap carry
 release: RELEASE; the dashboard ConfigMap is labelled grafana_dashboard: "1"; metronome is a
 native sidecar whose admin address is 0.0.0.0 (explicit, in args and config); the PrometheusRule
-holds every rule and alert of deploy/prometheus/rules, annotation templates unchanged. Writes the rendered metronome.toml to
+holds every rule and alert of deploy/prometheus/rules, annotation templates unchanged (runbook_url
+on the default runbookBaseURL). Writes the rendered metronome.toml to
 TOML_OUT for `metronome check-config`.
 """
 import sys
@@ -32,6 +33,12 @@ groups = by_kind["PrometheusRule"][0]["spec"]["groups"] if by_kind.get("Promethe
 rules = sum(len(g["rules"]) for g in groups)
 want_groups = [g for f in ("metronome.rules.yml", "metronome.alerts.yml")
                for g in yaml.safe_load(open(f"deploy/prometheus/rules/{f}"))["groups"]]
+# The chart points runbook_url at monitoring.runbookBaseURL (values.yaml), keeping the anchor.
+base = yaml.safe_load(open("deploy/helm/metronome/values.yaml"))["monitoring"]["runbookBaseURL"]
+for g in want_groups:
+    for r in g["rules"]:
+        if "runbook_url" in r.get("annotations", {}):
+            r["annotations"]["runbook_url"] = base + "#" + r["annotations"]["runbook_url"].split("#")[-1]
 want = sum(len(g["rules"]) for g in want_groups)
 if rules != want:
     problems.append(f"the PrometheusRule has {rules} rules, deploy/prometheus/rules has {want}")

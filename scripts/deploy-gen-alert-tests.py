@@ -40,8 +40,10 @@ def series_yaml(series):
     return "".join(f"      - series: '{s}'\n        values: '{v}'\n" for s, v in series)
 
 ITL = "metronome_inter_token_latency_seconds"
-def itl(model, point, buckets, count, steps, route="chat", change=None, instance="10.0.0.1:9464", namespace="team-a", pod="vllm-a-0"):
+def itl(model, point, buckets, count, steps, route="chat", change=None, instance="10.0.0.1:9464", namespace="team-a", pod="vllm-a-0", phase=None):
     labels = {"namespace": namespace, "job": f"{namespace}/vllm", "pod": pod, "instance": instance, "route": route, "model": model, "point": point}
+    if phase:
+        labels["phase"] = phase
     return hist(ITL, labels, buckets, count, steps, change)
 
 good = {"0.05": 1200, "0.2": 1200, "0.3": 1200, "0.5": 1200}
@@ -98,8 +100,21 @@ s = itl("llama", "egress", bad, 1200, 20) + itl("llama", "egress", good, 1200, 2
     + itl("rare", "egress", {"0.05": 250, "0.2": 280, "0.3": 290, "0.5": 300}, 300, 20)
 test("MetronomeITLP99High: pending before 10m, then firing for the slow model with traffic only, naming its slow pod", s, [
     ("MetronomeITLP99High", "5m", []),
-    ("MetronomeITLP99High", "15m", [({"severity": "page", "route": "chat", "model": "llama", "point": "egress"},
+    ("MetronomeITLP99High", "15m", [({"severity": "critical", "route": "chat", "model": "llama", "point": "egress"},
                                      ann("MetronomeITLP99High", "380ms", "vllm-a-0 (440ms)", route="chat", model="llama"))]),
+])
+
+# 1b. Phases: the page reads the answer (phase content). A stuttering answer under steady
+# reasoning pages, naming the phase; stuttering reasoning under a steady answer does not.
+s = itl("llama", "egress", bad, 1200, 20, phase="content") + itl("llama", "egress", good, 1200, 20, phase="reasoning")
+test("MetronomeITLP99High by phase: a 440ms p99 in the answer pages while the reasoning flows", s, [
+    ("MetronomeITLP99High", "15m", [({"severity": "critical", "route": "chat", "model": "llama", "point": "egress", "phase": "content"},
+                                     ann("MetronomeITLP99High", "440ms", "vllm-a-0 (440ms)", route="chat", model="llama"))]),
+])
+s = itl("llama", "egress", good, 1200, 20, phase="content") + itl("llama", "egress", bad, 1200, 20, phase="reasoning") \
+    + itl("llama", "egress", bad, 1200, 20, phase="tool_call")
+test("MetronomeITLP99High by phase: 440ms p99 in the reasoning and the tool-call arguments, a steady answer: no page", s, [
+    ("MetronomeITLP99High", "15m", []),
 ])
 
 # 2. regression against the same hour a day earlier.
@@ -109,7 +124,7 @@ s = itl("llama", "egress", old, 1200, steps, change=(1440, bad, 1200)) \
     + itl("quiet", "egress", {k: v // 4 for k, v in old.items()}, 300, steps, change=(1440, {k: v // 4 for k, v in bad.items()}, 300))
 test("MetronomeITLP99Regressed: silent while the cadence is yesterday's, firing when p99 rises 155ms -> 440ms with traffic", s, [
     ("MetronomeITLP99Regressed", "1430m", []),
-    ("MetronomeITLP99Regressed", "1550m", [({"severity": "ticket", "route": "chat", "model": "llama", "point": "egress"},
+    ("MetronomeITLP99Regressed", "1550m", [({"severity": "warning", "route": "chat", "model": "llama", "point": "egress"},
                                            ann("MetronomeITLP99Regressed", "440ms", "vllm-a-0 (440ms)", route="chat", model="llama"))]),
 ])
 
@@ -124,7 +139,7 @@ s = itl("llama", "ingress", good, 1200, 20) + itl("steady", "ingress", good, 120
     + counter("metronome_stalls_total", {"pod": "vllm-a-0", "instance": "10.0.0.1:9464", "route": "chat", "model": "quiet", "point": "ingress"}, 30, 20)
 test("MetronomeStallRateHigh: 2% stalls fire; 0.5%, none, or 10% of a trickle stay silent", s, [
     ("MetronomeStallRateHigh", "5m", []),
-    ("MetronomeStallRateHigh", "15m", [({"severity": "ticket", "route": "chat", "model": "llama", "point": "ingress"},
+    ("MetronomeStallRateHigh", "15m", [({"severity": "warning", "route": "chat", "model": "llama", "point": "ingress"},
                                         ann("MetronomeStallRateHigh", "2%", "vllm-a-0 (2%)", route="chat", model="llama"))]),
 ])
 
@@ -135,7 +150,7 @@ s = itl("llama", "ingress", old, 1200, 25) + itl("llama", "egress", bad, 1200, 2
     + itl("llama", "egress", {k: v // 4 for k, v in bad.items()}, 300, 25, namespace="team-b", pod="vllm-b-0", instance="10.0.0.2:9464")
 test("MetronomeEgressDivergesFromIngress: fires when clients get 440ms p99 from a model sending 155ms; silent when both are slow (the model's fault), or for team-b's same divergence at 5 gaps/s (team-a's traffic is not its floor)", s, [
     ("MetronomeEgressDivergesFromIngress", "10m", []),
-    ("MetronomeEgressDivergesFromIngress", "20m", [({"severity": "ticket", "route": "chat", "model": "llama"},
+    ("MetronomeEgressDivergesFromIngress", "20m", [({"severity": "warning", "route": "chat", "model": "llama"},
                                                     ann("MetronomeEgressDivergesFromIngress", "285ms", "vllm-a-0 (285ms)", route="chat", model="llama"))]),
 ])
 
@@ -144,7 +159,7 @@ s = hist("metronome_proxy_delay_seconds", {"instance": "host-a:9464", "route": "
     + hist("metronome_proxy_delay_seconds", {"instance": "host-a:9464", "route": "completions"}, {"0.01": 600, "0.025": 600, "0.05": 600, "0.1": 600}, 600, 25)
 test("MetronomeProxyDelayHigh: a 70ms p99 fires, a sub-10ms one does not; a host is named by its instance", s, [
     ("MetronomeProxyDelayHigh", "10m", []),
-    ("MetronomeProxyDelayHigh", "20m", [({"severity": "ticket", "route": "chat"},
+    ("MetronomeProxyDelayHigh", "20m", [({"severity": "warning", "route": "chat"},
                                          ann("MetronomeProxyDelayHigh", "70ms", "host-a:9464 (70ms)", route="chat"))]),
 ])
 
@@ -155,7 +170,7 @@ s = hist(TTFT, {"pod": "vllm-a-0", "instance": "10.0.0.1:9464", "route": "chat",
     + hist(TTFT, {"pod": "vllm-a-0", "instance": "10.0.0.1:9464", "route": "chat", "model": "quiet", "point": "egress"}, {"1": 0, "2.5": 0, "5": 0, "10": 2}, 2, 25)
 test("MetronomeTTFTHigh: p95 7.5s at one stream a second fires; fast, or slow but rare, stays silent", s, [
     ("MetronomeTTFTHigh", "10m", []),
-    ("MetronomeTTFTHigh", "20m", [({"severity": "ticket", "route": "chat", "model": "llama", "point": "egress"},
+    ("MetronomeTTFTHigh", "20m", [({"severity": "warning", "route": "chat", "model": "llama", "point": "egress"},
                                    ann("MetronomeTTFTHigh", "7.5s", "vllm-a-0 (7.5s)", route="chat", model="llama"))]),
 ])
 
@@ -165,7 +180,7 @@ def streams(model, outcome, per_min, steps=20):
 s = streams("llama", "complete", 100) + streams("llama", "no_token", 10) + streams("small", "complete", 100) + streams("small", "no_token", 1)
 test("MetronomeStreamsWithoutTokens: 9% of streams without a token fires, 1% does not", s, [
     ("MetronomeStreamsWithoutTokens", "5m", []),
-    ("MetronomeStreamsWithoutTokens", "15m", [({"severity": "ticket", "route": "chat", "model": "llama"},
+    ("MetronomeStreamsWithoutTokens", "15m", [({"severity": "warning", "route": "chat", "model": "llama"},
                                                ann("MetronomeStreamsWithoutTokens", "9.091%", "vllm-a-0 (9.091%)", route="chat", model="llama"))]),
 ])
 
@@ -178,7 +193,7 @@ s = counter("metronome_requests_total", {"pod": "vllm-a-0", "instance": "10.0.0.
     + counter("metronome_requests_total", {"pod": "vllm-a-0", "instance": "10.0.0.1:9464", "route": "embeddings", "status_class": "2xx"}, 100, 15)
 test("MetronomeUpstreamErrors: 9% of requests failing upstream pages; 1%, or none at all, does not", s, [
     ("MetronomeUpstreamErrors", "3m", []),
-    ("MetronomeUpstreamErrors", "10m", [({"severity": "page", "route": "chat"},
+    ("MetronomeUpstreamErrors", "10m", [({"severity": "critical", "route": "chat"},
                                          ann("MetronomeUpstreamErrors", "9.091%", "vllm-a-0 (9.091%)", route="chat"))]),
 ])
 
@@ -199,7 +214,7 @@ tests.append("""  # MetronomeConfigReloadFailed: fires within 15m of a refused r
         eval_time: 15m
         exp_alerts:
           - exp_labels:
-              severity: ticket
+              severity: warning
               namespace: team-a
               job: team-a/vllm
               pod: vllm-a-0
@@ -226,7 +241,7 @@ tests.append("""  # MetronomeAbsent: nothing from metronome for 15m fires (no ta
         eval_time: 20m
         exp_alerts:
           - exp_labels:
-              severity: ticket
+              severity: warning
             exp_annotations:
 %s
 """ % "\n".join(f"              {k}: {repr_yaml(v)}" for k, v in ann("MetronomeAbsent", "", NO_TARGET).items()))
@@ -246,7 +261,7 @@ tests.append("""  # MetronomeAbsent: a pod exported metronome_build_info for 5m,
         eval_time: 35m
         exp_alerts:
           - exp_labels:
-              severity: ticket
+              severity: warning
             exp_annotations:
 %s
 """ % "\n".join(f"              {k}: {repr_yaml(v)}" for k, v in ann("MetronomeAbsent", "", "namespace team-a pod vllm-a-0").items()))
@@ -255,18 +270,35 @@ tests.append("""  # MetronomeAbsent: a pod exported metronome_build_info for 5m,
 p20 = {"0.05": 900, "0.2": 960, "0.3": 1100, "0.5": 1200}    # 20% of gaps over 200 ms
 p5 = {"0.05": 1100, "0.2": 1140, "0.3": 1180, "0.5": 1200}   # 5%
 p05 = {"0.05": 1150, "0.2": 1194, "0.3": 1200, "0.5": 1200}  # 0.5%
-s = itl("llama", "egress", p20, 1200, 20, route="chat") + itl("llama", "egress", p5, 1200, 20, route="completions")
-test("MetronomeGapSLOFastBurn: 20% of gaps over 200ms (burn rate 20) pages; 5% (burn rate 5) does not", s, [
+def egress_stalls(route, per_min, steps):
+    return counter("metronome_stalls_total", {"pod": "vllm-a-0", "instance": "10.0.0.1:9464", "route": route, "model": "llama", "point": "egress"}, per_min, steps)
+# The SLO counts metronome's stalls (gaps over its configured threshold), not a bucket bound.
+s = itl("llama", "egress", p20, 1200, 20, route="chat") + egress_stalls("chat", 240, 20) \
+    + itl("llama", "egress", p5, 1200, 20, route="completions") + egress_stalls("completions", 60, 20)
+test("MetronomeGapSLOFastBurn: 20% of gaps stalled (burn rate 20) pages; 5% (burn rate 5) does not", s, [
     ("MetronomeGapSLOFastBurn", "2m", []),
-    ("MetronomeGapSLOFastBurn", "10m", [({"severity": "page", "route": "chat"},
+    ("MetronomeGapSLOFastBurn", "10m", [({"severity": "critical", "route": "chat"},
                                          ann("MetronomeGapSLOFastBurn", "20%", "vllm-a-0 (20%)", route="chat"))]),
 ])
-s = itl("llama", "egress", p5, 1200, 100, route="chat") + itl("llama", "egress", p05, 1200, 100, route="completions")
-test("MetronomeGapSLOSlowBurn: 5% of gaps over 200ms (burn rate 5) opens a ticket after an hour; 0.5% does not", s, [
+s = itl("llama", "egress", p5, 1200, 100, route="chat") + egress_stalls("chat", 60, 100) \
+    + itl("llama", "egress", p05, 1200, 100, route="completions") + egress_stalls("completions", 6, 100)
+test("MetronomeGapSLOSlowBurn: 5% of gaps stalled (burn rate 5) opens a ticket after an hour; 0.5% does not", s, [
     ("MetronomeGapSLOSlowBurn", "30m", []),
-    ("MetronomeGapSLOSlowBurn", "90m", [({"severity": "ticket", "route": "chat"},
+    ("MetronomeGapSLOSlowBurn", "90m", [({"severity": "warning", "route": "chat"},
                                          ann("MetronomeGapSLOSlowBurn", "5%", "vllm-a-0 (5%)", route="chat"))]),
     ("MetronomeGapSLOFastBurn", "90m", []),
+])
+
+# 11b. Batch hitches (info): most hitches shared with the batch, with hitches enough.
+def hitches(model, scope, per_min, steps=50):
+    return counter("metronome_hitches_total", {"pod": "vllm-a-0", "instance": "10.0.0.1:9464", "route": "chat", "model": model, "scope": scope}, per_min, steps)
+s = hitches("llama", "batch", 24, 50) + hitches("llama", "stream", 6, 50) \
+    + hitches("small", "batch", 6, 50) + hitches("small", "stream", 24, 50) \
+    + hitches("rare", "batch", 1, 50)
+test("MetronomeBatchHitches: 80% of hitches shared with the batch for 30m informs; 20%, or one hitch a minute, does not", s, [
+    ("MetronomeBatchHitches", "20m", []),
+    ("MetronomeBatchHitches", "48m", [({"severity": "info", "route": "chat", "model": "llama"},
+                                       ann("MetronomeBatchHitches", "80%", route="chat", model="llama"))]),
 ])
 
 # 12. Two deployments serving the same model in two namespaces do not merge: the slow one alerts
@@ -274,7 +306,7 @@ test("MetronomeGapSLOSlowBurn: 5% of gaps over 200ms (burn rate 5) opens a ticke
 s = itl("llama", "egress", p99_400, 1200, 20, namespace="team-a", instance="10.0.0.1:9464", pod="vllm-a-0") \
     + itl("llama", "egress", good, 1200, 20, namespace="team-b", instance="10.0.0.2:9464", pod="vllm-b-0")
 test("Two deployments of model llama: team-a's 400ms p99 fires for team-a only; team-b's fast stream is not averaged in", s, [
-    ("MetronomeITLP99High", "15m", [({"severity": "page", "route": "chat", "model": "llama", "point": "egress"},
+    ("MetronomeITLP99High", "15m", [({"severity": "critical", "route": "chat", "model": "llama", "point": "egress"},
                                      ann("MetronomeITLP99High", "400ms", "vllm-a-0 (400ms)", route="chat", model="llama"))]),
 ])
 rec = "route_model_point:metronome_inter_token_latency_seconds_count:rate5m"
@@ -294,9 +326,9 @@ s = itl("llama", "egress", p99_400, 1200, 20, namespace="team-a", instance="10.0
     + itl("llama", "egress", bad, 1200, 20, namespace="team-b", instance="10.0.0.2:9464", pod="vllm-b-0")
 test("Two deployments of model llama, both slow: one alert each, each naming its own pod", s, [
     ("MetronomeITLP99High", "15m", [
-        ({"severity": "page", "route": "chat", "model": "llama", "point": "egress"},
+        ({"severity": "critical", "route": "chat", "model": "llama", "point": "egress"},
          ann("MetronomeITLP99High", "400ms", "vllm-a-0 (400ms)", route="chat", model="llama")),
-        ({"severity": "page", "namespace": "team-b", "job": "team-b/vllm", "route": "chat", "model": "llama", "point": "egress"},
+        ({"severity": "critical", "namespace": "team-b", "job": "team-b/vllm", "route": "chat", "model": "llama", "point": "egress"},
          ann("MetronomeITLP99High", "440ms", "vllm-b-0 (440ms)", namespace="team-b", job="team-b/vllm", route="chat", model="llama")),
     ]),
 ])

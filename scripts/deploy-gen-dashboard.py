@@ -45,11 +45,19 @@ def row(title):
     layout["y"] += 1
 
 
+# Exemplars: metronome puts a stream ID on its latency buckets and its hitch and episode counters
+# (OpenMetrics or protobuf scrapes, Prometheus with --enable-feature=exemplar-storage). Every
+# query on those asks Grafana to show them: a point on the panel links to /streams/{id}.
+EXEMPLAR_METRICS = ("_seconds_bucket", "metronome_hitches_total", "metronome_batch_episodes_total")
+
+
 def target(expr, legend, ref, fmt=None):
     t = {"datasource": {"type": "prometheus", "uid": "${datasource}"}, "expr": expr,
          "legendFormat": legend, "refId": ref, "range": True}
     if fmt:
         t["format"] = fmt
+    if "metronome_" in expr and any(m in expr for m in EXEMPLAR_METRICS) and fmt != "heatmap":
+        t["exemplar"] = True
     return t
 
 
@@ -114,9 +122,10 @@ for point in ("ingress", "egress", "client"):
             f"Gaps between token events at {point}, per interval. A band at 0 is clumping (events in one frame)."
             + (" Client points come from clients that report them; empty otherwise." if point == "client" else ""),
             f'sum by (le) (increase({ITL}_bucket{{{SEL}, point="{point}"}}[{RI}]))', "s")
-timeseries("Gaps under 200 ms at egress (the SLO)",
-           "Share of inter-token gaps reaching clients in under 200 ms; the SLO alerts burn on 99%.",
-           [(f'sum by (route) (rate({ITL}_bucket{{{SEL}, point="egress", le="0.2"}}[{RI}])) / sum by (route) (rate({ITL}_count{{{SEL}, point="egress"}}[{RI}]))', "{{route}}")],
+timeseries("Gaps without a stall at egress (the SLO)",
+           "Share of inter-token gaps reaching clients that are not stalls (not longer than metering.stall_threshold, "
+           "200 ms by default); the SLO alerts burn on 99%.",
+           [(f'1 - sum by (route) (rate(metronome_stalls_total{{{SEL}, point="egress"}}[{RI}])) / sum by (route) (rate({ITL}_count{{{SEL}, point="egress"}}[{RI}]))', "{{route}}")],
            "percentunit", w=12, thresholds=[(0.99, "green")])
 timeseries("Per-stream jank ratio p50 and p90 by point",
            "One sample per stream with at least 8 gaps: how many streams are janky, not only how many gaps.",
@@ -194,6 +203,72 @@ timeseries("Stall length p50 and p99 by point", "How long each stall lasted.",
            [(quantile(0.99, "metronome_stall_duration_seconds", SEL, "point, "), "p99 {{point}}"),
             (quantile(0.5, "metronome_stall_duration_seconds", SEL, "point, "), "p50 {{point}}")],
            "s", w=8)
+
+# --- Batch -----------------------------------------------------------------------------------
+row("Batch: hitches shared by the engine's streams (scope batch) or one stream's own (scope stream); /episodes names them")
+timeseries("Hitches per second by scope",
+           "Hitches at ingress. scope=batch: much of the engine's batch was held at once (a prefill joining it); "
+           "scope=stream: this stream alone. An exemplar names a stream: /streams/{id} on the admin port.",
+           [(f"sum by (scope) (rate(metronome_hitches_total{{{SEL}}}[{RI}]))", "{{scope}}")], "ops", w=8, stack=True)
+timeseries("Share of hitches shared with the batch",
+           "Above one half for long: continuous batching, not single streams (the MetronomeBatchHitches info alert).",
+           [(f'sum by (route) (rate(metronome_hitches_total{{{SEL}, scope="batch"}}[{RI}])) / sum by (route) (rate(metronome_hitches_total{{{SEL}}}[{RI}]))', "{{route}}")],
+           "percentunit", w=8, thresholds=[(0.5, "orange")])
+timeseries("Batch episodes per second by upstream",
+           "Episodes in which much of an upstream's batch stalled together; /episodes lists each with the requests "
+           "that arrived just before it.",
+           [(f"sum by (upstream) (rate(metronome_batch_episodes_total{{{WHO}}}[{RI}]))", "{{upstream}}")], "ops", w=8)
+
+# --- Goodput ---------------------------------------------------------------------------------
+row("Goodput: streams meeting the objectives their requests carried (x-llm-d-slo-ttft-ms, x-llm-d-slo-tpot-ms)")
+timeseries("Goodput by objective",
+           "Share of streams with objectives that met them, judged at egress (all: every objective of the request).",
+           [(f'sum by (objective) (rate(metronome_slo_streams_total{{{SEL}, result="met"}}[{RI}])) / sum by (objective) (rate(metronome_slo_streams_total{{{SEL}}}[{RI}]))', "{{objective}}")],
+           "percentunit", w=12, thresholds=[(0.99, "green")])
+timeseries("Streams meeting and missing all objectives per second",
+           "Good streams per second (met), beside the ones that missed (a stream that did not complete misses).",
+           [(f'sum by (result) (rate(metronome_slo_streams_total{{{SEL}, objective="all"}}[{RI}]))', "{{result}}")],
+           "ops", w=12, stack=True)
+
+# --- Phases ----------------------------------------------------------------------------------
+row("Phases: reasoning, content (the answer) and tool_call; TTFO is the first answer token")
+TTFO = "metronome_time_to_first_output_token_seconds"
+timeseries("Phase: time to first output token beside time to first token (p50, p95, egress)",
+           "TTFT is the first token of any phase; TTFO the first of the answer (content). The gap between them is the "
+           "model thinking.",
+           [(quantile(0.95, TTFO, SEL + ', point="egress"', ""), "TTFO p95"),
+            (quantile(0.5, TTFO, SEL + ', point="egress"', ""), "TTFO p50"),
+            (quantile(0.95, "metronome_time_to_first_token_seconds", SEL + ', point="egress"', ""), "TTFT p95"),
+            (quantile(0.5, "metronome_time_to_first_token_seconds", SEL + ', point="egress"', ""), "TTFT p50")],
+           "s", w=12, log=True)
+timeseries("Phase: inter-token gap p50 and p99 by phase (egress)",
+           "The answer's cadence (content) is what a reader sees and what the ITL page watches; reasoning and "
+           "tool-call arguments may pause without anyone waiting on each token.",
+           [(quantile(0.99, ITL, SEL + ', point="egress"', "phase, "), "p99 {{phase}}"),
+            (quantile(0.5, ITL, SEL + ', point="egress"', "phase, "), "p50 {{phase}}")],
+           "s", w=12, log=True, thresholds=[(0.3, "red")])
+timeseries("Phase: stalls per second by phase",
+           "Gaps over the stall threshold, by the phase of the event that ended them.",
+           [(f"sum by (phase, point) (rate(metronome_stalls_total{{{SEL}}}[{RI}]))", "{{phase}} {{point}}")],
+           "ops", w=8)
+timeseries("Phase: reasoning duration p50 and p95",
+           "Per stream that reasoned: from its first reasoning token to its first answer token.",
+           [(quantile(0.95, "metronome_reasoning_duration_seconds", SEL + ', point="egress"', ""), "p95"),
+            (quantile(0.5, "metronome_reasoning_duration_seconds", SEL + ', point="egress"', ""), "p50")],
+           "s", w=8, log=True)
+timeseries("Phase: reasoning tokens per second by model",
+           "From the usage's reasoning-token counts (completion_tokens_details.reasoning_tokens and the like).",
+           [(f"sum by (model) (rate(metronome_reasoning_tokens_total{{{SEL}}}[{RI}]))", "{{model}}")],
+           "short", w=8)
+
+# --- WebSocket -------------------------------------------------------------------------------
+row("WebSocket: tunnels of the Responses API's WebSocket mode and the Realtime API")
+timeseries("WebSocket: tunnels open by route", "WebSocket connections metronome tunnels now.",
+           [(f"sum by (route) (metronome_websocket_connections_active{{{ROUTE}}})", "{{route}}")], "none", w=12)
+timeseries("WebSocket: tunnels closed per second by outcome",
+           "completed, client_closed, upstream_closed, idle_timeout, drained, upstream_refused, error.",
+           [(f"sum by (outcome) (rate(metronome_websocket_connections_total{{{ROUTE}}}[{RI}]))", "{{outcome}}")],
+           "ops", w=12, stack=True)
 
 # --- Latency ---------------------------------------------------------------------------------
 row("Latency: first token, per output token, and metronome's own delay")

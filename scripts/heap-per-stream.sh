@@ -5,7 +5,7 @@
 # pages an allocation touched, so the two differ: a buffer reserved but mostly unwritten is here
 # in full).
 #
-#   scripts/heap-per-stream.sh [BIN]      # default: target/release/metronome (built)
+#   scripts/heap-per-stream.sh [BIN]      # default: target/profiling/metronome (built)
 #   STREAMS=500 scripts/heap-per-stream.sh
 #   TLS=1 scripts/heap-per-stream.sh      # the listener terminates TLS (the probe agrees to
 #                                         # http/1.1 in ALPN); a CA and a leaf made with openssl
@@ -24,7 +24,7 @@ command -v valgrind >/dev/null 2>&1 || {
 }
 streams=${STREAMS:-300}
 bin=${1:-}
-[ -n "$bin" ] || { cargo build --release --quiet; bin=target/release/metronome; }
+[ -n "$bin" ] || { cargo build --profile profiling --quiet --bin metronome; bin=target/profiling/metronome; }
 
 . scripts/lib/loopback.sh
 

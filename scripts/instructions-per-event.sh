@@ -8,7 +8,7 @@
 # User space only (the kernel's share of a frame, the loopback TCP work, is the same for every
 # proxy and is not counted).
 #
-#   scripts/instructions-per-event.sh [BIN ...]        # default: target/release/metronome
+#   scripts/instructions-per-event.sh [BIN ...]        # default: target/profiling/metronome
 #   THREADING="per_core shared" scripts/instructions-per-event.sh   # server.threading values to
 #                                                                   # measure (default: per_core)
 #   CLIENTS="native hyper" scripts/instructions-per-event.sh        # server.upstream_client values
@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null 2>&1 || {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
 }
-[ $# -gt 0 ] || { cargo build --release --quiet; set -- target/release/metronome; }
+[ $# -gt 0 ] || { cargo build --profile profiling --quiet --bin metronome; set -- target/profiling/metronome; }
 
 . scripts/lib/loopback.sh
 

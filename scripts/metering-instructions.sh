@@ -21,7 +21,11 @@ trap 'rm -rf "$work"; git worktree prune' EXIT
 # Builds the metering bench in $1 and prints the instructions per frame of its measured loop.
 measure() {
   local tree=$1 bench
-  bench=$(cd "$tree" && cargo bench --bench metering --no-run --message-format=json 2>/dev/null \
+  # The profiling profile keeps line tables (release ships none); an older tree without it
+  # builds with its release settings, which then still had debug info.
+  local profile=()
+  grep -q '^\[profile.profiling\]' "$tree/Cargo.toml" && profile=(--profile profiling)
+  bench=$(cd "$tree" && cargo bench "${profile[@]}" --bench metering --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

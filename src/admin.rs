@@ -15,6 +15,8 @@
 //! answered.
 
 mod connection;
+mod gzip;
+pub mod query;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -148,14 +150,31 @@ async fn answer(
                 .get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok());
             let format = Format::from_accept(accept);
-            let mut response = text(StatusCode::OK, state.metrics().encode_as(format));
-            response.headers_mut().insert(
+            let body = state.metrics().encode_as(format);
+            let accept_encoding = request
+                .headers()
+                .get(header::ACCEPT_ENCODING)
+                .and_then(|v| v.to_str().ok());
+            let gzipped = gzip::accepts_gzip(accept_encoding)
+                .then(|| gzip::compress(body.as_ref()))
+                .flatten();
+            let gzip = gzipped.is_some();
+            let mut response = match gzipped {
+                Some(gz) => text(StatusCode::OK, gz),
+                None => text(StatusCode::OK, body),
+            };
+            let headers = response.headers_mut();
+            headers.insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static(format.content_type()),
             );
+            headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+            if gzip {
+                headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            }
             response
         }
-        "/streams" => json(StatusCode::OK, state.registry().list_json()),
+        "/streams" => streams(&*state, request.uri().query()),
         "/episodes" => json(StatusCode::OK, state.batch().episodes_json()),
         "/metronome-beacon.js" => {
             let mut response = text(StatusCode::OK, BEACON_MODULE);
@@ -182,6 +201,23 @@ async fn answer(
             "not found: try /metrics, /healthz, /readyz, /streams or /episodes\n",
         ),
     })
+}
+
+/// `/streams`, filtered by its query (`query::StreamQuery`); a bad parameter is a 400 naming it.
+fn streams(state: &dyn AdminView, query: Option<&str>) -> Response<Full<Bytes>> {
+    match query::StreamQuery::parse(query) {
+        Ok(q) => json(
+            StatusCode::OK,
+            state
+                .registry()
+                .list_json_where(|s| q.matches(s), q.limit.unwrap_or(usize::MAX)),
+        ),
+        Err(e) => json(
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({"error": {"type": "invalid_parameter", "parameter": e.parameter(), "message": e.to_string()}})
+                .to_string(),
+        ),
+    }
 }
 
 /// A stream's detail with its hitches marked (scope and episode; docs/batch.md) and its

@@ -88,6 +88,26 @@ impl ConfigError {
         ConfigError(problems.collect())
     }
 
+    /// Renames the problems of keys whose value came from a flag or an environment variable:
+    /// `METRONOME_ADMIN` when that variable holds the value, the flag otherwise.
+    fn named_by(self, overrides: &[(&str, &str, &str, &Option<String>)]) -> Self {
+        let problems = self.0.into_iter().map(|mut problem| {
+            let from = overrides
+                .iter()
+                .find(|(key, _, _, value)| *key == problem.key && value.is_some());
+            if let Some((_, flag, env, Some(value))) = from {
+                let from_env = std::env::var(env).is_ok_and(|v| &v == value);
+                problem.key = if from_env {
+                    env.to_string()
+                } else {
+                    flag.to_string()
+                };
+            }
+            problem
+        });
+        ConfigError(problems.collect())
+    }
+
     fn one(key: &str, reason: impl Into<String>) -> Self {
         ConfigError(vec![ConfigProblem {
             key: key.to_string(),
@@ -813,32 +833,59 @@ impl Config {
             }
             None => RawConfig::default(),
         };
-        if let Some(v) = &args.listen {
-            raw.server.listen = v.clone();
+        // Each override: the file's key, the flag, its environment variable, and the value.
+        let overrides = [
+            (
+                "server.listen",
+                "--listen",
+                "METRONOME_LISTEN",
+                &args.listen,
+            ),
+            (
+                "server.upstream",
+                "--upstream",
+                "METRONOME_UPSTREAM",
+                &args.upstream,
+            ),
+            ("server.admin", "--admin", "METRONOME_ADMIN", &args.admin),
+            (
+                "metering.stall_threshold",
+                "--stall-threshold",
+                "METRONOME_STALL_THRESHOLD",
+                &args.stall_threshold,
+            ),
+            (
+                "tls.cert",
+                "--tls-cert",
+                "METRONOME_TLS_CERT",
+                &args.tls_cert,
+            ),
+            ("tls.key", "--tls-key", "METRONOME_TLS_KEY", &args.tls_key),
+        ];
+        let fields = [
+            &mut raw.server.listen,
+            &mut raw.server.upstream,
+            &mut raw.server.admin,
+            &mut raw.metering.stall_threshold,
+            &mut raw.tls.cert,
+            &mut raw.tls.key,
+        ];
+        for (field, (_, _, _, value)) in fields.into_iter().zip(&overrides) {
+            if let Some(v) = value {
+                *field = v.clone();
+            }
         }
-        if let Some(v) = &args.upstream {
-            raw.server.upstream = v.clone();
-        }
-        if let Some(v) = &args.admin {
-            raw.server.admin = v.clone();
-        }
-        if let Some(v) = &args.stall_threshold {
-            raw.metering.stall_threshold = v.clone();
-        }
-        if let Some(v) = &args.tls_cert {
-            raw.tls.cert = v.clone();
-        }
-        if let Some(v) = &args.tls_key {
-            raw.tls.key = v.clone();
-        }
-        // A problem with a value from a flag is reported at the file's key only if the file
-        // wrote it; `located_in` names a line only for keys the text has.
         match validate(raw) {
             Ok(config) => Ok((config, text)),
-            Err(e) => Err(match &text {
-                Some(text) => e.located_in(text),
-                None => e,
-            }),
+            Err(e) => {
+                // A problem with a value from a flag or variable names where it came from, not
+                // a file key the file may not even have; the rest get their line in the file.
+                let e = e.named_by(&overrides);
+                Err(match &text {
+                    Some(text) => e.located_in(text),
+                    None => e,
+                })
+            }
         }
     }
 }

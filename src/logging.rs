@@ -7,7 +7,8 @@
 //! the stream ID response header, so a line can be joined with `/streams` and the client's logs.
 //!
 //! The access log (`--access-log`) is one line per request at its end, under the target
-//! `metronome::access`: route, status, duration, TTFT, stalls, outcome and stream ID. It never
+//! `metronome::access`: request ID, stream ID, method, path (no query), route, model, status,
+//! outcome, finish reason, duration and TTFT (whole milliseconds), output tokens and stalls. It never
 //! carries a header value, a body or a query string: the route is the configured route's name,
 //! not the request's path.
 
@@ -121,11 +122,47 @@ pub fn access_log_enabled() -> bool {
     ACCESS_LOG.load(Ordering::Relaxed)
 }
 
+/// The longest request path an access line carries; a longer one is cut (and marked `…`).
+const MAX_LOGGED_PATH: usize = 256;
+
+/// What the access log tells of a request itself, taken from its head before it moves on.
+#[derive(Debug, Clone, Default)]
+pub struct RequestLine {
+    /// Its method.
+    pub method: http::Method,
+    /// Its path, without the query (which may hold a key) and at most 256 characters.
+    pub path: String,
+    /// Its `x-request-id`, as bounded by the proxy.
+    pub request_id: Option<String>,
+}
+
+// === impl RequestLine ===
+
+impl RequestLine {
+    /// The line of a request with this method and target.
+    pub fn new(method: &http::Method, uri: &http::Uri, request_id: Option<String>) -> Self {
+        let full = uri.path();
+        let path = match full.char_indices().nth(MAX_LOGGED_PATH) {
+            Some((cut, _)) => format!("{}…", &full[..cut]),
+            None => full.to_string(),
+        };
+        RequestLine {
+            method: method.clone(),
+            path,
+            request_id,
+        }
+    }
+}
+
 /// One request, as its access log line tells it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct AccessRecord<'a> {
-    /// The configured route's name (never the request path, which may hold a query).
+    /// The request's method, path (no query) and `x-request-id`, when known.
+    pub line: Option<&'a RequestLine>,
+    /// The configured route's name.
     pub route: &'a str,
+    /// The stream's model label, for a metered stream.
+    pub model: Option<&'a str>,
     /// The HTTP status sent to the client.
     pub status: u16,
     /// From the request's arrival to its end.
@@ -142,6 +179,10 @@ pub struct AccessRecord<'a> {
     pub outcome: &'a str,
     /// The stream ID the response header carried, when the request became a metered stream.
     pub stream_id: Option<&'a str>,
+    /// Output tokens of a metered stream (the server's usage, or counted).
+    pub output_tokens: Option<u64>,
+    /// Why a metered stream ended, as the `finish_reason` label says it.
+    pub finish_reason: Option<&'a str>,
 }
 
 /// Writes the access log line of one request, when the access log is on.
@@ -154,18 +195,26 @@ pub fn access(record: &AccessRecord<'_>) {
 
 /// The line itself, whatever the switch says (the tests capture it).
 fn write_access(record: &AccessRecord<'_>) {
-    let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+    // Whole milliseconds: a log is read by people and grep, not measured from.
+    let ms = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let line = record.line;
     tracing::info!(
         target: ACCESS_TARGET,
+        request_id = line.and_then(|l| l.request_id.as_deref()),
         stream_id = record.stream_id,
+        method = line.map(|l| l.method.as_str()),
+        path = line.map(|l| l.path.as_str()),
         route = record.route,
+        model = record.model,
         status = record.status,
+        outcome = record.outcome,
+        finish_reason = record.finish_reason,
         duration_ms = ms(record.duration),
         ttft_ms = ms(record.ttft),
         ttfo_ms = ms(record.ttfo),
         reasoning_ms = ms(record.reasoning),
+        output_tokens = record.output_tokens,
         stalls = record.stalls,
-        outcome = record.outcome,
         "access"
     );
 }
@@ -205,17 +254,34 @@ mod tests {
     }
 
     fn record() -> AccessRecord<'static> {
+        static LINE: std::sync::OnceLock<RequestLine> = std::sync::OnceLock::new();
+        let line = LINE.get_or_init(|| {
+            let uri = http::Uri::from_static("/v1/chat/completions?api_key=secret");
+            RequestLine::new(&http::Method::POST, &uri, Some("req-7".into()))
+        });
         AccessRecord {
+            line: Some(line),
             route: "chat",
+            model: Some("llama"),
             status: 200,
-            duration: Some(Duration::from_millis(1500)),
-            ttft: Some(Duration::from_millis(120)),
-            ttfo: Some(Duration::from_millis(900)),
-            reasoning: Some(Duration::from_millis(750)),
+            duration: Some(Duration::from_micros(1_500_700)),
+            ttft: Some(Duration::from_micros(120_900)),
+            ttfo: Some(Duration::from_micros(900_400)),
+            reasoning: Some(Duration::from_micros(750_000)),
             stalls: 2,
             outcome: "complete",
             stream_id: Some("01JABCDEF"),
+            output_tokens: Some(57),
+            finish_reason: Some("stop"),
         }
+    }
+
+    #[test]
+    fn a_long_path_is_cut_and_the_query_left_out() {
+        let long = format!("/v1/{}?k=v", "é".repeat(300));
+        let line = RequestLine::new(&http::Method::GET, &long.parse().unwrap(), None);
+        assert_eq!(line.path.chars().count(), MAX_LOGGED_PATH + 1);
+        assert!(line.path.ends_with('…') && !line.path.contains('?'));
     }
 
     #[test]
@@ -253,12 +319,18 @@ mod tests {
         assert_eq!(line["stream_id"], "01JABCDEF");
         assert_eq!(line["route"], "chat");
         assert_eq!(line["status"], 200);
-        assert_eq!(line["duration_ms"], 1500.0);
-        assert_eq!(line["ttft_ms"], 120.0);
-        assert_eq!(line["ttfo_ms"], 900.0);
-        assert_eq!(line["reasoning_ms"], 750.0);
+        assert_eq!(line["duration_ms"], 1500, "whole milliseconds");
+        assert_eq!(line["ttft_ms"], 120);
+        assert_eq!(line["ttfo_ms"], 900);
+        assert_eq!(line["reasoning_ms"], 750);
         assert_eq!(line["stalls"], 2);
         assert_eq!(line["outcome"], "complete");
+        assert_eq!(line["request_id"], "req-7");
+        assert_eq!(line["method"], "POST");
+        assert_eq!(line["path"], "/v1/chat/completions", "no query");
+        assert_eq!(line["model"], "llama");
+        assert_eq!(line["output_tokens"], 57);
+        assert_eq!(line["finish_reason"], "stop");
         let mut keys: Vec<&str> = line
             .as_object()
             .unwrap()
@@ -270,10 +342,16 @@ mod tests {
             keys,
             [
                 "duration_ms",
+                "finish_reason",
                 "level",
                 "message",
+                "method",
+                "model",
                 "outcome",
+                "output_tokens",
+                "path",
                 "reasoning_ms",
+                "request_id",
                 "route",
                 "stalls",
                 "status",

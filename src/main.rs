@@ -4,9 +4,17 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// What `--version` prints: the crate's version and the commit it was built from (build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("METRONOME_BUILD_COMMIT"),
+    ")"
+);
+
 /// metronome: makes the stutter of streamed LLM output visible.
 #[derive(Parser, Debug)]
-#[command(name = "metronome", version, about, long_about = None)]
+#[command(name = "metronome", version = VERSION, about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -703,8 +703,16 @@ impl StreamRegistry {
 
     /// `/streams`: summaries, newest first.
     pub fn list_json(&self) -> String {
-        let finished: Vec<Arc<FinishedStream>> =
-            self.lock().finished.iter().rev().cloned().collect();
+        self.list_json_where(|_| true, usize::MAX)
+    }
+
+    /// `/streams?…`: the summaries of the streams `keep` accepts, newest first, at most `limit`.
+    pub fn list_json_where(&self, keep: impl Fn(&FinishedStream) -> bool, limit: usize) -> String {
+        let finished: Vec<Arc<FinishedStream>> = (self.lock().finished.iter().rev())
+            .filter(|s| keep(s))
+            .take(limit)
+            .cloned()
+            .collect();
         let summaries: Vec<Summary<'_>> = finished
             .iter()
             .map(|s| Summary {

@@ -133,7 +133,10 @@ fn environment_variables_override_the_file() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("server.upstream"));
+    // Named by the variable it came from, not by a file key the file does not have.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("METRONOME_UPSTREAM: "), "{stderr}");
+    assert!(!stderr.contains("server.upstream"), "{stderr}");
 }
 
 #[test]

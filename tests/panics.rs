@@ -101,6 +101,7 @@ async fn a_panicking_stream_task_does_not_take_down_other_streams() {
                 content_type: "text/event-stream".into(),
                 traceparent: None,
                 request_id: None,
+                line: Default::default(),
                 status: 200,
                 slo: None,
                 span: None,

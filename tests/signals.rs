@@ -299,3 +299,31 @@ async fn serve_runs_server_workers_event_loops_or_one_shared_pool_as_configured(
         assert_eq!(served.child.wait().unwrap().code(), Some(0), "{threading}");
     }
 }
+
+#[tokio::test]
+async fn a_drain_that_runs_out_of_grace_logs_how_many_streams_it_cut() {
+    // 40 tokens 100 ms apart: four seconds, against a grace of one.
+    let upstream = Upstream::openai_chat().tokens(40).every(ms(100));
+    let expected = upstream.expected_bytes();
+    let upstream = upstream.start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("metronome.toml");
+    write_config(&file, upstream.addr, "200ms");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        text.replace("drain_grace = \"5s\"", "drain_grace = \"1s\""),
+    )
+    .unwrap();
+    let served = Served::start(&file);
+    let proxy = served.proxy;
+
+    let in_flight = tokio::spawn(async move { stream_chat(proxy).await });
+    tokio::time::sleep(ms(300)).await;
+    served.signal(libc::SIGTERM);
+    let line = served.wait_for_log("drain grace over");
+    assert!(line.contains("cuts 1 streams"), "{line}");
+    assert_eq!(field(&line, "streams_cut="), "1", "{line}");
+    let got = in_flight.await.unwrap();
+    assert!(got.bytes().len() < expected.len(), "the stream was cut");
+}

@@ -12,11 +12,40 @@ use std::sync::Arc;
 /// Where a validator reports a problem: the dotted key and what is wrong.
 type Problem<'a> = dyn FnMut(&str, String) + 'a;
 
-/// A socket address, or a problem under `key`.
+/// A socket address (`0.0.0.0:8080`, `[::1]:9464`) or a host name and port (`localhost:9464`,
+/// resolved once, IPv4 first), or a problem under `key`.
 fn address(key: &str, text: &str, problem: &mut Problem<'_>) -> Option<SocketAddr> {
-    text.parse::<SocketAddr>()
-        .map_err(|_| problem(key, format!("`{text}` is not an address like 0.0.0.0:8080")))
-        .ok()
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Some(addr);
+    }
+    let host_and_port = text
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !host_and_port {
+        problem(
+            key,
+            format!("`{text}` is not an address like 0.0.0.0:8080 or localhost:9464"),
+        );
+        return None;
+    }
+    match std::net::ToSocketAddrs::to_socket_addrs(text) {
+        Ok(addrs) => {
+            let addrs: Vec<SocketAddr> = addrs.collect();
+            let first = addrs
+                .iter()
+                .find(|a| a.is_ipv4())
+                .or(addrs.first())
+                .copied();
+            if first.is_none() {
+                problem(key, format!("`{text}` resolves to no address"));
+            }
+            first
+        }
+        Err(e) => {
+            problem(key, format!("cannot resolve `{text}`: {e}"));
+            None
+        }
+    }
 }
 
 /// A duration longer than zero and at most a year, or a problem under `key`.

@@ -817,6 +817,8 @@ pub struct StreamInfo {
     pub traceparent: Option<String>,
     /// The request's `x-request-id`, if any (bounded).
     pub request_id: Option<String>,
+    /// The request's method, path (no query) and ID, for the access log.
+    pub line: crate::logging::RequestLine,
     /// The response status sent to the client (for the access log).
     pub status: u16,
     /// The latency objectives the request carried (`x-llm-d-slo-*`), judged at the stream's end.
@@ -1113,7 +1115,7 @@ impl StreamLedger {
             .unwrap_or(Format::Unknown);
         let finish = ingress_ledger.as_ref().and_then(|l| l.finish);
         let finished = self.finished(ingress_ledger, ending.model.clone(), outcome);
-        self.log(&finished, format);
+        self.log(&finished, format, outcome.finish_label(finish));
         self.registry.finished(finished);
         drop(self.in_flight.take());
 
@@ -1176,8 +1178,19 @@ impl StreamLedger {
         }
     }
 
-    /// The debug event and the access-log line of a recorded stream.
-    fn log(&self, finished: &FinishedStream, format: Format) {
+    /// The debug event and the access-log line of a recorded stream, and a warning naming both
+    /// IDs when the upstream failed it mid-stream (a reset, a malformed chunk, an error event).
+    fn log(&self, finished: &FinishedStream, format: Format, finish_reason: &str) {
+        if finished.outcome == Outcome::UpstreamError.as_str() {
+            tracing::warn!(
+                stream_id = &*finished.id,
+                request_id = finished.request_id.as_deref(),
+                route = &*finished.route,
+                model = &*finished.model,
+                output_tokens = finished.output_tokens,
+                "the upstream failed mid-stream (reset or malformed); the client's stream was cut"
+            );
+        }
         tracing::debug!(
             stream_id = &*finished.id,
             route = &*finished.route,
@@ -1189,7 +1202,9 @@ impl StreamLedger {
             "stream recorded"
         );
         crate::logging::access(&crate::logging::AccessRecord {
+            line: Some(&self.info.line),
             route: &finished.route,
+            model: Some(&finished.model),
             status: self.info.status,
             duration: Some(Duration::from_micros(finished.duration_us)),
             ttft: finished.ttft_us.egress.map(Duration::from_micros),
@@ -1198,6 +1213,8 @@ impl StreamLedger {
             stalls: finished.stalls.egress,
             outcome: finished.outcome,
             stream_id: Some(&finished.id),
+            output_tokens: Some(finished.output_tokens),
+            finish_reason: Some(finish_reason),
         });
     }
 }

@@ -72,6 +72,7 @@ impl IngressMeter {
     ) -> EventMeaning {
         let mut sink = IngressSink {
             accounting: &mut self.accounting,
+            think: &mut self.think,
             ledger: &mut self.ledger,
             metrics,
             counts: *counts,

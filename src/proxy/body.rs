@@ -89,6 +89,8 @@ struct DurationRecorder {
     route: Arc<str>,
     received: Instant,
     status: u16,
+    /// The request's method, path and ID, for the access log.
+    line: crate::logging::RequestLine,
     /// How the body ended, as the access log says it: `client_cancelled` until the upstream's
     /// body ends (`complete`) or fails (`upstream_error`).
     outcome: &'static str,
@@ -102,15 +104,12 @@ impl Drop for DurationRecorder {
             .request_duration
             .observe(&[&self.route], duration.as_secs_f64());
         crate::logging::access(&crate::logging::AccessRecord {
+            line: Some(&self.line),
             route: &self.route,
             status: self.status,
             duration: Some(duration),
-            ttft: None,
-            ttfo: None,
-            reasoning: None,
-            stalls: 0,
             outcome: self.outcome,
-            stream_id: None,
+            ..Default::default()
         });
     }
 }
@@ -137,6 +136,7 @@ impl<B> TimedBody<B> {
         route: Arc<str>,
         received: Instant,
         status: http::StatusCode,
+        line: crate::logging::RequestLine,
         in_flight: tokio::sync::OwnedSemaphorePermit,
     ) -> Self {
         TimedBody {
@@ -146,6 +146,7 @@ impl<B> TimedBody<B> {
                 route,
                 received,
                 status: status.as_u16(),
+                line,
                 outcome: "client_cancelled",
                 _in_flight: in_flight,
             }),

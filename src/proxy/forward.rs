@@ -170,6 +170,8 @@ async fn forward(
         .filter(|n| *n == 1)
         .and_then(|_| bounded_header(request.headers(), "traceparent"));
     let request_id = bounded_header(request.headers(), "x-request-id");
+    let line =
+        crate::logging::RequestLine::new(request.method(), request.uri(), request_id.clone());
     let slo = crate::slo::StreamSlo::from_headers(request.headers());
     // Known before the request moves on; with the response's framing it hints at the API.
     let path_format = Format::from_path(request.uri().path());
@@ -232,6 +234,7 @@ async fn forward(
             route.name.clone(),
             received,
             parts.status,
+            line,
             permit,
         );
         return Ok(Response::from_parts(
@@ -264,6 +267,7 @@ async fn forward(
         content_type,
         traceparent,
         request_id,
+        line,
         status: parts.status.as_u16(),
         slo,
         span,

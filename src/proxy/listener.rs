@@ -192,7 +192,15 @@ pub async fn serve(
     };
     tokio::select! {
         _ = drained => tracing::debug!("all connections drained"),
-        _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "drain grace over; closing the remaining connections"),
+        _ = tokio::time::sleep(grace) => {
+            let (streams, requests) = cut_by_drain(&state);
+            tracing::warn!(
+                ?grace,
+                streams_cut = streams,
+                requests_cut = requests,
+                "drain grace over; closing the remaining connections cuts {streams} streams ({requests} requests in flight on every worker)"
+            );
+        }
     }
     // WebSocket tunnels get a `1001` close frame to both ends rather than a cut.
     tunnels.close_all(TUNNEL_CLOSE_WITHIN).await;
@@ -200,6 +208,19 @@ pub async fn serve(
 
 /// How long the tunnels still open after the drain grace may take to send their close frames.
 const TUNNEL_CLOSE_WITHIN: Duration = Duration::from_secs(2);
+
+/// What the end of the drain cuts: metered streams still open (`metronome_streams_active`,
+/// summed over routes) and requests in flight (`limits.max_requests` less the free places).
+fn cut_by_drain(state: &ProxyState) -> (i64, usize) {
+    use prometheus::core::Collector;
+    let streams = (state.metrics.streams_active.collect().iter())
+        .flat_map(|family| family.get_metric())
+        .map(|m| m.get_gauge().get_value() as i64)
+        .sum();
+    let limit = state.config.limits.max_requests;
+    let requests = limit.saturating_sub(state.requests_in_flight.available_permits());
+    (streams, requests)
+}
 
 /// One request's handling, from its head to its response head (see `Builders::spawn`).
 type RequestFuture =

@@ -343,13 +343,8 @@ impl ProxyState {
         crate::logging::access(&crate::logging::AccessRecord {
             route,
             status: status.as_u16(),
-            duration: None,
-            ttft: None,
-            ttfo: None,
-            reasoning: None,
-            stalls: 0,
             outcome: kind,
-            stream_id: None,
+            ..Default::default()
         });
         let body = serde_json::json!({ "error": { "type": kind, "message": message } });
         let mut response = Response::new(ProxyBody::local(body.to_string()));
@@ -425,8 +420,18 @@ fn bind_proxy_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListene
 impl ProxyHandle {
     /// Binds both listeners of `config` and starts serving.
     pub async fn start(config: Config) -> std::io::Result<Self> {
-        let proxy_listener = bind_proxy_listener(config.server.listen)?;
-        let admin_listener = TcpListener::bind(config.server.admin).await?;
+        // "Address in use" alone does not say which of the two: the error names the listener.
+        fn named(
+            what: &'static str,
+            addr: std::net::SocketAddr,
+        ) -> impl FnOnce(std::io::Error) -> std::io::Error {
+            move |e| std::io::Error::new(e.kind(), format!("the {what} {addr}: {e}"))
+        }
+        let (listen, admin) = (config.server.listen, config.server.admin);
+        let proxy_listener =
+            bind_proxy_listener(listen).map_err(named("proxy listener (server.listen)", listen))?;
+        let admin_listener = (TcpListener::bind(admin).await)
+            .map_err(named("admin listener (server.admin)", admin))?;
         let state = Arc::new(ProxyState::new(config).map_err(std::io::Error::other)?);
         Self::serve(proxy_listener, admin_listener, state)
     }

@@ -41,7 +41,6 @@ pub fn main(args: ServeArgs) -> ExitCode {
 
 /// Starts the listeners of `config` with the signal handlers already in place, then [`run`]s.
 async fn serve(config: Config, args: ServeArgs) -> ExitCode {
-    let (listen, admin) = (config.server.listen, config.server.admin);
     // Signal handlers go in before the listeners answer: a SIGTERM or SIGHUP that comes right
     // after start must drain or reload, not kill the process with the default action.
     let terminated = termination();
@@ -51,7 +50,7 @@ async fn serve(config: Config, args: ServeArgs) -> ExitCode {
     let handle = match ProxyHandle::start(config).await {
         Ok(handle) => handle,
         Err(e) => {
-            eprintln!("error: cannot start listening on {listen} and {admin}: {e}");
+            eprintln!("error: cannot start listening: {e}");
             return ExitCode::FAILURE;
         }
     };

@@ -92,6 +92,10 @@ pub struct Setup {
     pub traceparent: Option<String>,
     /// The upgrade's `x-request-id`, kept with every stream of the socket.
     pub request_id: Option<String>,
+    /// The upgrade's method, path and request ID, for every stream's access log line.
+    pub line: crate::logging::RequestLine,
+    /// The route's `<think>` tags, for content that carries the thinking inline.
+    pub think: crate::format::ThinkSettings,
 }
 
 /// The frames of both directions read as they pass, and the streams they make.
@@ -282,6 +286,7 @@ impl Streams {
             content_type: "websocket".into(),
             traceparent: self.setup.traceparent.clone(),
             request_id: self.setup.request_id.clone(),
+            line: self.setup.line.clone(),
             status: 101,
             slo: None,
             span: None,
@@ -290,6 +295,7 @@ impl Streams {
         let meter = IngressMeter::new(
             Scanner::new(Framing::Opaque, 0),
             Accounting::for_format(self.api.format()),
+            crate::format::ThinkState::new(&self.setup.think),
             received,
             ledger.max_frames(),
         );
@@ -411,6 +417,7 @@ impl Streams {
                 ingress: at,
                 events: counts.events,
                 token_events: counts.token_events,
+                mix: counts.mix,
                 seq: counts.seq,
             });
         }

@@ -110,6 +110,11 @@ pub async fn open(
     let body_limit = state.config.limits.max_request_body_bytes;
     let extended_connect = request.method() == http::Method::CONNECT;
     let path = request.uri().path().to_string();
+    let line = crate::logging::RequestLine::new(
+        request.method(),
+        request.uri(),
+        upgrade.request_id.clone(),
+    );
     let upstream_request = match handshake::upstream_request(request, &route.upstream, &peer) {
         Ok(r) => r,
         Err(refusal) => return refusal.answer(state, route),
@@ -149,6 +154,7 @@ pub async fn open(
             route.name.clone(),
             received,
             parts.status,
+            line,
             permit,
         );
         let body = ProxyBody::Passthrough {
@@ -183,6 +189,8 @@ pub async fn open(
         first_id,
         traceparent: upgrade.traceparent,
         request_id: upgrade.request_id,
+        line,
+        think: route.think.clone(),
     };
     let route_name = route.name.clone();
     let state = state.clone();
