@@ -203,6 +203,30 @@ fn demo_runs_and_reports_both_views() {
     assert!(stdout.contains("What the client saw (probe)"), "{stdout}");
     assert!(stdout.contains("What metronome saw"), "{stdout}");
     assert!(stdout.contains("streams        4 in"), "{stdout}");
+    // A reasoning model: the first report shows TTFT (the first thought) beside TTFO (the
+    // answer, after a 100 ms think pause), from the probe and from metronome.
+    let ms_after = |key: &str| -> f64 {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no {key} line: {stdout}"));
+        let p50 = line.split("p50 ").nth(1).unwrap_or_default();
+        let digits: String = p50
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        let value: f64 = digits.parse().unwrap_or_else(|_| panic!("{line}"));
+        if p50[digits.len()..].starts_with("ms") {
+            value
+        } else {
+            value * 1e3
+        }
+    };
+    assert!(
+        ms_after("TTFO") >= ms_after("TTFT") + 90.0,
+        "TTFO after the think pause: {stdout}"
+    );
+    assert!(stdout.contains("TTFO p50"), "metronome's view: {stdout}");
     let complete = stdout
         .lines()
         .find(|l| l.trim_start().starts_with("streams complete"))
