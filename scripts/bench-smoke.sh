@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # CI smoke of the proxy benchmark: 50 streams for 10 s through direct and metronome; checks that the
 # harness works (the machine's wake-up lateness measured before each run included) and that no
-# stream fails. Then a short scripts/tail-split.sh run, which must join every stream with its
-# timeline, print the gaps at each point and count the episodes of late gaps from the gap CSV.
+# stream fails. The same run takes a tiny c1 leg (10 streams of 16 frames per path) and sweep (1 and
+# 8 streams at once, 1 s), which must complete every stream on kept connections (about 25 s with
+# compiling scripts/lib/streambench.rs); that program's unit tests and the legs' arithmetic are
+# checked on known inputs below. Then a short scripts/tail-split.sh run, which must join every
+# stream with its timeline, print the gaps at each point and count the episodes of late gaps from
+# the gap CSV.
 # The figures are not checked (too noisy for CI); the scripts' arithmetic is, on known inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,7 +76,39 @@ old = bench.summarize([result("metronome", 0, cpu_s=11, rss0_kib=1000, rss_stead
 assert old["cpu_user_per_m"] is None and old["probe_sleeps_per_event"] is None, old
 assert old["ipis_per_event"] == {} and "| 11.00 |" in bench.table([old]), bench.table([old])
 print("bench.py's CPU split, sleeps and IPIs per event give the known answers")
+
+# The c1 and sweep legs' arithmetic (scripts/bench_stream.py): the board's percentile rule, added
+# latency per percentile against direct, and stall-free streams.
+import bench_stream as bs
+assert bs.board_pct(list(range(1, 101)), 0.5) == 51 and bs.board_pct(list(range(1, 101)), 0.99) == 100
+assert bs.board_pct([7], 0.99) == 7 and bs.board_pct([], 0.5) is None
+def stream(path, ttft_us, gaps_us, **extra):
+    s = {"path": path, "status": 200, "content": len(gaps_us) + 1, "done": True,
+         "ttft_ns": ttft_us * 1000, "gaps_ns": [g * 1000 for g in gaps_us],
+         "max_gap_ns": max(gaps_us, default=0) * 1000}
+    s.update(extra)
+    return s
+streams = [stream("direct", 100 + k, [20_000, 20_010]) for k in range(100)] + \
+          [stream("nginx", 300 + 2 * k, [20_000, 20_050]) for k in range(100)] + \
+          [stream("nginx", 1, [1], status=502)]
+rows = {r["path"]: r for r in bs.c1_summary(streams, ["direct", "nginx"], 3)}
+assert (rows["direct"]["ttft_p50"], rows["direct"]["ttft_p99"]) == (150, 199), rows
+assert (rows["nginx"]["added_ttft_p50"], rows["nginx"]["added_ttft_p99"]) == (250, 299), rows
+assert (rows["nginx"]["added_gap_p50"], rows["nginx"]["added_gap_p99"]) == (40, 40), rows
+assert (rows["nginx"]["streams"], rows["nginx"]["failed"]) == (101, 1), rows
+cell = bs.sweep_cell([stream("m", 10, [20_000, 250_000]), stream("m", 30, [20_000, 20_000]),
+                      stream("m", 20, [20_000, 20_000], done=False)], 3, 200_000)
+assert (cell["streams"], cell["failed"], cell["stall_free"], cell["ttft_p50_us"]) == (3, 1, 1, 30), cell
+assert bs.highest_clean_level([{"level": 1, "streams": 1, "stall_free": 1},
+                               {"level": 2, "streams": 2, "stall_free": 2},
+                               {"level": 4, "streams": 4, "stall_free": 3}]) == 2
+print("bench_stream.py's percentiles, added latency and stall-free streams give the known answers")
 PY
+
+tests=$(mktemp)
+rustc --edition 2021 --test scripts/lib/streambench.rs -o "$tests"
+"$tests" -q
+rm -f "$tests"
 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

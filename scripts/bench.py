@@ -22,8 +22,15 @@ over the streams in flight), errors; for metronome also its own proxy delay (egr
 from its histogram. Then the saturation figure: metronome on one core (taskset, so one worker) and
 nginx alike, sim and probe on the other, the event rate raised until p99 inflation reaches 1 ms.
 
+Two more legs measure as the onthebench.ai gateway board's stream suite does (scripts/bench_stream.py):
+c1, metronome and nginx beside direct at one stream at a time (added TTFT and added gap, p50 and
+p99), and sweep, TTFT p50 and stall-free streams from 1 to 1,024 streams at once. A run with no
+option that shapes the legs above runs all five legs; `--only c1,sweep` (or any subset of
+levels, hold, saturation, c1, sweep) runs those alone.
+
 Every process is started in its own session and killed on exit. Everything is on 127.0.0.1.
-Run through scripts/bench.sh, which builds the release binary and installs nginx and HAProxy.
+Run through scripts/bench.sh, which builds the release binary (or takes METRONOME_BIN) and installs
+nginx and HAProxy.
 """
 
 import argparse
@@ -47,7 +54,8 @@ from pathlib import Path
 import hiccups
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = ROOT / "target" / "release" / "metronome"
+# METRONOME_BIN: a binary built elsewhere (scripts/bench.sh then builds nothing).
+BIN = Path(os.environ.get("METRONOME_BIN") or ROOT / "target" / "release" / "metronome")
 PATHS = ["direct", "metronome", "nginx", "haproxy", "passthrough"]
 # With --baseline BIN: metronome as another build (say, before a change), metering on.
 BASELINE = "metronome-before"
@@ -67,6 +75,14 @@ PROXY_CPU, GENERATOR_CPU = "0", "1"
 PROXIES = [p for p in PATHS if p != "direct"]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+# The legs of a run; c1 and sweep are scripts/bench_stream.py's.
+LEGS = ["levels", "hold", "saturation", "c1", "sweep"]
+# Options that shape the first three legs: a run given one leaves c1 and sweep out.
+CLASSIC_SHAPERS = {"--levels", "--repeats", "--large-repeats", "--duration", "--no-saturation",
+                   "--saturation-only", "--hold", "--sat-rates", "--pin"}
+# The paths of the c1 and sweep legs by default, and the others they can run.
+BOARD_PATHS = ["direct", "metronome", "nginx"]
+BOARD_EXTRA = ["passthrough", "haproxy", BASELINE]
 MARK_BEGIN = "<!-- scripts/bench.sh: begin -->"
 MARK_END = "<!-- scripts/bench.sh: end -->"
 
@@ -282,9 +298,22 @@ class Ports:
         self.sat_nginx = base + 17
         self.nobatch, self.nobatch_admin = base + 18, base + 19
         self.otlp, self.otlp_admin, self.otlp_receiver = base + 20, base + 21, base + 22
+        # The c1 and sweep legs (scripts/bench_stream.py): their mock and their paths.
+        self.stream_mock, self.stream_nginx, self.stream_haproxy = base + 23, base + 24, base + 25
+        self.stream_metronome, self.stream_metronome_admin = base + 26, base + 27
+        self.stream_passthrough, self.stream_passthrough_admin = base + 28, base + 29
+        self.stream_baseline, self.stream_baseline_admin = base + 30, base + 31
 
     def all(self):
-        return list(range(self.sim, self.otlp_receiver + 1))
+        return list(range(self.sim, self.stream_baseline_admin + 1))
+
+    def stream_of(self, path):
+        """(listen, admin) of a metronome path of the c1 and sweep legs."""
+        return {
+            "metronome": (self.stream_metronome, self.stream_metronome_admin),
+            "passthrough": (self.stream_passthrough, self.stream_passthrough_admin),
+            BASELINE: (self.stream_baseline, self.stream_baseline_admin),
+        }[path]
 
     def of(self, path):
         """(listen, admin) of a metronome path."""
@@ -1087,13 +1116,38 @@ def parse_args(argv):
     ap.add_argument("--combine", action="append", default=[], metavar="DIR",
                     help="add the results of an earlier run's work directory (levels not run now, "
                          "and its hold and saturation runs if not run now) to the report")
+    ap.add_argument("--only", default=None, metavar="LEGS",
+                    help="run these legs alone: any of " + ",".join(LEGS) + " (default: all of "
+                         "them, or without c1 and sweep when an option shapes the others)")
+    ap.add_argument("--c1-streams", type=int, default=500,
+                    help="c1 leg: streams per path, counted after the warm-up")
+    ap.add_argument("--c1-warmup", type=int, default=10,
+                    help="c1 leg: rounds (one stream per path) run first and not counted")
+    ap.add_argument("--sweep-levels", default=",".join(str(2 ** k) for k in range(11)),
+                    help="sweep leg: streams at once, one run per level and path")
+    ap.add_argument("--sweep-duration", type=float, default=10,
+                    help="sweep leg: seconds each connection runs streams back to back")
+    ap.add_argument("--stream-events", type=int, default=64,
+                    help="c1 and sweep legs: content frames per stream")
+    ap.add_argument("--stream-gap", default="20ms", help="c1 and sweep legs: the mock's gap")
+    ap.add_argument("--stall-threshold", default="200ms",
+                    help="sweep leg: a gap over this is a stall (the board's 10x the gap)")
+    ap.add_argument("--board-paths", default=None,
+                    help="paths of the c1 and sweep legs (default direct,metronome,nginx, plus "
+                         f"{BASELINE} with --baseline; also passthrough, haproxy)")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.legs = legs_to_run(args, argv)
     if args.smoke:
         args.levels, args.paths, args.repeats = "50", "direct,metronome", 1
         args.duration, args.tokens = 10, 40
         args.no_saturation, args.no_write, args.hold = True, True, 0
         args.wake_sleeps = min(args.wake_sleeps, 200)
+        # A tiny c1 and sweep: the harness works and every stream completes on a kept connection.
+        args.legs = ["levels", "c1", "sweep"]
+        args.c1_streams, args.c1_warmup, args.stream_events = 10, 2, 16
+        args.sweep_levels, args.sweep_duration = "1,8", 1
+        args.board_paths = "direct,metronome"
     args.metronome_env = dict(kv.split("=", 1) for kv in args.metronome_env)
     args.levels = [int(x) for x in args.levels.split(",") if x]
     args.paths = [p for p in args.paths.split(",") if p]
@@ -1105,6 +1159,16 @@ def parse_args(argv):
             ap.error(f"--baseline {args.baseline} does not exist")
         args.paths.insert(args.paths.index("metronome") + 1 if "metronome" in args.paths
                           else len(args.paths), BASELINE)
+    args.sweep_levels = [int(x) for x in str(args.sweep_levels).split(",") if x]
+    board = args.board_paths or ",".join(BOARD_PATHS + ([BASELINE] if args.baseline else []))
+    args.board_paths = [p for p in board.split(",") if p]
+    for p in args.board_paths:
+        if p not in BOARD_PATHS + BOARD_EXTRA:
+            ap.error(f"unknown --board-paths path {p}")
+    if args.baseline is None and BASELINE in args.board_paths:
+        ap.error(f"--board-paths {BASELINE} needs --baseline BIN")
+    args.stream_gap_s = parse_duration(args.stream_gap)
+    args.stall_threshold_s = parse_duration(args.stall_threshold)
     args.sat_rates = [int(x) for x in args.sat_rates.split(",") if x]
     args.gap_s = parse_duration(args.gap)
     args.ttft_s = parse_duration(args.ttft)
@@ -1112,6 +1176,26 @@ def parse_args(argv):
     if args.work is None:
         args.work = tempfile.mkdtemp(prefix="metronome-bench-")
     return args
+
+
+def legs_to_run(args, argv):
+    """The legs of this run: --only's, else every leg, but only the first three when an option
+    shapes them (a run measuring one level should not also take the c1 leg's half hour)."""
+    if args.only:
+        legs = [leg for leg in args.only.split(",") if leg]
+        unknown = [leg for leg in legs if leg not in LEGS]
+        if unknown:
+            raise SystemExit(f"--only: unknown leg {', '.join(unknown)} (legs: {', '.join(LEGS)})")
+        return legs
+    targeted = any(a.split("=")[0] in CLASSIC_SHAPERS for a in argv)
+    legs = ["levels", "hold", "saturation"] + ([] if targeted else ["c1", "sweep"])
+    if args.saturation_only:
+        legs = [leg for leg in legs if leg in ("hold", "saturation")]
+    if args.no_saturation:
+        legs = [leg for leg in legs if leg != "saturation"]
+    if not args.hold:
+        legs = [leg for leg in legs if leg != "hold"]
+    return legs
 
 
 def parse_duration(text):
@@ -1165,18 +1249,22 @@ def main(argv):
     log(f"work directory {bench.work}; open-file limit {bench.nofile}; load {load_start}")
     rows, steps, held = [], [], None
     results = []
+    stream_text, stream_problems = None, []
     try:
-        if not args.saturation_only:
+        if "levels" in args.legs:
             bench.sim = bench.start_sim(bench.ports.sim, args.gap,
                                         cpus=GENERATOR_CPU if args.pin else None)
             results = bench.run_levels()
             bench.procs.stop(bench.sim)
             (bench.work / "results.json").write_text(json.dumps(results, indent=1))
-        if args.hold:
+        if "hold" in args.legs:
             held = bench.hold()
-        if not args.no_saturation:
+        if "saturation" in args.legs:
             steps = bench.saturation()
             (bench.work / "saturation.json").write_text(json.dumps(steps, indent=1))
+        if "c1" in args.legs or "sweep" in args.legs:
+            import bench_stream  # imports this file as `bench`: only when these legs run
+            stream_text, stream_problems = bench_stream.run(bench, args.legs)
     finally:
         bench.procs.stop_all()
     load_end = loadavg()
@@ -1245,12 +1333,24 @@ def main(argv):
             out.append(f"nginx on the same core at the same step: {fig['nginx_cost_us']:.1f} µs per "
                        f"event, about **{fig['nginx_per_core']:,.0f} events/s** per full core.")
     report = "\n".join(out)
-    print(report)
-    (bench.work / "report.md").write_text(report + "\n")
-    if (args.write or not args.no_write) and not args.smoke:
+    classic = bool(rows or held or steps)
+    if classic or not stream_text:
+        print(report)
+        (bench.work / "report.md").write_text(report + "\n")
+    if classic and (args.write or not args.no_write) and not args.smoke:
         write_benchmarks(report)
         log("BENCHMARKS.md updated")
+    if stream_text:
+        stream_report = "\n".join(out[:2]) + "\n\n" + stream_text
+        print(("\n" if classic else "") + stream_report)
+        (bench.work / "stream-report.md").write_text(stream_report + "\n")
+        # A shortened run prints its figures but leaves BENCHMARKS.md's full-run block alone.
+        if not args.smoke and not args.no_write and (args.write or bench_stream.full_run(args)):
+            bench_stream.write_benchmarks(stream_report)
+            log("BENCHMARKS.md updated (c1 and sweep block)")
     failures = [r for r in rows if r["errors"]]
+    for problem in stream_problems:
+        log(problem)
     if args.smoke:
         for r in rows:
             log(f"smoke {r['path']}: {r['requests']} streams, {r['token_events']} token events, "
@@ -1263,7 +1363,8 @@ def main(argv):
         unmeasured = unmeasured or any(
             r["path"] != "direct" and not (0 < r.get("cpu_user_per_m", 0) <= r.get("cpu_per_m", 0))
             for r in rows)
-        if failures or not rows or any(r["token_events"] == 0 for r in rows) or unmeasured:
+        if (failures or not rows or any(r["token_events"] == 0 for r in rows) or unmeasured
+                or stream_problems or not stream_text):
             log("smoke FAILED")
             return 1
         log("smoke passed")

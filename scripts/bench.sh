@@ -5,17 +5,29 @@
 #
 #   scripts/bench.sh                         # the full run (about 40 minutes on 2 cores)
 #   scripts/bench.sh --levels 1000 --repeats 1 --no-saturation
-#   scripts/bench.sh --smoke                 # CI: 50 streams for 10 s, direct and metronome only
+#   scripts/bench.sh --smoke                 # CI: 50 streams for 10 s, a tiny c1 and sweep,
+#                                            # direct and metronome only
 #
-# Everything runs on 127.0.0.1; every process it starts is killed on exit. See scripts/bench.py
-# --help for every option.
+# Two more legs measure metronome beside nginx the way the onthebench.ai gateway board does
+# (scripts/bench_stream.py): c1, 500 streams per path one at a time on warm keep-alive
+# connections, paths alternated stream by stream (added TTFT and added gap, p50 and p99); sweep,
+# 1 to 1,024 streams at once (TTFT p50 and stall-free streams). A run without options runs every
+# leg; an option shaping the first legs (--levels, --no-saturation, ...) leaves these two out.
+#
+#   scripts/bench.sh --only c1,sweep                        # both, full size (about 40 minutes)
+#   scripts/bench.sh --only c1 --c1-streams 50              # about 4 minutes
+#   scripts/bench.sh --only sweep --sweep-levels 1,16,256 --sweep-duration 3
+#
+# METRONOME_BIN=PATH uses that binary and builds nothing. Everything runs on 127.0.0.1; every
+# process it starts is killed on exit. See scripts/bench.py --help for every option.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 smoke=false
 for arg in "$@"; do [ "$arg" = "--smoke" ] && smoke=true; done
 
-cargo build --release --quiet
+# A release build is fat-LTO and slow: METRONOME_BIN names one built before.
+[ -n "${METRONOME_BIN:-}" ] || cargo build --release --quiet
 
 if ! $smoke; then
   missing=()
