@@ -64,8 +64,10 @@ static GLOBAL: Counting = Counting;
 const WARM_UP: usize = 20;
 /// Frames counted: enough that a cost per frame stands far above the few growths allowed (the
 /// native buckets' maps grow as gaps land in buckets not seen before, bounded by
-/// `metrics.native.max_buckets`, and a machine's jitter spreads them: 20 to 40 growths here).
-const COUNTED: usize = 800;
+/// `metrics.native.max_buckets`, and a machine's jitter spreads them: 20 to 40 growths here; a
+/// stream of reasoning and answer in turn has a set of them per phase, about 80 in all, and the
+/// same 80 to 90 whether 800 or 1,600 frames pass, so they are growths, not a cost per frame).
+const COUNTED: usize = 1600;
 /// The upstream's gap between frames: the cadence of a fast model, so that each frame arrives on
 /// its own, as in production.
 const GAP: Duration = Duration::from_millis(5);
