@@ -327,8 +327,12 @@ Failed streams (connect, non-2xx, body error, timeout, no token event, error eve
 
 Gates (--assert): tps_p50 tps_p5 itl_p50 itl_p95 itl_p99 itl_max ttft_p50 ttft_p95 ttft_p99
 ttft_max jank stream_jank_p50 stream_jank_p95 stall_pct stalled_streams_pct errors goodput
-goodput_rps rps output_tps, with < <= > >= == (as --slo); latencies take a unit (250ms, 2s), the
-others plain numbers. A gate without data fails.
+goodput_rps rps output_tps; by phase (docs/design.md section 3): ttfo_p50 ttfo_p95 ttfo_p99
+ttfo_max (time to first output token, the first that is not reasoning) and the gaps that end at
+one phase's token events, itl_reasoning_p50 itl_reasoning_p95 itl_reasoning_p99
+itl_reasoning_max itl_content_p50 itl_content_p95 itl_content_p99 itl_content_max
+itl_tool_call_p50 itl_tool_call_p95 itl_tool_call_p99 itl_tool_call_max; with < <= > >= == (as
+--slo); latencies take a unit (250ms, 2s), the others plain numbers. A gate without data fails.
 
 Result: every report (text, --json, --junit, --markdown, --html) leads with the headline the exit
 code is taken from: the verdict when every gate passed, FAIL when a gate failed, ERROR when the
