@@ -88,7 +88,7 @@ $BIN probe --url "http://127.0.0.1:$PROXY_PORT/v1/chat/completions" --requests 6
 python3 - "$WORK/probe.json" <<'PY' || fail "probe JSON keys"
 import json, sys
 report = json.load(open(sys.argv[1]))
-keys = {"requests","errors","ttft_ms","itl_ms","tokens_per_second","stall_pct","stalled_streams_pct","jank_ratio","stream_jank_ratio","verdict","reading_bands","throughput","meta","gates","result"}
+keys = {"requests","errors","ttft_ms","ttfo_ms","phases","itl_ms","tokens_per_second","stall_pct","stalled_streams_pct","jank_ratio","stream_jank_ratio","verdict","reading_bands","throughput","meta","gates","result"}
 assert set(report) == keys, sorted(report)
 assert report["requests"] == 6 and report["errors"] == 0, report
 assert [g["result"] for g in report["gates"]] == ["pass"] * 3, report["gates"]
