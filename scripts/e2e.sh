@@ -105,9 +105,9 @@ metrics_when_idle "127.0.0.1:$ADMIN_PORT" "$WORK/metrics.txt" || fail "streams n
 promtool check metrics <"$WORK/metrics.txt" || fail "promtool check metrics"
 pass "/metrics passes promtool check metrics"
 for point in ingress egress; do
-  grep -q "metronome_inter_token_latency_seconds_count{model=\"sim-model\",point=\"$point\",route=\"chat\"}" "$WORK/metrics.txt" \
+  grep -q "metronome_inter_token_latency_seconds_count{model=\"sim-model\",phase=\"content\",point=\"$point\",route=\"chat\"}" "$WORK/metrics.txt" \
     || fail "no ITL at $point"
-  grep -q "metronome_stalls_total{model=\"sim-model\",point=\"$point\",route=\"chat\"} 9" "$WORK/metrics.txt" \
+  grep -q "metronome_stalls_total{model=\"sim-model\",phase=\"content\",point=\"$point\",route=\"chat\"} 9" "$WORK/metrics.txt" \
     || fail "expected 9 stalls at $point (one per sim stream): $(grep stalls_total "$WORK/metrics.txt")"
 done
 grep -q 'metronome_streams_total{finish_reason="stop",model="meta-llama/Llama-3.1-8B-Instruct",outcome="complete",route="fixture"} 3' "$WORK/metrics.txt" \
