@@ -9,15 +9,9 @@
 //! passed. It sleeps towards the deadline and looks again when the sleep ends or a phase begins
 //! (a few times per request, never per read).
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::config::AdminConfig;
 
@@ -150,111 +144,18 @@ pub async fn serve(
     }
 }
 
-pin_project_lite::pin_project! {
-    /// The connection's socket, telling the watch when bytes arrive.
-    pub struct WatchedIo<T> {
-        #[pin]
-        io: T,
-        watch: Arc<Watch>,
-    }
-}
+/// The connection's socket, telling its [`Watch`] when bytes arrive.
+pub type WatchedIo<T> = crate::http1::watched::WatchedIo<T, Watch>;
 
-impl<T> WatchedIo<T> {
-    /// `io` watched by `watch`.
-    pub fn new(io: T, watch: Arc<Watch>) -> Self {
-        WatchedIo { io, watch }
-    }
-}
+/// An answer's body, telling its [`Watch`] when it is over (taken to its end or dropped).
+pub type WatchedBody<B> = crate::http1::watched::WatchedBody<B, Watch>;
 
-impl<T: AsyncRead> AsyncRead for WatchedIo<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.project();
-        let before = buf.filled().len();
-        let polled = this.io.poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.watch.read();
-        }
-        polled
-    }
-}
-
-impl<T: AsyncWrite> AsyncWrite for WatchedIo<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        self.project().io.poll_write(cx, buf)
+impl crate::http1::watched::ConnectionWatch for Watch {
+    fn read(&self) {
+        Watch::read(self);
     }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().io.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().io.poll_shutdown(cx)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        self.project().io.poll_write_vectored(cx, bufs)
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// An answer's body, telling the watch when it has been taken to its end (or dropped).
-    pub struct WatchedBody<B> {
-        #[pin]
-        body: B,
-        watch: Option<Arc<Watch>>,
-    }
-
-    impl<B> PinnedDrop for WatchedBody<B> {
-        fn drop(this: Pin<&mut Self>) {
-            if let Some(watch) = this.project().watch.take() {
-                watch.answered();
-            }
-        }
-    }
-}
-
-impl<B> WatchedBody<B> {
-    /// `body`, answering a request on the connection `watch` watches.
-    pub fn new(body: B, watch: Arc<Watch>) -> Self {
-        WatchedBody {
-            body,
-            watch: Some(watch),
-        }
-    }
-}
-
-impl<B: Body<Data = Bytes>> Body for WatchedBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        self.project().body.poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+    fn answered(&self) {
+        Watch::answered(self);
     }
 }

@@ -21,6 +21,7 @@ pub mod encode;
 pub mod head;
 pub mod request_form;
 pub mod server;
+pub mod watched;
 
 use std::task::{Context, Waker};
 

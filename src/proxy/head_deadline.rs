@@ -21,10 +21,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-
 /// Whether a connection is in the middle of a request head, and since when.
 #[derive(Debug)]
 pub struct HeadClock {
@@ -132,112 +128,19 @@ impl<C: Future<Output = Result<(), E>>, E> Future for HeadDeadline<C> {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// The connection's socket, telling the clock when bytes arrive.
-    pub struct ClockedIo<T> {
-        #[pin]
-        io: T,
-        clock: Arc<HeadClock>,
-    }
-}
+/// The connection's socket, telling its [`HeadClock`] when bytes arrive.
+pub type ClockedIo<T> = crate::http1::watched::WatchedIo<T, HeadClock>;
 
-impl<T> ClockedIo<T> {
-    /// `io` watched by `clock`.
-    pub fn new(io: T, clock: Arc<HeadClock>) -> Self {
-        ClockedIo { io, clock }
-    }
-}
+/// An answer's body, telling its [`HeadClock`] when it is over (taken to its end or dropped).
+pub type Answered<B> = crate::http1::watched::WatchedBody<B, HeadClock>;
 
-impl<T: AsyncRead> AsyncRead for ClockedIo<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.project();
-        let before = buf.filled().len();
-        let polled = this.io.poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.clock.read();
-        }
-        polled
-    }
-}
-
-impl<T: AsyncWrite> AsyncWrite for ClockedIo<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        self.project().io.poll_write(cx, buf)
+impl crate::http1::watched::ConnectionWatch for HeadClock {
+    fn read(&self) {
+        HeadClock::read(self);
     }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().io.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().io.poll_shutdown(cx)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        self.project().io.poll_write_vectored(cx, bufs)
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// An answer's body, telling the clock when it is over (taken to its end or dropped).
-    pub struct Answered<B> {
-        #[pin]
-        body: B,
-        clock: Option<Arc<HeadClock>>,
-    }
-
-    impl<B> PinnedDrop for Answered<B> {
-        fn drop(this: Pin<&mut Self>) {
-            if let Some(clock) = this.project().clock.take() {
-                clock.answered();
-            }
-        }
-    }
-}
-
-impl<B> Answered<B> {
-    /// `body`, answering a request on the connection `clock` watches.
-    pub fn new(body: B, clock: Arc<HeadClock>) -> Self {
-        Answered {
-            body,
-            clock: Some(clock),
-        }
-    }
-}
-
-impl<B: Body<Data = Bytes>> Body for Answered<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        self.project().body.poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+    fn answered(&self) {
+        HeadClock::answered(self);
     }
 }
 
