@@ -399,7 +399,12 @@ impl UpstreamEpisodes {
 /// The sweep of one upstream while it has streams, hitches waiting or an episode open; then it
 /// ends (the next stream starts it again). It sleeps until the next stream's deadline or hitch's
 /// settling (every interval only while streams are silent or an episode is open), or until a
-/// stream begins or reports a hitch, so its cost follows the streams that are due.
+/// stream begins or reports a hitch, so its cost follows the streams that are due. Deadlines
+/// closer than one sweep interval wait for the interval: streams streaming steadily are due
+/// every threshold or so each, and a wake-up per stream due (a timer, a task poll) cost about
+/// 500 instructions per token event at 20 streams of 20 ms gaps; a silence is noticed at most an
+/// interval late, as it was when every sweep read every stream, and a hitch's times are the
+/// stream's own, not the sweep's.
 async fn sweep(detector: Arc<BatchDetector>, upstream: Arc<UpstreamEpisodes>) {
     let every = nanos(detector.settings.sweep_interval());
     loop {
@@ -412,7 +417,7 @@ async fn sweep(detector: Arc<BatchDetector>, upstream: Arc<UpstreamEpisodes>) {
             let now = raw(Tick::now());
             let outcome = inner.tracker.sweep(now);
             let next = inner.tracker.next_work(now, every).unwrap_or(now + every);
-            (outcome, next.max(now + 1_000_000))
+            (outcome, next.max(now + every))
         };
         detector.record(&upstream.name, outcome);
         let at = Tick::default().to_instant() + std::time::Duration::from_nanos(next.max(0) as u64);
