@@ -35,9 +35,6 @@ pub const MAX_PENDING: usize = 4096;
 /// The longest a stream waits in the deadline heap before its beat is read again (a stream held
 /// back by its client, or one whose threshold shrank since its deadline was set).
 const MAX_RECHECK: i64 = 1_000_000_000;
-/// How soon a stream without a first token is read again at first (doubling up to
-/// [`MAX_RECHECK`]).
-const FIRST_RECHECK: i64 = 10_000_000;
 
 /// What a stream's ingress side publishes for the sweep: written by the stream alone (a relaxed
 /// store to its own line per token event), read by the sweep. 0 means "no token yet".
@@ -188,8 +185,6 @@ struct Slot {
     reported_listed: bool,
     /// The number of the last episode that caught it (0: none), so each is counted once.
     caught: u64,
-    /// The next wait before its beat is read again while it has no first token.
-    recheck: i64,
     /// Seconds inside hitches of its own (`scope="stream"`), decayed over `rate_window`.
     hitched: Decayed,
 }
@@ -309,11 +304,18 @@ impl<L> EpisodeTracker<L> {
                 silent: false,
                 reported_listed: false,
                 caught: 0,
-                recheck: FIRST_RECHECK,
             },
         );
-        self.due
-            .push(Reverse((at.saturating_add(FIRST_RECHECK), key)));
+    }
+
+    /// Stream `key` had its first token event at `at`: from now on its beat is read when its
+    /// deadline comes. Until then it has no deadline and costs no sweep: a stream waiting for
+    /// its first token cannot be inside a hitch (hitches are gaps between token events), and
+    /// thousands of them waiting (long prompts, a queue) would otherwise be read again and again.
+    pub fn first_token(&mut self, key: u64, at: i64) {
+        if self.streams.contains_key(&key) {
+            self.due.push(Reverse((at, key)));
+        }
     }
 
     /// A stream ended; `prompt_tokens` is what its usage said, if anything.
@@ -510,10 +512,7 @@ impl<L> EpisodeTracker<L> {
             }
             let (last, threshold) = slot.beat.read();
             if last == 0 {
-                let next = now.saturating_add(slot.recheck);
-                slot.recheck = (slot.recheck * 2).min(MAX_RECHECK);
-                self.due.push(Reverse((next, key)));
-                continue;
+                continue; // not yet: its first token puts it back (`first_token`)
             }
             if !slot.past_first {
                 slot.past_first = true;
@@ -583,7 +582,8 @@ impl<L> EpisodeTracker<L> {
     }
 
     /// When the sweep next has work (nanoseconds): a stream's deadline, a hitch's settling, or
-    /// the next sweep while streams are silent or an episode is open. `None`: nothing left.
+    /// the next sweep while streams are silent or an episode is open. `None`: nothing is due
+    /// (streams waiting for their first token wake the sweep when it comes).
     pub fn next_work(&self, now: i64, sweep: i64) -> Option<i64> {
         if !self.silent.is_empty() || !self.reported.is_empty() || self.open.is_some() {
             return Some(now + sweep);
@@ -679,6 +679,9 @@ mod tests {
             }
             self.last[i] = at;
             self.beats[i].token(at, self.threshold);
+            if last == 0 {
+                self.tracker.first_token(i as u64, at);
+            }
         }
 
         /// Runs from `from` to `to`: every stream gets a token every 20 ms unless `silent(i, t)`,
@@ -812,6 +815,35 @@ mod tests {
         assert!(sim.tracker.pending.len() <= 4 * 2, "settled as they go");
     }
 
+    /// Streams waiting for their first token have no deadline: the sweep reads none of them and
+    /// has nothing due, until a first token puts that stream (and only it) in the heap.
+    #[test]
+    fn streams_without_a_first_token_cost_the_sweep_nothing() {
+        let mut tracker = EpisodeTracker::<()>::new(settings(), 5 * MS);
+        let beats: Vec<Arc<Beat>> = (0..1_000).map(|_| Arc::new(Beat::default())).collect();
+        for (i, beat) in beats.iter().enumerate() {
+            tracker.start(i as u64, Arc::from("s"), None, MS, None, beat.clone());
+        }
+        for t in 1..100 {
+            let out = tracker.sweep(t * 10 * MS);
+            assert!(out.settled.is_empty() && out.ended.is_empty());
+            assert!(
+                tracker.due.is_empty(),
+                "no stream is due before its first token"
+            );
+            assert_eq!(tracker.next_work(t * 10 * MS, 5 * MS), None);
+        }
+        assert_eq!(tracker.past_first, 0);
+        beats[7].token(1_000 * MS, 80 * MS);
+        tracker.first_token(7, 1_000 * MS);
+        assert_eq!(tracker.due.len(), 1);
+        tracker.sweep(1_001 * MS);
+        assert_eq!(tracker.past_first, 1);
+        // Back in the heap at its silence deadline, and nothing else is.
+        assert_eq!(tracker.due.len(), 1);
+        assert_eq!(tracker.next_work(1_001 * MS, 5 * MS), Some(1_080 * MS + 1));
+    }
+
     #[test]
     fn five_thousand_silent_streams_are_one_episode_of_five_thousand() {
         const N: usize = 5_000;
@@ -873,6 +905,9 @@ mod tests {
                     let at = next[i];
                     if last[i] != 0 && at - last[i] >= threshold {
                         tracker.hitch(i as u64, last[i], at, ());
+                    }
+                    if last[i] == 0 {
+                        tracker.first_token(i as u64, at);
                     }
                     last[i] = at;
                     beats[i].token(at, threshold);
