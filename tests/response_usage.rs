@@ -154,6 +154,41 @@ async fn each_api_answer_adds_its_usage() {
 }
 
 #[tokio::test]
+async fn every_client_and_server_reads_the_answer_at_its_end() {
+    use metronome::config::{ClientKind, ServerKind};
+    const BODY: &str = r#"{"model":"m","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":5,"completion_tokens":9}}"#;
+    for client in [ClientKind::Native, ClientKind::Hyper] {
+        for (server, http2) in [
+            (ServerKind::Native, false),
+            (ServerKind::Hyper, false),
+            (ServerKind::Native, true),
+        ] {
+            for content_length in [false, true] {
+                let mut upstream = Upstream::json(BODY);
+                if content_length {
+                    upstream = upstream.with_content_length();
+                }
+                let upstream = upstream.start().await;
+                let proxy = proxy_with(upstream.addr, |c| {
+                    c.server.upstream_client = client;
+                    c.server.http1_server = server;
+                })
+                .await;
+                let path = "/v1/chat/completions";
+                let got = request(proxy.proxy_addr, "POST", path, "{}", http2).await;
+                assert_eq!(got.bytes(), BODY.as_bytes());
+                let what = format!("{client:?} {server:?} http2={http2} length={content_length}");
+                let m = scrape_until(&proxy, |m| {
+                    m.get("metronome_output_tokens_total", &[]).is_some()
+                })
+                .await;
+                assert_eq!(tokens(&m, "chat", "m"), [9.0, 5.0, 0.0], "{what}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
 async fn an_answer_in_many_frames_is_read_whole_and_each_frame_passes_at_once() {
     const BODY: &str = r#"{"model":"m","choices":[{"message":{"content":"a long answer"}}],"usage":{"prompt_tokens":5,"completion_tokens":9}}"#;
     let pieces: Vec<Step> = BODY
