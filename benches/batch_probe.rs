@@ -11,6 +11,7 @@ use std::time::Duration;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use metronome::batch::{BatchDetector, BatchSettings};
 use metronome::config::Upstream;
+use metronome::format::PhaseMix;
 use metronome::metering::clock::Tick;
 use metronome::metrics::{Buckets, Metrics, ModelLabels};
 
@@ -48,7 +49,7 @@ fn bench(c: &mut Criterion) {
             for _ in 0..FRAMES {
                 k += 1;
                 let at = start.saturating_add(Duration::from_millis(20 * k));
-                probe.token_events(black_box(at), 1, Some(&model));
+                probe.token_events(black_box(at), 1, PhaseMix::ALL_CONTENT, Some(&model));
             }
         })
     });

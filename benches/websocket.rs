@@ -148,6 +148,7 @@ fn tunnel_meter() -> metronome::proxy::tunnel::metering::TunnelMeter {
         request_id: None,
         line: Default::default(),
         think: Default::default(),
+        query_model: None,
     });
     let create = frames(
         &[br#"{"type":"response.create","model":"m","input":"hi"}"#.to_vec()],

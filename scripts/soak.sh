@@ -34,6 +34,8 @@
 # stopped, it waits (up to IDLE_WAIT=200 s) for the pooled upstream connections to pass their
 # idle timeout: the descriptors must return to their count before the first request. Exits 1 when
 # a check fails. Everything listens on 127.0.0.1. METRONOME_BIN=path skips the build.
+# EXTRA_TOML='...' is appended to the proxy's configuration (after its routes: start it with a
+# table header), to soak a setting, or to rule a structure in or out of the resident set.
 set -euo pipefail
 
 MINUTES=${1:-30}
@@ -117,6 +119,7 @@ upstream = "http://$RESET"
 name = "ws"
 path = "/v1/responses"
 match = "exact"
+${EXTRA_TOML:-}
 TOML
 RUST_LOG=info "$BIN" serve --config "$WORK/metronome.toml" >"$WORK/serve.log" 2>&1 &
 SERVE_PID=$!

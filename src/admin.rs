@@ -239,6 +239,7 @@ fn with_hitches(state: &dyn AdminView, id: &str, body: String) -> String {
                 "from_us": m.from_us,
                 "to_us": m.to_us,
                 "scope": m.scope.as_str(),
+                "phase": m.phase.as_str(),
                 "upstream": m.upstream.as_ref(),
                 "episode": m.episode,
             })

@@ -167,6 +167,7 @@ async fn long_prompts_make_batch_hitches_and_stalls_stay_stream_scope() {
             .unwrap_or_default()
             .iter()
             .map(|h| {
+                assert_eq!(h["phase"], "content", "{h}");
                 (
                     h["event"].as_u64().unwrap(),
                     h["scope"].as_str().unwrap().to_owned(),
@@ -228,6 +229,20 @@ async fn long_prompts_make_batch_hitches_and_stalls_stay_stream_scope() {
         .map(|e| e["start_unix_ms"].as_u64().unwrap())
         .collect();
     assert!(starts.windows(2).all(|w| w[0] >= w[1]), "newest first");
+    // Each episode counts its batch hitches by phase (all content here): over the episodes,
+    // exactly the batch hitches the counter has.
+    let m3 = scrape(&proxy).await;
+    let by_phase = |phase: &str| -> u64 {
+        let counted = episodes
+            .iter()
+            .map(|e| e["hitches_by_phase"][phase].as_u64().unwrap());
+        counted.sum()
+    };
+    assert_eq!((by_phase("reasoning"), by_phase("tool_call")), (0, 0));
+    assert_eq!(
+        by_phase("content") as f64,
+        m3.value("metronome_hitches_total", &[("scope", "batch")])
+    );
     let mut named = Vec::new();
     for e in episodes.iter() {
         assert_eq!(e["upstream"], "default");

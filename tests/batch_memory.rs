@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use metronome::batch::{BatchDetector, BatchSettings};
 use metronome::config::Upstream;
+use metronome::format::PhaseMix;
 use metronome::metering::clock::Tick;
 use metronome::metrics::{Buckets, Metrics, ModelLabels};
 
@@ -94,10 +95,10 @@ async fn two_thousand_streams_cost_bounded_heap_and_leave_only_the_rings() {
     }
     for probe in &mut probes {
         for k in 0..30 {
-            probe.token_events(at(k), 1, Some(&model));
+            probe.token_events(at(k), 1, PhaseMix::ALL_CONTENT, Some(&model));
         }
         for k in 50..60 {
-            probe.token_events(at(k), 1, Some(&model));
+            probe.token_events(at(k), 1, PhaseMix::ALL_CONTENT, Some(&model));
         }
     }
     // Let the sweep settle the hitches (two sweeps after their end, long past).

@@ -661,6 +661,94 @@ async fn the_probes_ttfo_and_gaps_per_phase_agree_with_the_proxys() {
     sim.shutdown().await.unwrap();
 }
 
+/// Probes `proxy` with `think` (the probe's `--think-tags` and `--think-starts-open`) for
+/// `streams` streams; each stream's TTFO in ms at the probe (from sending) and at the proxy's
+/// egress (from `/streams`, from receiving).
+async fn probe_and_proxy_ttfo(
+    proxy: &metronome::proxy::ProxyHandle,
+    think: metronome::format::ThinkSettings,
+    streams: u64,
+) -> Vec<(f64, f64)> {
+    use metronome::probe::{measure, Phase, ProbeConfig, Stop};
+    let url = format!("http://{}/v1/chat/completions", proxy.proxy_addr);
+    let mut config = ProbeConfig::new(&url, "m").unwrap();
+    config.stop = Stop::Requests(streams);
+    config.timeout = Duration::from_secs(10);
+    config.think = think;
+    let run = measure(&config).await.unwrap();
+    let list = request(proxy.admin_addr, "GET", "/streams", "", false).await;
+    let list: serde_json::Value = serde_json::from_slice(&list.bytes()).unwrap();
+    let list = list["streams"].as_array().unwrap().clone();
+    run.streams
+        .iter()
+        .map(|stream| {
+            assert_eq!(stream.error, None);
+            let id = stream.stream_id.as_deref().unwrap();
+            let entry = list.iter().find(|s| s["id"] == id).unwrap();
+            let proxy_ms = entry["ttfo_us"]["egress"].as_u64().unwrap() as f64 / 1e3;
+            let first_output = (stream.phased_tokens().unwrap())
+                .find(|(_, p)| *p != Phase::Reasoning)
+                .unwrap()
+                .0;
+            let probe_ms = first_output.duration_since(stream.scheduled).as_secs_f64() * 1e3;
+            (probe_ms, proxy_ms)
+        })
+        .collect()
+}
+
+/// The probe reads the no-parser shapes as the proxy does when it is told what the route is
+/// told: custom tags (`--think-tags`, a route's `think_tags`) and a template that opens the
+/// thinking in the prompt (`--think-starts-open`). Its TTFO is then the proxy's (the margin is
+/// the loaded machine's, not the method's: the answer follows a 400 ms pause, frames 5 ms
+/// apart); told nothing, it takes the thinking for the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probes_think_tags_give_the_proxys_ttfo() {
+    use metronome::format::{ThinkSettings, ThinkStart, ThinkTags};
+    let tags = ThinkTags::new("<reason>", "</reason>").map(std::sync::Arc::new);
+    let custom = ThinkSettings {
+        tags,
+        start: ThinkStart::Detect,
+    };
+    let opened = ThinkSettings {
+        tags: None,
+        start: ThinkStart::Open,
+    };
+    // Custom tags, split across events, in an OpenAI chat stream's content.
+    let mut steps: Vec<Step> = ["<rea", "son>", "a", "b", "c</reason>"]
+        .iter()
+        .map(|t| Step::Frame(ms(5), chunk(&format!(r#"{{"content":"{t}"}}"#))))
+        .collect();
+    steps.push(Step::Frame(ms(400), chunk(r#"{"content":"Hello"}"#)));
+    steps.push(Step::Frame(ms(5), chunk(r#"{"content":" there"}"#)));
+    steps.push(Step::Frame(ms(5), Bytes::from_static(b"data: [DONE]\n\n")));
+    let upstream = Upstream::script(SSE, steps).start_in_background();
+    // The sim's template-opened thinking: only `</think>` comes.
+    let sim = sim_with(SimConfig {
+        think_tags: sim::ThinkTags::OpenInPrompt,
+        ..agent()
+    })
+    .await;
+    for (addr, think) in [(upstream.addr, custom), (sim.addr(), opened)] {
+        let route_think = think.clone();
+        let proxy = proxy_with(addr, |config| config.routes[0].think = route_think).await;
+        for (probe_ms, proxy_ms) in probe_and_proxy_ttfo(&proxy, think.clone(), 2).await {
+            assert!(
+                proxy_ms >= 400.0,
+                "{think:?}: the proxy's TTFO {proxy_ms} ms"
+            );
+            assert!(
+                (probe_ms - proxy_ms).abs() < 150.0,
+                "{think:?}: the probe's TTFO {probe_ms:.1} ms, the proxy's {proxy_ms:.1} ms"
+            );
+        }
+        for (probe_ms, _) in probe_and_proxy_ttfo(&proxy, ThinkSettings::default(), 1).await {
+            assert!(probe_ms < 300.0, "{think:?}: told nothing, {probe_ms} ms");
+        }
+        proxy.shutdown().await;
+    }
+    sim.shutdown().await.unwrap();
+}
+
 /// A route's think keys are read and checked: two tags of 1 to 64 bytes.
 #[test]
 fn a_route_names_its_think_tags_and_whether_it_starts_open() {

@@ -618,4 +618,9 @@ fn the_readme_and_help_list_every_gate_and_the_verdict_rule() {
     }
     has(&help, "--api-key <KEY>");
     has(&help, "[env: OPENAI_API_KEY");
+    for flag in ["--think-tags <OPEN,CLOSE>", "--think-starts-open"] {
+        has(&help, flag);
+        let name = flag.split(' ').next().unwrap();
+        assert!(readme.contains(name), "README lacks {name}");
+    }
 }

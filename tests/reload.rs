@@ -257,3 +257,51 @@ async fn an_empty_or_cut_short_file_does_not_reset_routes_or_upstream() {
     assert_eq!(proxy.state.live_config().server.upstream.base_path, "/v1");
     proxy.shutdown().await;
 }
+
+/// `timeouts.client_head` applies on reload: a connection accepted after it has its partial
+/// head closed at the new bound (500 ms), not the start one (30 s), on both HTTP/1 servers.
+#[tokio::test]
+async fn a_new_client_head_bounds_the_heads_of_new_connections() {
+    use metronome::config::ServerKind;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::openai_chat().start().await;
+    for kind in [ServerKind::Native, ServerKind::Hyper] {
+        let proxy = proxy_with(upstream.addr, |config| {
+            config.server.http1_server = kind;
+            config.timeouts.client_head = Duration::from_secs(30);
+        })
+        .await;
+        let mut new = config(upstream.addr, "[timeouts]\nclient_head = \"500ms\"");
+        new.server.http1_server = kind;
+        let done = apply(&proxy.state, new);
+        assert_eq!(
+            done.applied,
+            vec!["timeouts.client_head: 30s -> 500ms".to_string()],
+            "{kind:?}"
+        );
+        assert!(done.needs_restart.is_empty(), "{:?}", done.needs_restart);
+        assert_eq!(proxy.state.live_config().timeouts.client_head, ms(500));
+
+        let mut client = tokio::net::TcpStream::connect(proxy.proxy_addr)
+            .await
+            .unwrap();
+        let started = Instant::now();
+        client
+            .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(15), client.read_to_end(&mut rest));
+        assert!(
+            closed.await.is_ok(),
+            "{kind:?}: the partial head is still open"
+        );
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(10),
+            "{kind:?}: closed after {took:?}"
+        );
+        assert_eq!(stream_chat(proxy.proxy_addr).await.status, 200, "{kind:?}");
+        proxy.shutdown().await;
+    }
+}

@@ -58,6 +58,16 @@ struct RawUpstream {
 
 impl RawUpstream {
     async fn start(extra: &'static str, send: Vec<u8>, expect: Option<usize>) -> RawUpstream {
+        RawUpstream::start_after(0, extra, send, expect).await
+    }
+
+    /// As `start`, but `send` is written only once `hold` bytes came from the client.
+    async fn start_after(
+        hold: usize,
+        extra: &'static str,
+        send: Vec<u8>,
+        expect: Option<usize>,
+    ) -> RawUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, seen) = mpsc::unbounded_channel();
@@ -66,7 +76,7 @@ impl RawUpstream {
                 let (tcp, _) = listener.accept().await.unwrap();
                 let (tx, send) = (tx.clone(), send.clone());
                 tokio::spawn(async move {
-                    let _ = tx.send(serve_raw(tcp, extra, send, expect).await);
+                    let _ = tx.send(serve_raw(tcp, extra, send, expect, hold).await);
                 });
             }
         });
@@ -74,7 +84,13 @@ impl RawUpstream {
     }
 }
 
-async fn serve_raw(mut tcp: TcpStream, extra: &str, send: Vec<u8>, expect: Option<usize>) -> Seen {
+async fn serve_raw(
+    mut tcp: TcpStream,
+    extra: &str,
+    send: Vec<u8>,
+    expect: Option<usize>,
+    hold: usize,
+) -> Seen {
     let (head, mut received) = read_head(&mut tcp).await;
     let key = head
         .lines()
@@ -90,12 +106,18 @@ async fn serve_raw(mut tcp: TcpStream, extra: &str, send: Vec<u8>, expect: Optio
         accept(&key)
     );
     tcp.write_all(answer.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    while received.len() < hold {
+        match tcp.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+        }
+    }
     let (mut read, mut write) = tcp.into_split();
     let writer = tokio::spawn(async move {
         let _ = write.write_all(&send).await;
         write
     });
-    let mut buf = vec![0u8; 64 * 1024];
     while expect.is_none_or(|n| received.len() < n) {
         match read.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -509,6 +531,7 @@ fn sim_config(tokens: u64, gap: Duration) -> SimConfig {
 
 fn probe_through(proxy: &ProxyHandle, path: &str, streams: u64, per_socket: u64) -> ProbeConfig {
     let url = format!("http://{}{path}", proxy.proxy_addr);
+    let api_path = path.split('?').next().unwrap();
     let mut config = ProbeConfig::new(&url, "sim-model").unwrap();
     config.body = Bytes::from_static(
         br#"{"model":"sim-model","messages":[{"role":"user","content":"Hi there"}]}"#,
@@ -516,7 +539,7 @@ fn probe_through(proxy: &ProxyHandle, path: &str, streams: u64, per_socket: u64)
     config.stop = Stop::Requests(streams);
     config.timeout = Duration::from_secs(30);
     config.websocket = Some(WsSettings {
-        protocol: WsProtocol::from_path(path).unwrap(),
+        protocol: WsProtocol::from_path(api_path).unwrap(),
         per_socket,
         realtime: RealtimeAsk {
             audio: false,
@@ -577,6 +600,14 @@ async fn two_responses_on_one_socket_are_two_metered_streams(server: ServerKind)
         m.value("metronome_output_tokens_total", &[("source", "usage")]),
         22.0
     );
+    assert_eq!(
+        m.value(
+            "metronome_streams_total",
+            &[("model", "sim-model"), ("outcome", "complete")]
+        ),
+        2.0,
+        "the model that response.created names"
+    );
     // Each stream's TTFT, at egress, within a frame's time of the client's own figure.
     let listed = streams(&proxy).await;
     assert_eq!(listed.len(), 2);
@@ -605,7 +636,7 @@ async fn two_responses_on_one_socket_are_two_metered_streams(server: ServerKind)
 async fn realtime_responses_are_metered_with_their_format(server: ServerKind) {
     let sim = sim_with(sim_config(5, ms(5))).await;
     let proxy = proxy(sim.addr(), server, |_| {}).await;
-    let run = measure(&probe_through(&proxy, "/v1/realtime", 2, 2))
+    let run = measure(&probe_through(&proxy, "/v1/realtime?model=rt-asked", 2, 2))
         .await
         .unwrap();
     for record in &run.streams {
@@ -622,11 +653,137 @@ async fn realtime_responses_are_metered_with_their_format(server: ServerKind) {
     );
     assert_eq!(
         m.value(
+            "metronome_streams_total",
+            &[("model", "rt-asked"), ("outcome", "complete")]
+        ),
+        2.0,
+        "the model of the sim's session (the one the query asked for)"
+    );
+    assert_eq!(
+        m.value(
             "metronome_inter_token_latency_seconds_count",
             &[("point", "egress")]
         ),
         (token_events - 2) as f64
     );
+}
+
+/// Server messages of a Realtime response the server began, text only: `response.created`,
+/// one delta per word, `response.done`.
+fn realtime_turn(words: &[&str]) -> Vec<u8> {
+    let mut out = frame(
+        Opcode::Text,
+        true,
+        false,
+        None,
+        br#"{"type":"response.created","response":{"id":"r"}}"#,
+    );
+    for word in words {
+        let delta = format!(r#"{{"type":"response.output_text.delta","delta":"{word}"}}"#);
+        out.extend(frame(Opcode::Text, true, false, None, delta.as_bytes()));
+    }
+    let done = br#"{"type":"response.done","response":{"status":"completed","usage":{"output_tokens":2}}}"#;
+    out.extend(frame(Opcode::Text, true, false, None, done));
+    out
+}
+
+/// A Realtime server message about the session, naming `model` (raw JSON text).
+fn realtime_session(kind: &str, model: &str) -> Vec<u8> {
+    let event = format!(r#"{{"event_id":"e","type":"{kind}","session":{{"model":{model}}}}}"#);
+    frame(Opcode::Text, true, false, None, event.as_bytes())
+}
+
+/// The completed streams one socket to `path` made on a proxy in front of `upstream`, as
+/// `model=count` for each `model` label in `models` (checked to be all of them): the client
+/// first sends `send`.
+async fn streams_by_model(
+    upstream: RawUpstream,
+    path: &str,
+    send: &[u8],
+    models: &[&str],
+) -> Vec<String> {
+    let proxy = proxy(upstream.addr, ServerKind::Native, |_| {}).await;
+    let (mut tcp, head, _) = connect(&proxy, path, "").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    tcp.write_all(send).await.unwrap();
+    let streams = models.len() as f64;
+    let m = scrape_until(&proxy, |m| {
+        m.value("metronome_streams_total", &[("outcome", "complete")]) == streams
+    })
+    .await;
+    drop(tcp);
+    let counted = |model| {
+        let value = m.value("metronome_streams_total", &[("model", model)]);
+        format!("{model}={value}")
+    };
+    let found = models.iter().map(|model| counted(model)).collect();
+    proxy.shutdown().await;
+    found
+}
+
+/// A Realtime stream takes the model of the session it runs in: `session.model` of the last
+/// `session.created` or `session.updated` before it, else the upgrade's `?model=`; a name
+/// the `model` label cannot show is `other`, as on SSE.
+#[tokio::test]
+async fn realtime_streams_take_the_model_of_their_session_or_query() {
+    let mut script = realtime_session("session.created", r#""rt-session""#);
+    script.extend(realtime_turn(&["Hi", " there"]));
+    script.extend(realtime_session("session.updated", r#""rt-updated""#));
+    script.extend(realtime_turn(&["Hello"]));
+    script.extend(realtime_session("session.updated", "\"rt\u{200B}zw\""));
+    script.extend(realtime_turn(&["Hey"]));
+    let upstream = RawUpstream::start("", script, None).await;
+    let path = "/v1/realtime?model=rt-query";
+    let models = ["rt-session", "rt-updated", "other"];
+    let found = streams_by_model(upstream, path, b"", &models).await;
+    assert_eq!(found, ["rt-session=1", "rt-updated=1", "other=1"]);
+
+    // A session whose model is written with escapes names none: the query's.
+    let mut script = realtime_session("session.created", r#""rt\u002dsession""#);
+    script.extend(realtime_turn(&["Hi"]));
+    let upstream = RawUpstream::start("", script, None).await;
+    let found = streams_by_model(upstream, path, b"", &["rt-query"]).await;
+    assert_eq!(found, ["rt-query=1"]);
+
+    // Neither (a query with escapes goes unnamed too): `unknown`, as before.
+    let upstream = RawUpstream::start("", realtime_turn(&["Hi"]), None).await;
+    let path = "/v1/realtime?model=rt%2Dquery";
+    let found = streams_by_model(upstream, path, b"", &["unknown"]).await;
+    assert_eq!(found, ["unknown=1"]);
+}
+
+/// A Responses stream takes the model its `response.created` names; when it names none, the
+/// one its `response.create` named (top-level `model`, or `response.model`).
+#[tokio::test]
+async fn responses_streams_take_the_model_of_their_response_or_request() {
+    let answer = |model: &str| {
+        let created = format!(
+            r#"{{"type":"response.created","response":{{"id":"r","status":"in_progress"{model}}}}}"#
+        );
+        let mut out = frame(Opcode::Text, true, false, None, created.as_bytes());
+        let delta = br#"{"type":"response.output_text.delta","delta":"Hi"}"#;
+        out.extend(frame(Opcode::Text, true, false, None, delta));
+        let done = br#"{"type":"response.completed","response":{"id":"r","status":"completed","usage":{"output_tokens":1}}}"#;
+        out.extend(frame(Opcode::Text, true, false, None, done));
+        out
+    };
+    let asked = br#"{"type":"response.create","model":"asked-model","input":"Hi"}"#;
+    let cases: [(&str, &[u8], &str); 4] = [
+        (r#","model":"served-model""#, asked, "served-model"),
+        ("", asked, "asked-model"),
+        (
+            "",
+            br#"{"type":"response.create","response":{"model":"nested-model"}}"#,
+            "nested-model",
+        ),
+        ("", br#"{"type":"response.create","input":"Hi"}"#, "unknown"),
+    ];
+    for (served, create, model) in cases {
+        let send = frame(Opcode::Text, true, false, Some(MASK), create);
+        let upstream = RawUpstream::start_after(send.len(), "", answer(served), None).await;
+        let found = streams_by_model(upstream, "/v1/responses", &send, &[model]).await;
+        assert_eq!(found, [format!("{model}=1")], "{served}");
+    }
 }
 
 async fn a_client_leaving_mid_response_cancels_it_and_closes_the_upstream(server: ServerKind) {

@@ -6,6 +6,7 @@
 use serde_json::{json, Value};
 
 use super::tracker::Episode;
+use crate::format::Phase;
 use crate::metering::clock::Tick;
 
 /// Wall-clock milliseconds of a tick, given the tick and the wall clock read together now.
@@ -27,6 +28,10 @@ pub fn episode(upstream: &str, e: &Episode, now_tick: i64, now_unix_ms: u64) -> 
         "streams": e.streams,
         "stream_ids": e.stream_ids.iter().map(|id| id.as_ref()).collect::<Vec<_>>(),
         "arrivals": e.arrivals,
+        "hitches_by_phase": Phase::ALL
+            .iter()
+            .map(|p| (p.as_str().to_owned(), Value::from(e.hitch_phases[p.index()])))
+            .collect::<serde_json::Map<_, _>>(),
         "arrived": e.arrived.iter().map(|a| json!({
             "stream_id": a.id.as_ref(),
             "before_start_ms": ms(e.start - a.at),

@@ -13,6 +13,7 @@ use super::hitch::{HitchLimits, HitchRule};
 use super::tracker::{Beat, Episode, EpisodeTracker, Settled, SweepOutcome};
 use super::BatchSettings;
 use crate::config::Upstream;
+use crate::format::{Phase, PhaseMix};
 use crate::metering::clock::Tick;
 use crate::metrics::{CounterExemplar, CounterFamily, Exemplar, Metrics};
 
@@ -34,6 +35,8 @@ pub struct HitchLabels {
     pub received: i64,
     /// The index (from 0) of the token event that ended the gap.
     pub event: u64,
+    /// The phase of that token event: the gap's phase.
+    pub phase: Phase,
 }
 
 /// A hitch of one stream with its scope, as `/streams/{id}` marks it.
@@ -41,6 +44,8 @@ pub struct HitchLabels {
 pub struct HitchMark {
     /// The index (from 0) of the token event that ended the gap.
     pub event: u64,
+    /// The phase of that token event: the gap's phase.
+    pub phase: Phase,
     /// Where the gap began, in microseconds from the stream's receipt.
     pub from_us: u64,
     /// Where it ended.
@@ -239,6 +244,7 @@ impl BatchDetector {
                 trace_id,
                 received: raw(received),
                 event: 0,
+                phase: Phase::Content,
             },
             events: 0,
             prompt_tokens: None,
@@ -330,6 +336,7 @@ impl BatchDetector {
                 s.labels.stream.clone(),
                 HitchMark {
                     event: s.labels.event,
+                    phase: s.labels.phase,
                     from_us: us(s.start),
                     to_us: us(s.end),
                     scope: s.scope,
@@ -452,11 +459,18 @@ pub struct StreamProbe {
 // === impl StreamProbe ===
 
 impl StreamProbe {
-    /// A frame read at `at` carried `token_events` token events; `model` is the stream's model
-    /// label once known. Per frame: the rule and one relaxed store; a hitch takes the upstream's
-    /// lock.
+    /// A frame read at `at` carried `token_events` token events of phases `mix`; `model` is the
+    /// stream's model label once known. Per frame: the rule and one relaxed store; a hitch takes
+    /// the upstream's lock and carries the phase of the frame's first token event, the one that
+    /// ended the gap.
     #[inline]
-    pub fn token_events(&mut self, at: Tick, token_events: u32, model: Option<&Arc<str>>) {
+    pub fn token_events(
+        &mut self,
+        at: Tick,
+        token_events: u32,
+        mix: PhaseMix,
+        model: Option<&Arc<str>>,
+    ) {
         if token_events == 0 {
             return;
         }
@@ -464,7 +478,7 @@ impl StreamProbe {
             Some(last) => {
                 let gap = i64::try_from(at.nanos_since(last)).unwrap_or(i64::MAX);
                 if self.rule.gap(gap) {
-                    self.report(last, at, model);
+                    self.report(last, at, mix.first(), model);
                 }
             }
             None => self.first(at),
@@ -513,16 +527,19 @@ impl StreamProbe {
     }
 
     #[cold]
-    fn report(&mut self, start: Tick, end: Tick, model: Option<&Arc<str>>) {
+    fn report(&mut self, start: Tick, end: Tick, phase: Phase, model: Option<&Arc<str>>) {
         if self.labels.model.is_none() {
             self.labels.model = model.cloned();
         }
         self.labels.event = self.events;
-        let overflow =
-            self.upstream
-                .lock()
-                .tracker
-                .hitch(self.key, raw(start), raw(end), self.labels.clone());
+        self.labels.phase = phase;
+        let overflow = self.upstream.lock().tracker.hitch(
+            self.key,
+            raw(start),
+            raw(end),
+            phase,
+            self.labels.clone(),
+        );
         self.upstream.wake.notify_one();
         if let Some(settled) = overflow {
             self.detector.count_hitch(&settled);
@@ -554,4 +571,88 @@ fn raw(tick: Tick) -> i64 {
 /// A duration in nanoseconds, saturating.
 fn nanos(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{Buckets, ModelLabels};
+    use std::time::Duration;
+
+    /// A hitch carries the phase of the frame's first token event, the one that ended the gap:
+    /// its mark shows it and its episode counts it.
+    #[tokio::test]
+    async fn a_hitch_carries_the_phase_of_the_token_that_ended_it() {
+        let metrics = Metrics::new(
+            &Buckets::default(),
+            ModelLabels::new(&[], 8),
+            Duration::from_millis(500),
+        );
+        let metrics = Arc::new(metrics.unwrap());
+        let upstream = Upstream::parse("http://127.0.0.1:9").unwrap();
+        // Every co-stall that passes the floors is an episode (the chance rule is not tested here).
+        let settings = BatchSettings {
+            false_positive: 1.0,
+            ..BatchSettings::default()
+        };
+        let detector = BatchDetector::new(settings, metrics, &upstream).unwrap();
+        let model: Arc<str> = Arc::from("m");
+        // 30 token events 20 ms apart, a 400 ms wait of every stream at once, 10 more, in real
+        // time (the sweep reads it as it happens): the frame after the wait is reasoning on even
+        // streams, tool_call on odd ones.
+        let mut probes: Vec<StreamProbe> = (0..10)
+            .map(|i| {
+                let id: Arc<str> = Arc::from(format!("s{i}"));
+                let route: Arc<str> = Arc::from("chat");
+                let received = Tick::now();
+                detector
+                    .open(&upstream, id, None, route, received, None)
+                    .unwrap()
+            })
+            .collect();
+        for k in (0..30).chain(50..60) {
+            let pause = if k == 50 { 420 } else { 20 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            let at = Tick::now();
+            for (i, probe) in probes.iter_mut().enumerate() {
+                let mut mix = PhaseMix::ALL_CONTENT;
+                if k == 50 {
+                    mix.add([Phase::Reasoning, Phase::ToolCall][i % 2], true);
+                    mix.add(Phase::Reasoning, false);
+                }
+                probe.token_events(at, 2, mix, Some(&model));
+            }
+        }
+        // The streams end before their silence after the last token makes an episode too.
+        drop(probes);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // A loaded machine's pause may add hitches (content) elsewhere: the wait's are exact.
+        let mut episode = None;
+        for (i, phase) in [(0, Phase::Reasoning), (1, Phase::ToolCall)] {
+            let marks = detector.hitches_of(&format!("s{i}"));
+            let mark = marks
+                .iter()
+                .find(|m| m.event == 60)
+                .expect("the wait's hitch");
+            assert_eq!(mark.phase, phase, "{marks:?}");
+            assert_eq!(mark.scope, super::super::Scope::Batch, "{marks:?}");
+            episode = mark.episode;
+        }
+        let episodes = detector.episodes();
+        let (_, caught) = (episodes.iter())
+            .find(|(_, e)| Some(e.id) == episode)
+            .expect("the wait's episode");
+        let [reasoning, _, tool_call] = caught.hitch_phases;
+        assert_eq!((reasoning, tool_call), (5, 5));
+        let json: serde_json::Value = serde_json::from_str(&detector.episodes_json()).unwrap();
+        let shown = json["episodes"].as_array().unwrap().iter();
+        let shown = shown
+            .clone()
+            .find(|e| Some(e["id"].as_u64().unwrap()) == episode);
+        let phases = &shown.unwrap()["hitches_by_phase"];
+        assert_eq!(
+            (&phases["reasoning"], &phases["tool_call"]),
+            (&5.into(), &5.into())
+        );
+    }
 }

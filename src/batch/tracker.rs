@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use super::chance::{self, Decayed};
 use super::BatchSettings;
+use crate::format::Phase;
 
 /// Arrivals remembered per upstream (the lookback reads them).
 pub const MAX_ARRIVALS: usize = 256;
@@ -151,6 +152,9 @@ pub struct Episode {
     pub arrivals: usize,
     /// The last [`MAX_EPISODE_ARRIVALS`] of them, oldest first.
     pub arrived: Vec<Arrival>,
+    /// Its batch-scope hitches, by the phase of the token event that ended each gap
+    /// ([`Phase::index`]'s order): counted as each settles, a settling time after its end.
+    pub hitch_phases: [u64; 3],
 }
 
 /// A hitch that got its scope.
@@ -218,6 +222,8 @@ struct Pending<L> {
     key: u64,
     start: i64,
     end: i64,
+    /// The phase of the token event that ended the gap.
+    phase: Phase,
     labels: L,
 }
 
@@ -363,8 +369,16 @@ impl<L> EpisodeTracker<L> {
         }
     }
 
-    /// A stream's gap from `start` to `end` was a hitch; its scope comes with a later sweep.
-    pub fn hitch(&mut self, key: u64, start: i64, end: i64, labels: L) -> Option<Settled<L>> {
+    /// A stream's gap from `start` to `end`, ended by a token event of `phase`, was a hitch; its
+    /// scope comes with a later sweep.
+    pub fn hitch(
+        &mut self,
+        key: u64,
+        start: i64,
+        end: i64,
+        phase: Phase,
+        labels: L,
+    ) -> Option<Settled<L>> {
         if let Some(slot) = self.streams.get_mut(&key) {
             slot.reported = Some((start, end));
             if !std::mem::replace(&mut slot.reported_listed, true) {
@@ -375,6 +389,7 @@ impl<L> EpisodeTracker<L> {
             key,
             start,
             end,
+            phase,
             labels,
         });
         if self.pending.len() > MAX_PENDING {
@@ -490,6 +505,7 @@ impl<L> EpisodeTracker<L> {
             stream_keys: Vec::new(),
             arrivals: window.len(),
             arrived: window.into_iter().skip(skip).cloned().collect(),
+            hitch_phases: [0; 3],
         };
         self.next_episode += 1;
         self.open = Some(episode);
@@ -620,16 +636,20 @@ impl<L> EpisodeTracker<L> {
         }
     }
 
-    /// The scope of one hitch: batch if it overlaps an episode (open or remembered). A stream's
-    /// own hitch counts toward its rate.
+    /// The scope of one hitch: batch if it overlaps an episode (open or remembered), which then
+    /// counts it under its phase. A stream's own hitch counts toward its rate.
     fn settle_one(&mut self, p: Pending<L>) -> Settled<L> {
         let overlaps = |e: &Episode| p.start < e.end.unwrap_or(i64::MAX) && p.end > e.start;
         let episode = self
             .open
-            .iter()
-            .chain(self.episodes.iter().rev())
+            .iter_mut()
+            .chain(self.episodes.iter_mut().rev())
             .find(|e| overlaps(e))
-            .map(|e| e.id);
+            .map(|e| {
+                let counted = &mut e.hitch_phases[p.phase.index()];
+                *counted = counted.saturating_add(1);
+                e.id
+            });
         if episode.is_none() {
             self.count_own(p.key, p.start, p.end);
         }
@@ -695,11 +715,13 @@ mod tests {
             }
         }
 
-        /// Stream `i`'s token at `at`; a gap over the threshold is reported as a hitch.
+        /// Stream `i`'s token at `at`; a gap over the threshold is reported as a hitch, of
+        /// phase `Phase::ALL[i % 3]`.
         fn token(&mut self, i: usize, at: i64) {
             let last = self.last[i];
             if last != 0 && at - last >= self.threshold {
-                self.tracker.hitch(i as u64, last, at, ());
+                self.tracker
+                    .hitch(i as u64, last, at, Phase::ALL[i % 3], ());
             }
             self.last[i] = at;
             self.beats[i].token(at, self.threshold);
@@ -765,6 +787,12 @@ mod tests {
         assert!(settled
             .iter()
             .all(|s| s.scope == Scope::Batch && s.episode == Some(1)));
+        // Each hitch counted once in the episode, under the phase of the token that ended it
+        // (streams 0, 3, 6, 9 reasoning; 1, 4, 7 content; 2, 5, 8 tool_call), once settled.
+        assert_eq!(e.hitch_phases, [0; 3], "none settled when it ended");
+        let kept: Vec<&Episode> = sim.tracker.episodes().collect();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].hitch_phases, [4, 3, 3]);
     }
 
     #[test]
@@ -943,7 +971,7 @@ mod tests {
                 while next[i] <= t {
                     let at = next[i];
                     if last[i] != 0 && at - last[i] >= threshold {
-                        tracker.hitch(i as u64, last[i], at, ());
+                        tracker.hitch(i as u64, last[i], at, Phase::Content, ());
                     }
                     if last[i] == 0 {
                         tracker.first_token(i as u64, at);

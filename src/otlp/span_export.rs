@@ -409,6 +409,7 @@ mod tests {
         use crate::batch::Scope;
         let mark = |episode: Option<u64>, from_us: u64, to_us: u64| HitchMark {
             event: 0,
+            phase: crate::format::Phase::Content,
             from_us,
             to_us,
             scope: if episode.is_some() {

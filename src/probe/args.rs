@@ -4,6 +4,7 @@
 //! single request is sent.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,6 +14,7 @@ use http::Uri;
 use super::secrets::{ApiKey, Secrets};
 use super::workload::{chat_request, read_dataset, synthetic_prompt, OutputLength, RequestShape};
 use super::ws_protocol::{RealtimeAsk, WsProtocol};
+use crate::format::{ThinkSettings, ThinkStart, ThinkTags};
 use crate::units::parse_duration;
 
 /// The response header that carries the proxy's stream ID, joined later with its timeline.
@@ -242,6 +244,22 @@ pub struct OutputArgs {
     #[arg(long, default_value = "200ms", value_parser = parse_duration)]
     pub stall_threshold: Duration,
 
+    /// The tags a model served without a reasoning parser writes its thinking between (a
+    /// route's `think_tags`): content that begins with OPEN is reasoning up to CLOSE, so TTFO
+    /// counts to the first answer text after it. Each tag 1 to 64 bytes.
+    #[arg(
+        long,
+        value_name = "OPEN,CLOSE",
+        default_value = "<think>,</think>",
+        value_parser = parse_think_tags
+    )]
+    pub think_tags: Arc<ThinkTags>,
+
+    /// The chat template opens the thinking in the prompt (a route's `think_starts_open`):
+    /// every stream's content is reasoning up to the closing tag.
+    #[arg(long)]
+    pub think_starts_open: bool,
+
     /// Write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -437,6 +455,9 @@ pub struct ProbeConfig {
     /// `--websocket`: stream over a WebSocket (`url` keeps its `http` or `https` scheme);
     /// `None` for HTTP streams.
     pub websocket: Option<WsSettings>,
+    /// How content that carries the thinking inline is read (`--think-tags`,
+    /// `--think-starts-open`), as the proxy reads a route's.
+    pub think: ThinkSettings,
 }
 
 /// A usage error: the command line or the configuration asks for something the probe cannot do.
@@ -527,6 +548,7 @@ impl ProbeConfig {
             },
             secrets: Secrets::default(),
             websocket: None,
+            think: ThinkSettings::default(),
         })
     }
 }
@@ -629,8 +651,26 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
             shape: RequestShape::of(request, output),
             secrets,
             websocket,
+            think: ThinkSettings {
+                tags: Some(args.output.think_tags.clone()),
+                start: match args.output.think_starts_open {
+                    true => ThinkStart::Open,
+                    false => ThinkStart::Detect,
+                },
+            },
         })
     }
+}
+
+/// `--think-tags OPEN,CLOSE`: two tags split at the first comma, each as a route's
+/// `think_tags` takes them.
+fn parse_think_tags(text: &str) -> Result<Arc<ThinkTags>, String> {
+    let (open, close) = text
+        .split_once(',')
+        .ok_or_else(|| format!("`{text}` is not OPEN,CLOSE (two tags and a comma)"))?;
+    ThinkTags::new(open, close)
+        .map(Arc::new)
+        .ok_or_else(|| "each tag must be 1 to 64 bytes long".to_owned())
 }
 
 /// `text` with a `ws://` or `wss://` scheme written as `http://` or `https://`, and whether it
@@ -831,6 +871,31 @@ mod tests {
         assert_eq!(c.headers[CONTENT_TYPE], "application/json");
         assert_eq!(c.stall_threshold, Duration::from_millis(200));
         assert_eq!(c.timeout, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn think_tags_and_a_start_in_the_thinking_are_read_as_a_routes() {
+        let c = config(&["--url", "http://h:1"]).unwrap();
+        assert_eq!(
+            c.think.tags.as_deref(),
+            ThinkTags::new("<think>", "</think>").as_ref()
+        );
+        assert_eq!(c.think.start, ThinkStart::Detect);
+        let c = config(&[
+            "--url",
+            "http://h:1",
+            "--think-tags",
+            "<reason>,</reason>",
+            "--think-starts-open",
+        ])
+        .unwrap();
+        let tags = ThinkTags::new("<reason>", "</reason>");
+        assert_eq!(c.think.tags.as_deref(), tags.as_ref());
+        assert_eq!(c.think.start, ThinkStart::Open);
+        for bad in ["<think>", ",</think>", "<think>,"] {
+            let line = ["probe", "--url", "http://h:1", "--think-tags", bad];
+            assert!(Cli::try_parse_from(line).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -329,7 +329,7 @@ async fn read_stream(
         Some(ct) if ct.as_bytes().starts_with(b"application/x-ndjson") => Framing::Ndjson,
         _ => Framing::Sse,
     };
-    let mut recorder = Recorder::new(framing);
+    let mut recorder = Recorder::reading_think(framing, &shared.config.think);
     let mut body = response.into_body();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| StreamError::Body(Chain(&e).to_string()))?;

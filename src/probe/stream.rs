@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::format::{Accounting, ThinkState};
+use crate::format::{Accounting, ThinkSettings, ThinkState};
 use crate::scan::{Event, EventSink, Framing, Scanner, DEFAULT_MAX_EVENT_BYTES};
 use crate::units::format_duration;
 
@@ -207,7 +207,7 @@ pub struct Recorder {
     scanner: Scanner,
     /// The same token accounting as the proxy's ledger.
     accounting: Accounting,
-    /// The same reading of the no-parser `<think>` shape as the proxy's meter (default tags).
+    /// The same reading of the no-parser `<think>` shape as the proxy's meter.
     think: ThinkState,
     /// Error events seen (an `error` chunk, or llama.cpp's legacy `error:` line).
     error_events: u64,
@@ -219,10 +219,16 @@ impl Recorder {
     /// A recorder for a body of the given framing; the streaming API is detected from the first
     /// events exactly as the proxy detects it (OpenAI, TGI, Anthropic, Ollama, ...).
     pub fn new(framing: Framing) -> Self {
+        Recorder::reading_think(framing, &ThinkSettings::default())
+    }
+
+    /// As [`Recorder::new`], content that carries the thinking inline read with `think` (the
+    /// probe's `--think-tags` and `--think-starts-open`, as a route's keys).
+    pub fn reading_think(framing: Framing, think: &ThinkSettings) -> Self {
         Recorder {
             scanner: Scanner::new(framing, DEFAULT_MAX_EVENT_BYTES),
             accounting: Accounting::select(None, framing, None),
-            think: ThinkState::default(),
+            think: ThinkState::new(think),
             error_events: 0,
         }
     }

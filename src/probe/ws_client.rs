@@ -35,6 +35,7 @@ use super::client::{may_start, one_line, ProbeError, ProbeShared};
 use super::stream::{Read, StreamError, StreamRecord, MAX_READS};
 use super::ws_protocol::{messages_for, Message, MessageReader, WsProtocol};
 use crate::error::Chain;
+use crate::format::ThinkState;
 
 /// The GUID of RFC 6455 section 1.3, hashed with the key into `Sec-WebSocket-Accept`.
 const WEBSOCKET_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -377,6 +378,7 @@ async fn respond(
         .await
         .map_err(failed)?;
     socket.ws.flush().await.map_err(failed)?;
+    let mut think = ThinkState::new(&shared.config.think);
     loop {
         let Some(frame) = socket.ws.next().await else {
             socket.closed = true;
@@ -387,7 +389,7 @@ async fn respond(
         let at = Instant::now();
         match frame.opcode() {
             OpCode::Text | OpCode::Binary => {
-                let message = socket.reader.read(frame.payload());
+                let message = socket.reader.read(&mut think, frame.payload());
                 note(record, at, &message);
                 if message.error {
                     let text = String::from_utf8_lossy(frame.payload());
@@ -527,6 +529,7 @@ mod tests {
         let t0 = Instant::now();
         let mut record = StreamRecord::new(0, t0);
         let mut reader = MessageReader::new(WsProtocol::Responses);
+        let mut think = ThinkState::default();
         for (ms, text) in [
             (5, &br#"{"type":"response.created","response":{"status":"in_progress"}}"#[..]),
             (9, br#"{"type":"response.reasoning_text.delta","delta":"hm"}"#),
@@ -536,7 +539,8 @@ mod tests {
                 br#"{"type":"response.completed","response":{"status":"completed","usage":{"output_tokens":7}}}"#,
             ),
         ] {
-            note(&mut record, t0 + Duration::from_millis(ms), &reader.read(text));
+            let message = reader.read(&mut think, text);
+            note(&mut record, t0 + Duration::from_millis(ms), &message);
         }
         assert_eq!(record.frames, 4);
         assert_eq!(record.first_byte, Some(t0 + Duration::from_millis(5)));

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::stream::Phase;
-use crate::format::{Accounting, Classified, Format, RealtimeAccounting};
+use crate::format::{Accounting, Classified, Format, RealtimeAccounting, ThinkState};
 use crate::scan::Event;
 
 /// Which WebSocket API a run speaks.
@@ -196,8 +196,8 @@ impl MessageReader {
         }
     }
 
-    /// Reads one text message.
-    pub fn read(&mut self, message: &[u8]) -> Message {
+    /// Reads one text message of the response whose `<think>` reading is `think`.
+    pub fn read(&mut self, think: &mut ThinkState, message: &[u8]) -> Message {
         let event = Event {
             kind: b"",
             data: message,
@@ -210,26 +210,13 @@ impl MessageReader {
         let kind = message_type(message);
         let error = classified.error || kind == Some("error");
         Message {
-            token_event: classified
-                .token_event
-                .then(|| phase_of(kind.unwrap_or_default())),
+            token_event: classified.token_event.then(|| think.phase(&classified)),
             tokens: classified.tokens,
             usage_total: classified.usage_total,
             end: classified.end || error,
             error,
             unparsed: classified.unparsed,
         }
-    }
-}
-
-/// The phase of a token event of type `kind`.
-fn phase_of(kind: &str) -> Phase {
-    if kind.contains("reasoning") {
-        Phase::Reasoning
-    } else if kind.contains("function_call_arguments") {
-        Phase::ToolCall
-    } else {
-        Phase::Content
     }
 }
 
@@ -298,27 +285,63 @@ mod tests {
     #[test]
     fn messages_are_read_with_their_phase_and_end() {
         let mut reader = MessageReader::new(WsProtocol::Responses);
-        let text = reader.read(br#"{"type":"response.output_text.delta","delta":"Hi"}"#);
+        let mut think = ThinkState::default();
+        let text = reader.read(
+            &mut think,
+            br#"{"type":"response.output_text.delta","delta":"Hi"}"#,
+        );
         assert_eq!(text.token_event, Some(Phase::Content));
-        let reasoning = reader.read(br#"{"type":"response.reasoning_text.delta","delta":"x"}"#);
+        let reasoning = reader.read(
+            &mut think,
+            br#"{"type":"response.reasoning_text.delta","delta":"x"}"#,
+        );
         assert_eq!(reasoning.token_event, Some(Phase::Reasoning));
-        let args = reader.read(br#"{"type":"response.function_call_arguments.delta","delta":"{"}"#);
+        let args = reader.read(
+            &mut think,
+            br#"{"type":"response.function_call_arguments.delta","delta":"{"}"#,
+        );
         assert_eq!(args.token_event, Some(Phase::ToolCall));
         let done = reader.read(
+            &mut think,
             br#"{"type":"response.completed","response":{"status":"completed","usage":{"output_tokens":3}}}"#,
         );
         assert!(done.end && !done.error);
         assert_eq!(done.usage_total, Some(3));
-        let error = reader.read(br#"{"type":"error","status":400,"error":{"message":"no"}}"#);
+        let error = reader.read(
+            &mut think,
+            br#"{"type":"error","status":400,"error":{"message":"no"}}"#,
+        );
         assert!(error.end && error.error);
         let mut realtime = MessageReader::new(WsProtocol::Realtime);
-        let audio = realtime.read(br#"{"type":"response.output_audio.delta","delta":"AAAA"}"#);
-        assert_eq!(audio.token_event, Some(Phase::Content));
-        let done = realtime.read(br#"{"type":"response.done","response":{"status":"completed"}}"#);
-        assert!(done.end);
-        assert_eq!(
-            phase_of("response.reasoning_summary_text.delta"),
-            Phase::Reasoning
+        let audio = realtime.read(
+            &mut think,
+            br#"{"type":"response.output_audio.delta","delta":"AAAA"}"#,
         );
+        assert_eq!(audio.token_event, Some(Phase::Content));
+        let done = realtime.read(
+            &mut think,
+            br#"{"type":"response.done","response":{"status":"completed"}}"#,
+        );
+        assert!(done.end);
+        let summary = br#"{"type":"response.reasoning_summary_text.delta","delta":"x"}"#;
+        let summary = reader.read(&mut think, summary);
+        assert_eq!(summary.token_event, Some(Phase::Reasoning));
+
+        // Content that carries the thinking inline, read with the route's or probe's tags.
+        let tags = crate::format::ThinkTags::new("<r>", "</r>").map(std::sync::Arc::new);
+        let settings = crate::format::ThinkSettings {
+            tags,
+            ..Default::default()
+        };
+        let mut think = ThinkState::new(&settings);
+        let phases: Vec<_> = [r#"<r>hm"#, r#"</r>"#, r#"Hi"#]
+            .iter()
+            .map(|delta| {
+                let event = format!(r#"{{"type":"response.output_text.delta","delta":"{delta}"}}"#);
+                reader.read(&mut think, event.as_bytes()).token_event
+            })
+            .collect();
+        let (r, c) = (Some(Phase::Reasoning), Some(Phase::Content));
+        assert_eq!(phases, [r, r, c]);
     }
 }

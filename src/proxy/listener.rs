@@ -88,7 +88,6 @@ pub async fn serve(
     };
     let builders = Arc::new(Builders {
         http1_server: state.config.server.http1_server,
-        client_head: state.config.timeouts.client_head,
         native,
         h1,
         h2,
@@ -230,9 +229,8 @@ type RequestFuture =
 struct Builders {
     /// Which server HTTP/1.x connections get (`server.http1_server`).
     http1_server: ServerKind,
-    /// A request head's bound on hyper's HTTP/1 connections (`timeouts.client_head`).
-    client_head: Duration,
-    /// metronome's own HTTP/1.x server's settings.
+    /// metronome's own HTTP/1.x server's settings at start; each connection takes
+    /// `timeouts.client_head` from the live configuration instead (a reload changes it).
     native: h1::Settings,
     /// HTTP/1 connections, plain or TLS, under `http1_server = "hyper"`.
     h1: http1::Builder,
@@ -260,11 +258,15 @@ impl Builders {
     {
         let remote = connection.remote;
         if protocol == Some(Protocol::Http1) && self.http1_server == ServerKind::Native {
+            let settings = h1::Settings {
+                head_timeout: client_head(&state),
+                ..self.native
+            };
             let service = move |request: http::Request<h1::request_body::Http1RequestBody>| {
                 let request = request.map(|body| ClientBody::Native { body });
                 Box::pin(handle(request, state.clone(), connection.clone())) as RequestFuture
             };
-            let conn = h1::serve(io, self.native, service);
+            let conn = h1::serve(io, settings, service);
             tokio::spawn(Drain::watch(&watcher, conn, remote, permit));
             return;
         }
@@ -314,6 +316,7 @@ impl Builders {
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let remote = connection.remote;
+        let head_timeout = client_head(&state);
         let clock = HeadClock::new();
         let answers = clock.clone();
         // Boxed for the reason `spawn` gives.
@@ -334,9 +337,15 @@ impl Builders {
         let conn = Upgradeable {
             conn: self.h1.serve_connection(io, service).with_upgrades(),
         };
-        let conn = HeadDeadline::new(conn, clock, self.client_head);
+        let conn = HeadDeadline::new(conn, clock, head_timeout);
         tokio::spawn(Drain::watch(&watcher, conn, remote, permit));
     }
+}
+
+/// `timeouts.client_head` as the live configuration has it: a reload changes it for the
+/// connections accepted after it (one read of the live configuration per HTTP/1 connection).
+fn client_head(state: &ProxyState) -> Duration {
+    state.live_config().timeouts.client_head
 }
 
 /// One request's handling on hyper's HTTP/1 server, its body telling the head clock when the

@@ -324,7 +324,8 @@ impl StreamShared {
                 if held {
                     probe.resume(at, counts.token_events);
                 } else {
-                    probe.token_events(at, counts.token_events, meter.ledger().model.as_ref());
+                    let model = meter.ledger().model.as_ref();
+                    probe.token_events(at, counts.token_events, counts.mix, model);
                 }
             }
             state.metering_warm = true;

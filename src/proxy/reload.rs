@@ -11,10 +11,12 @@
 //!   new requests follow the new table while a stream in flight keeps its route and connection;
 //! - `metering.stall_threshold`: gaps measured from then on are compared with it (later gaps of a
 //!   stream in flight too; stalls already counted stay counted);
-//! - the `[readiness]` table: the next upstream check uses it.
+//! - the `[readiness]` table: the next upstream check uses it;
+//! - `timeouts.client_head`: each HTTP/1 connection takes it when accepted, so connections
+//!   accepted from then on have their heads bounded by it (open ones keep theirs).
 //!
 //! Everything else is fixed at start: listener addresses (the sockets are bound), the threads, the drain grace,
-//! timeouts and metering bounds (read by code that holds the start configuration), the stream ID
+//! the other timeouts and metering bounds (read by code that holds the start configuration), the stream ID
 //! header, the `model` label bounds, the `[timeline]` bounds (the ring is allocated at start) and
 //! the buckets (a histogram's buckets cannot change under its series). A reload that changes them logs each one and keeps the running value.
 
@@ -115,6 +117,7 @@ pub fn apply(state: &ProxyState, new: Config) -> Reloaded {
     live.routes = new.routes.clone();
     live.metering.stall_threshold = new.metering.stall_threshold;
     live.readiness = new.readiness.clone();
+    live.timeouts.client_head = new.timeouts.client_head;
     state
         .metrics
         .set_stall_threshold(live.metering.stall_threshold);
@@ -133,7 +136,7 @@ pub fn apply(state: &ProxyState, new: Config) -> Reloaded {
 }
 
 /// One sentence per change a reload applies at once: the default upstream, the routes, the
-/// stall threshold and the readiness check.
+/// stall threshold, the readiness check and the request-head timeout.
 fn describe_applied(old: &Config, new: &Config, applied: &mut Vec<String>) {
     if new.server.upstream != old.server.upstream {
         applied.push(format!(
@@ -152,6 +155,12 @@ fn describe_applied(old: &Config, new: &Config, applied: &mut Vec<String>) {
         applied.push(format!(
             "readiness: {:?} -> {:?}",
             old.readiness, new.readiness
+        ));
+    }
+    if new.timeouts.client_head != old.timeouts.client_head {
+        applied.push(format!(
+            "timeouts.client_head: {:?} -> {:?}",
+            old.timeouts.client_head, new.timeouts.client_head
         ));
     }
 }
@@ -217,9 +226,25 @@ fn server_keys(old: &Config, new: &Config) -> Vec<RestartKey> {
         ("timeouts.first_byte", was_t.first_byte, wanted_t.first_byte),
         ("timeouts.idle", was_t.idle, wanted_t.idle),
         (
+            "timeouts.tls_handshake",
+            was_t.tls_handshake,
+            wanted_t.tls_handshake,
+        ),
+        (
+            "timeouts.client_idle",
+            was_t.client_idle,
+            wanted_t.client_idle,
+        ),
+        (
             "timeouts.upstream_idle",
             was_t.upstream_idle,
             wanted_t.upstream_idle,
+        ),
+        ("timeouts.sniff", was_t.sniff, wanted_t.sniff),
+        (
+            "timeouts.websocket_idle",
+            was_t.websocket_idle,
+            wanted_t.websocket_idle,
         ),
     ] {
         keys.push((key, format!("{was:?}"), format!("{wanted:?}")));
@@ -381,6 +406,8 @@ listen = "127.0.0.1:9000"
 http1_server = "hyper"
 [timeouts]
 connect = "7s"
+client_head = "2s"
+websocket_idle = "60s"
 [metering]
 buffer_frames = 7
 stream_id_header = "x-id"
@@ -400,6 +427,7 @@ jank_ratio = [1, 2]
                 "server.listen",
                 "server.http1_server",
                 "timeouts.connect",
+                "timeouts.websocket_idle",
                 "metering.buffer_frames",
                 "metering.stream_id_header",
                 "models",
@@ -412,11 +440,60 @@ jank_ratio = [1, 2]
         );
         assert_eq!(
             said[3],
+            "timeouts.websocket_idle: 60s in the file, still 300s until a restart"
+        );
+        assert_eq!(
+            said[4],
             "metering.buffer_frames: 7 in the file, still 1024 until a restart"
         );
         assert_eq!(
-            said[6],
+            said[7],
             "buckets: other buckets in the file, still the start buckets until a restart"
         );
+        let mut applied = Vec::new();
+        describe_applied(&old, &new, &mut applied);
+        assert_eq!(applied, ["timeouts.client_head: 10s -> 2s"]);
+    }
+
+    /// Every `[timeouts]` key is in one list or the other: a reload that changes it either
+    /// applies it or says that it waits for a restart, never neither.
+    #[test]
+    fn every_timeout_is_applied_or_needs_a_restart() {
+        let old = Config::from_toml("").unwrap();
+        // Names every field, so a new timeout does not compile until it is listed here.
+        let crate::config::TimeoutsConfig {
+            connect: _,
+            first_byte: _,
+            idle: _,
+            tls_handshake: _,
+            client_idle: _,
+            client_head: _,
+            upstream_idle: _,
+            sniff: _,
+            websocket_idle: _,
+        } = old.timeouts;
+        let keys = [
+            "connect",
+            "first_byte",
+            "idle",
+            "tls_handshake",
+            "client_idle",
+            "client_head",
+            "upstream_idle",
+            "sniff",
+            "websocket_idle",
+        ];
+        for key in keys {
+            let new = Config::from_toml(&format!("[timeouts]\n{key} = \"3s\"")).unwrap();
+            let (mut applied, mut restart) = (Vec::new(), Vec::new());
+            describe_applied(&old, &new, &mut applied);
+            describe_needs_restart(&old, &new, &mut restart);
+            let said: Vec<&String> = applied.iter().chain(&restart).collect();
+            assert_eq!(said.len(), 1, "{key}: {said:?}");
+            assert!(
+                said[0].starts_with(&format!("timeouts.{key}: ")),
+                "{said:?}"
+            );
+        }
     }
 }

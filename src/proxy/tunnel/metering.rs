@@ -13,6 +13,12 @@
 //! - The server's messages go to the stream's accountant; each upstream read that carried any is
 //!   one frame, stamped at ingress when read and at egress when its last byte reached the client
 //!   socket.
+//! - Each stream's `model` label is the one its server events name (`response.created` on the
+//!   Responses API), else the one its `response.create` names (`model` or `response.model`), else
+//!   the socket's: the model of the Realtime session (`session.model` of the last
+//!   `session.created` or `session.updated`), else the upgrade's `?model=`. Names go through
+//!   the same bound and folding as an SSE stream's (`ModelLabels::resolve`); one written with
+//!   escapes (JSON `\`, URL `%` or `+`) goes unnamed, as on SSE.
 //! - The API's end events end the stream with their usage: `response.completed`,
 //!   `response.incomplete`, `response.failed` and `error` (Responses), `response.done` (Realtime).
 //!   A client's `response.cancel`, or the client's socket closing mid-response, ends it as
@@ -96,6 +102,19 @@ pub struct Setup {
     pub line: crate::logging::RequestLine,
     /// The route's `<think>` tags, for content that carries the thinking inline.
     pub think: crate::format::ThinkSettings,
+    /// The model the upgrade's query names (`?model=`, the Realtime API's), if it names one.
+    pub query_model: Option<Box<str>>,
+}
+
+/// The model a query string names (`model=…`), when it is written without escapes: a `%` or
+/// `+` would need decoding, and a name that needs it goes unnamed, as a JSON name with escapes.
+pub fn query_model(query: Option<&str>) -> Option<Box<str>> {
+    let value = query?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == "model")?
+        .1;
+    (!value.is_empty() && !value.contains(['%', '+'])).then(|| value.into())
 }
 
 /// The frames of both directions read as they pass, and the streams they make.
@@ -215,6 +234,22 @@ impl Drop for TunnelMeter {
 struct TunnelStream {
     ledger: Arc<StreamLedger>,
     meter: Mutex<Option<IngressMeter>>,
+    /// The model its `response.create` or its socket named, for when its own events name none.
+    named: Option<Box<str>>,
+}
+
+// === impl TunnelStream ===
+
+impl TunnelStream {
+    /// Labels the stream with the model its request or socket named, unless its events named
+    /// one first (they are the server's word for what answered).
+    fn settle_model(&self, meter: &mut IngressMeter, metrics: &crate::metrics::Metrics) {
+        if let Some(named) = &self.named {
+            if meter.ledger().model.is_none() {
+                meter.ledger_mut().model = Some(metrics.models.resolve(Some(named)));
+            }
+        }
+    }
 }
 
 impl crate::live::Flush for TunnelStream {
@@ -248,8 +283,13 @@ struct Streams {
     /// The first stream takes the `101`'s ID.
     first_id: Option<Arc<str>>,
     current: Option<Arc<TunnelStream>>,
-    /// When each `response.create` sent while a response ran arrived.
-    queued: VecDeque<Tick>,
+    /// When each `response.create` sent while a response ran arrived, and the model it named.
+    queued: VecDeque<(Tick, Option<Box<str>>)>,
+    /// The model the socket's streams take when neither their events nor their
+    /// `response.create` name one: the Realtime session's, else the upgrade's `?model=`.
+    socket_model: Option<Box<str>>,
+    /// Finds `"session.` in a Realtime server message, before it is parsed for its model.
+    session_event: Option<memchr::memmem::Finder<'static>>,
     /// The streams the upstream read being delivered carried messages of.
     pending: Vec<Pending>,
     /// Upstream reads delivered to the client so far (the egress ledger's socket writes).
@@ -260,19 +300,23 @@ struct Streams {
 
 impl Streams {
     fn new(api: Api, setup: Setup) -> Self {
+        let session_event =
+            (api == Api::Realtime).then(|| memchr::memmem::Finder::new(b"\"session.").into_owned());
         Streams {
             api,
             first_id: Some(setup.first_id.clone()),
+            socket_model: setup.query_model.clone(),
             setup,
             current: None,
             queued: VecDeque::new(),
+            session_event,
             pending: Vec::new(),
             writes: 0,
         }
     }
 
-    /// Opens a stream received at `received`.
-    fn open(&mut self, received: Tick) -> Arc<TunnelStream> {
+    /// Opens a stream received at `received`, its `response.create` naming `model` (or not).
+    fn open(&mut self, received: Tick, model: Option<Box<str>>) -> Arc<TunnelStream> {
         let state = &self.setup.state;
         let id = self
             .first_id
@@ -302,6 +346,7 @@ impl Streams {
         let stream = Arc::new(TunnelStream {
             ledger,
             meter: Mutex::new(Some(meter)),
+            named: model.or_else(|| self.socket_model.clone()),
         });
         if state.config.flush_interval.is_some() {
             let flush: Arc<dyn crate::live::Flush> = stream.clone();
@@ -318,10 +363,11 @@ impl Streams {
         }
         match message_type(message) {
             Some(b"response.create") => {
+                let model = create_model(message);
                 if self.current.is_none() {
-                    self.current = Some(self.open(at));
+                    self.current = Some(self.open(at, model));
                 } else if self.queued.len() < MAX_QUEUED {
-                    self.queued.push_back(at);
+                    self.queued.push_back((at, model));
                 }
             }
             Some(b"response.cancel") => self.end_current(IngressEnd::ClientGone, at),
@@ -335,11 +381,18 @@ impl Streams {
         if message.kind != MessageKind::Text {
             return;
         }
+        if let Some(finder) = &self.session_event {
+            if finder.find(message.data).is_some() {
+                if let Some(model) = session_model(message) {
+                    self.socket_model = Some(model);
+                }
+            }
+        }
         if self.current.is_none()
             && self.api == Api::Realtime
             && message_type(message) == Some(b"response.created")
         {
-            self.current = Some(self.open(at));
+            self.current = Some(self.open(at, None));
         }
         let Some(stream) = self.current.clone() else {
             return;
@@ -368,7 +421,11 @@ impl Streams {
         let metrics = &self.setup.state.metrics;
         let pending = &mut self.pending[index];
         let meaning = match stream.meter.lock_or_recover().as_mut() {
-            Some(meter) => meter.event(&event, metrics, &mut pending.counts),
+            Some(meter) => {
+                let meaning = meter.event(&event, metrics, &mut pending.counts);
+                stream.settle_model(meter, metrics);
+                meaning
+            }
             None => return,
         };
         // The Responses API's `error` answers the request in progress; the Realtime API's
@@ -382,8 +439,8 @@ impl Streams {
 
     /// The next waiting `response.create`, if any, becomes the running stream.
     fn start_queued(&mut self) {
-        if let Some(received) = self.queued.pop_front() {
-            self.current = Some(self.open(received));
+        if let Some((received, model)) = self.queued.pop_front() {
+            self.current = Some(self.open(received, model));
         }
     }
 
@@ -445,10 +502,12 @@ impl Streams {
     /// Hands a stream's ingress ledger over with how it ended; the ledger records itself when
     /// its last holder lets go.
     fn finish_stream(&self, stream: &TunnelStream, end: IngressEnd, at: Tick) {
-        let Some(meter) = stream.meter.lock_or_recover().take() else {
+        let Some(mut meter) = stream.meter.lock_or_recover().take() else {
             return;
         };
-        let mut ledger = meter.finish(at, &self.setup.state.metrics);
+        let metrics = &self.setup.state.metrics;
+        stream.settle_model(&mut meter, metrics);
+        let mut ledger = meter.finish(at, metrics);
         ledger.format = Some(self.api.format());
         stream.ledger.ingress_finished(ledger, end);
     }
@@ -526,6 +585,54 @@ fn message_type<'a>(message: &Message<'a>) -> Option<&'a [u8]> {
     (rest[end] == b'"').then(|| &rest[..end])
 }
 
+/// The members of a client or server message that name a model.
+#[derive(Deserialize)]
+struct Naming<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    response: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    session: Option<&'a RawValue>,
+}
+
+/// An object's `model`, when it is a string without escapes.
+fn model_of(object: Option<&RawValue>) -> Option<Box<str>> {
+    #[derive(Deserialize)]
+    struct Named<'a> {
+        #[serde(borrow, default)]
+        model: Option<&'a RawValue>,
+    }
+    let named: Named<'_> = serde_json::from_str(object?.get()).ok()?;
+    crate::format::json::plain_string(named.model?).map(Box::from)
+}
+
+/// The model a `response.create` names: its top-level `model` (the Responses API's WebSocket
+/// mode) or `response.model`. Read from a whole message only.
+fn create_model(message: &Message<'_>) -> Option<Box<str>> {
+    if message.oversize {
+        return None;
+    }
+    let naming: Naming<'_> = serde_json::from_slice(message.data).ok()?;
+    let top = naming.model.and_then(crate::format::json::plain_string);
+    top.map(Box::from).or_else(|| model_of(naming.response))
+}
+
+/// The model of a Realtime `session.created` or `session.updated` (`session.model`); `None`
+/// for any other message.
+fn session_model(message: &Message<'_>) -> Option<Box<str>> {
+    if message.oversize {
+        return None;
+    }
+    let naming: Naming<'_> = serde_json::from_slice(message.data).ok()?;
+    match naming.kind?.get() {
+        r#""session.created""# | r#""session.updated""# => model_of(naming.session),
+        _ => None,
+    }
+}
+
 /// Wall-clock milliseconds since the Unix epoch (for people reading `/streams`).
 fn unix_ms() -> u64 {
     std::time::SystemTime::now()
@@ -565,6 +672,49 @@ mod tests {
             Api::of(Some(Format::OpenAi), "/v1/realtime"),
             Some(Api::Realtime)
         );
+    }
+
+    #[test]
+    fn models_are_read_from_the_query_the_request_and_the_session() {
+        assert_eq!(
+            query_model(Some("model=gpt-realtime&x=1")).as_deref(),
+            Some("gpt-realtime")
+        );
+        assert_eq!(query_model(Some("x=1&model=m")).as_deref(), Some("m"));
+        assert_eq!(query_model(Some("model=a%2Db")), None);
+        assert_eq!(query_model(Some("model=a+b")), None);
+        assert_eq!(query_model(Some("model=")), None);
+        assert_eq!(query_model(Some("models=m")), None);
+        assert_eq!(query_model(None), None);
+
+        let create = |data: &'static [u8]| create_model(&text(data, false));
+        let top = br#"{"type":"response.create","model":"gpt-5","input":"hi"}"#;
+        assert_eq!(create(top).as_deref(), Some("gpt-5"));
+        let nested = br#"{"type":"response.create","response":{"model":"o4-mini"}}"#;
+        assert_eq!(create(nested).as_deref(), Some("o4-mini"));
+        assert_eq!(
+            create(br#"{"type":"response.create","model":"a\u002db"}"#),
+            None
+        );
+        assert_eq!(create(br#"{"type":"response.create","model":7}"#), None);
+        assert_eq!(
+            create(br#"{"type":"response.create","response":null}"#),
+            None
+        );
+        let cut = text(
+            br#"{"type":"response.create","model":"gpt-5","input":"#,
+            true,
+        );
+        assert_eq!(create_model(&cut), None);
+
+        let session = |data: &'static [u8]| session_model(&text(data, false));
+        let created = br#"{"event_id":"e","type":"session.created","session":{"model":"rt"}}"#;
+        assert_eq!(session(created).as_deref(), Some("rt"));
+        let updated = br#"{"type":"session.updated","session":{"id":"s","model":"rt2"}}"#;
+        assert_eq!(session(updated).as_deref(), Some("rt2"));
+        let other = br#"{"type":"conversation.item.created","session":{"model":"rt"}}"#;
+        assert_eq!(session(other), None);
+        assert_eq!(session(br#"{"type":"session.updated","session":{}}"#), None);
     }
 
     #[test]

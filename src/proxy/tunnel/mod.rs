@@ -111,6 +111,7 @@ pub async fn open(
     let body_limit = state.config.limits.max_request_body_bytes;
     let extended_connect = request.method() == http::Method::CONNECT;
     let path = request.uri().path().to_string();
+    let query_model = metering::query_model(request.uri().query());
     let line = crate::logging::RequestLine::new(
         request.method(),
         request.uri(),
@@ -192,6 +193,7 @@ pub async fn open(
         request_id: upgrade.request_id,
         line,
         think: route.think.clone(),
+        query_model,
     };
     let route_name = route.name.clone();
     let state = state.clone();
