@@ -503,7 +503,10 @@ EOF
 # on this tree's target/ (built in release above, so the stage is a fresh check, not a rebuild).
 if [[ $BIN == target/release/metronome ]]; then
     check "the Dockerfile's build stage, run outside Docker (scripts/deploy-check-dockerfile.py)" \
-        python3 scripts/deploy-check-dockerfile.py --target-dir target
+        python3 scripts/deploy-check-dockerfile.py --target-dir target \
+        --build-arg "METRONOME_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo 0123456789ab)"
+    # The copy has no .git and shares target/: without the commit given, its build script would
+    # leave `--version` saying `commit unknown` for this tree's next release build too.
     # The Dockerfile this replaced: its dependency stage stubbed two of the five benches.
     mkdir -p "$TMP/docker"
     cp deploy/docker/Dockerfile.dockerignore "$TMP/docker/"

@@ -287,7 +287,14 @@ def main():
             return 1
         version = subprocess.run([binary, "--version"], capture_output=True, text=True)
         print(f"the image's binary: {version.stdout.strip()} ({os.path.getsize(binary) / 1e6:.1f} MB)")
-        return version.returncode
+        if version.returncode != 0:
+            return version.returncode
+        # `docker build --build-arg METRONOME_COMMIT=…` must reach the binary's --version.
+        commit = build_args.get("METRONOME_COMMIT", "")[:12]
+        if commit and f"(commit {commit})" not in version.stdout:
+            print(f"FAILED: --version does not name the commit given as METRONOME_COMMIT ({commit})")
+            return 1
+        return 0
     return 0
 
 

@@ -19,7 +19,7 @@
 set -euo pipefail
 
 SECONDS_PER_TARGET=${1:-60}
-TARGETS=${TARGETS:-"sse_scanner ndjson_scanner accounting realtime_accounting config beacon chunked_decoder request_head request_body response_head framing_differential traceparent websocket_reader"}
+TARGETS=${TARGETS:-"sse_scanner ndjson_scanner accounting realtime_accounting config beacon chunked_decoder request_head request_body response_head framing_differential traceparent websocket_reader whole_response"}
 RSS_LIMIT_MB=${RSS_LIMIT_MB:-1024}
 MALLOC_LIMIT_MB=${MALLOC_LIMIT_MB:-64}
 MAX_LEN=${MAX_LEN:-65536}

@@ -13,6 +13,10 @@
 #                                                                   # measure (default: per_core)
 #   CLIENTS="native hyper" scripts/instructions-per-event.sh        # server.upstream_client values
 #                                                                   # (default: the binary's own)
+#   GAP=20ms scripts/instructions-per-event.sh A B   # the sim's cadence (default 2ms); at 20 ms
+#                                                  # each frame is read on its own under valgrind,
+#                                                  # so runs vary less than at 2 ms, where frames
+#                                                  # coalesce by chance
 #   KEEP=DIR scripts/instructions-per-event.sh     # keep the callgrind outputs in DIR, for
 #                                                  # callgrind_annotate (one per run, named by it)
 #
@@ -61,7 +65,7 @@ measure() {
 printf '| binary | threading | upstream client | metering | instructions per token event | token events (large - small run) |\n'
 printf '|---|---|---|---|---|---|\n'
 for bin in "$@"; do
-  start_sim "$bin" --gap 2ms --ttft 5ms
+  start_sim "$bin" --gap "${GAP:-2ms}" --ttft 5ms
   for threading in ${THREADING:-per_core}; do
    for client in ${CLIENTS:-default}; do
     for metering in true false; do

@@ -351,6 +351,7 @@ struct RawMetering {
     buffer_bytes: usize,
     buffer_frames: usize,
     stream_id_header: String,
+    max_usage_body_bytes: usize,
 }
 
 impl Default for RawMetering {
@@ -363,6 +364,7 @@ impl Default for RawMetering {
             buffer_bytes: 256 * 1024,
             buffer_frames: 1024,
             stream_id_header: "x-metronome-stream-id".into(),
+            max_usage_body_bytes: 1024 * 1024,
         }
     }
 }
@@ -727,6 +729,10 @@ pub struct MeteringConfig {
     pub buffer_frames: usize,
     /// Response header carrying the stream ID; `None` when turned off.
     pub stream_id_header: Option<http::HeaderName>,
+    /// The longest non-streaming JSON response whose usage is read into the token counters
+    /// (a copy of it is kept while it is forwarded); a longer one is forwarded untouched and
+    /// not read. 0 reads none.
+    pub max_usage_body_bytes: usize,
 }
 
 /// How the proxy listener's connections are spread over threads (`server.threading`).

@@ -165,6 +165,12 @@ fn metering(m: &RawMetering, problem: &mut Problem<'_>) -> Option<MeteringConfig
             256 * 1024 * 1024,
         ),
         ("metering.buffer_frames", m.buffer_frames, 1, 1 << 20),
+        (
+            "metering.max_usage_body_bytes",
+            m.max_usage_body_bytes,
+            0,
+            64 * 1024 * 1024,
+        ),
     ] {
         if !(low..=high).contains(&value) {
             problem(key, format!("{value} is out of range ({low} to {high})"));
@@ -195,6 +201,7 @@ fn metering(m: &RawMetering, problem: &mut Problem<'_>) -> Option<MeteringConfig
         buffer_bytes: m.buffer_bytes,
         buffer_frames: m.buffer_frames,
         stream_id_header: stream_id_header?,
+        max_usage_body_bytes: m.max_usage_body_bytes,
     })
 }
 

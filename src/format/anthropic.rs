@@ -62,6 +62,27 @@ impl AnthropicAccounting {
     }
 }
 
+/// A whole (non-streaming) message, the answer to `POST /v1/messages` without `"stream": true`:
+/// the object `message_start` carries in a stream, read by the same fields, except that here
+/// `usage.output_tokens` is the final count rather than a placeholder, and `stop_reason` says
+/// why it ended. Unparsed when it is not a JSON object of that shape.
+pub(super) fn whole(body: &[u8]) -> Classified<'_> {
+    let Ok(message) = serde_json::from_slice::<WholeMessage<'_>>(body) else {
+        return Classified::unparsed();
+    };
+    let usage = message.usage.as_ref();
+    Classified {
+        usage_total: usage.and_then(|u| u.output_tokens),
+        usage_prompt: usage.and_then(|u| u.input_tokens),
+        finish: message
+            .stop_reason
+            .and_then(|raw| FinishReason::anthropic(raw.get().as_bytes())),
+        model: message.model.and_then(plain_string),
+        end: true,
+        ..Classified::default()
+    }
+}
+
 #[derive(Deserialize)]
 struct Data<'a> {
     #[serde(borrow, default, rename = "type")]
@@ -118,6 +139,18 @@ struct Message<'a> {
     model: Option<&'a RawValue>,
     #[serde(default)]
     usage: Option<Usage>,
+}
+
+/// A whole message: `message_start`'s object with its final `usage` and `stop_reason` (a
+/// struct of its own, so that reading a stream's `message_start` stays as it was).
+#[derive(Deserialize)]
+struct WholeMessage<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(borrow, default)]
+    stop_reason: Option<&'a RawValue>,
 }
 
 #[cfg(test)]
@@ -191,6 +224,17 @@ mod tests {
         ] {
             assert!(!classify("content_block_delta", data).token_event, "{data}");
         }
+    }
+
+    #[test]
+    fn a_whole_message_is_read_with_its_final_usage() {
+        let body = br#"{"id":"msg_01XFDUDYJgAACzvnptvVoYEL","type":"message","role":"assistant","content":[{"type":"text","text":"Hello!"}],"model":"claude-sonnet-4-5-20250929","stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":6}}"#;
+        let read = whole(body);
+        assert!(!read.unparsed && !read.token_event);
+        assert_eq!((read.usage_total, read.usage_prompt), (Some(6), Some(12)));
+        assert_eq!(read.model, Some("claude-sonnet-4-5-20250929"));
+        assert_eq!(read.finish, Some(FinishReason::Length));
+        assert!(whole(b"{\"usage\":3}").unparsed);
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! | [`gemini`] | Gemini `streamGenerateContent?alt=sse` |
 //! | [`unknown`] | anything else: every event counts as a token event |
 //!
+//! [`whole`] reads a non-streaming answer's usage with the same accountants.
+//!
 //! A stream's accountant is chosen once ([`Accounting::select`]): a route's configured format
 //! wins; otherwise [`detect`] decides from the response's content type, the request path and the
 //! first event. Classifying borrows from the event and never allocates.
@@ -34,6 +36,7 @@ pub mod responses;
 pub mod sglang;
 pub mod tgi;
 pub mod unknown;
+pub mod whole;
 
 use crate::scan::{Event, Framing};
 

@@ -19,10 +19,11 @@ mod reference;
 mod template;
 mod walker;
 
+pub(super) use reference::usage_details_by_serde;
+
 use super::count::RunningCount;
 use super::{Classified, FinishReason, Phase};
 use crate::scan::Event;
-use reference::usage_details_by_serde;
 
 /// Per-stream state of the OpenAI-compatible accountant.
 #[derive(Debug, Default, Clone)]

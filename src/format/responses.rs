@@ -71,6 +71,28 @@ impl ResponsesAccounting {
     }
 }
 
+/// A whole (non-streaming) response, the answer to `POST /v1/responses` without `"stream":
+/// true`: the `response` object that `response.completed` carries in a stream, read by the same
+/// fields (`usage.output_tokens`, `input_tokens`, `output_tokens_details.reasoning_tokens`,
+/// `model`, `status`). Unparsed when it is not a JSON object of that shape.
+pub(super) fn whole(body: &[u8]) -> Classified<'_> {
+    let Ok(response) = serde_json::from_slice::<Response<'_>>(body) else {
+        return Classified::unparsed();
+    };
+    let usage = response.usage.as_ref();
+    Classified {
+        usage_total: usage.and_then(|u| u.output_tokens),
+        usage_prompt: usage.and_then(|u| u.input_tokens),
+        usage_reasoning: usage
+            .and_then(|u| u.output_tokens_details.as_ref())
+            .and_then(|d| d.reasoning_tokens),
+        finish: response.finish(),
+        model: response.model.and_then(plain_string),
+        end: true,
+        ..Classified::default()
+    }
+}
+
 #[derive(Deserialize)]
 struct Data<'a> {
     #[serde(borrow, default, rename = "type")]
@@ -214,6 +236,20 @@ mod tests {
             r#"{"type":"response.output_text.delta","delta":"","sequence_number":5}"#,
         );
         assert!(!empty.token_event);
+    }
+
+    #[test]
+    fn a_whole_response_is_read_by_the_same_fields() {
+        let body = br#"{"id":"resp_1","object":"response","created_at":1741476777,"status":"completed","error":null,"incomplete_details":null,"model":"o4-mini-2025-04-16","output":[{"type":"reasoning","id":"rs_1","summary":[]},{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Hi","annotations":[]}]}],"usage":{"input_tokens":328,"input_tokens_details":{"cached_tokens":0},"output_tokens":52,"output_tokens_details":{"reasoning_tokens":32},"total_tokens":380}}"#;
+        let read = whole(body);
+        assert!(!read.unparsed && !read.token_event);
+        assert_eq!(
+            (read.usage_total, read.usage_prompt, read.usage_reasoning),
+            (Some(52), Some(328), Some(32))
+        );
+        assert_eq!(read.model, Some("o4-mini-2025-04-16"));
+        assert_eq!(read.finish, Some(FinishReason::Stop));
+        assert!(whole(b"{\"usage\":").unparsed);
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! - [`ledger`]: fixed-size per-stream state, recorded exactly once at the end of a stream.
 //! - [`clock`]: the monotonic stamps every frame gets at ingress and egress.
 //! - [`usage`]: the usage figures an upstream reports, believed only when plausible.
+//! - [`response_usage`]: a non-streaming response's usage, added to the token counters (off the
+//!   frame path: once, when its body has ended).
 //! - [`backpressure`]: the intervals a stream is held back by its client, and their marks.
 //!
 //! The gap sketch (`crate::sketch`) and the cache hints (`crate::prefetch`) are per-frame work too
@@ -18,4 +20,5 @@ pub mod backpressure;
 pub mod clock;
 pub mod ledger;
 pub mod meter;
+pub mod response_usage;
 pub mod usage;

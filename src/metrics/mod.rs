@@ -368,11 +368,11 @@ pub struct Metrics {
     pub events_per_frame: HistogramFamily,
     /// `metronome_output_tokens_total{route,model,source}`.
     pub output_tokens: IntCounterVec,
-    /// `metronome_prompt_tokens_total{route,model}`: input tokens of finished streams, as the
-    /// server's usage reported them.
+    /// `metronome_prompt_tokens_total{route,model}`: input tokens of finished streams and
+    /// non-streaming answers, as the server's usage reported them.
     pub prompt_tokens: IntCounterVec,
-    /// `metronome_reasoning_tokens_total{route,model}`: reasoning tokens of finished streams, as
-    /// the server's usage reported them.
+    /// `metronome_reasoning_tokens_total{route,model}`: reasoning tokens of finished streams and
+    /// non-streaming answers, as the server's usage reported them.
     pub reasoning_tokens: IntCounterVec,
     /// `metronome_batch_episode_duration_seconds{upstream}` (docs/batch.md); its exemplar names the
     /// episode's last arrival, most often the request that caused it.
@@ -588,17 +588,17 @@ impl Metrics {
             )?,
             output_tokens: counter(
                 "metronome_output_tokens_total",
-                "Output tokens of finished streams; source=usage when the server reported them, counted otherwise.",
+                "Output tokens of finished streams and non-streaming answers; source=usage when the server reported them, counted otherwise.",
                 &["route", "model", "source"],
             )?,
             prompt_tokens: counter(
                 "metronome_prompt_tokens_total",
-                "Prompt (input) tokens of finished streams, as the server's usage reported them (streams that report none add nothing).",
+                "Prompt (input) tokens of finished streams and non-streaming answers, as the server's usage reported them (those that report none add nothing).",
                 &["route", "model"],
             )?,
             reasoning_tokens: counter(
                 "metronome_reasoning_tokens_total",
-                "Reasoning tokens of finished streams, as the server's usage reported them (completion_tokens_details.reasoning_tokens, output_tokens_details.reasoning_tokens, thoughtsTokenCount).",
+                "Reasoning tokens of finished streams and non-streaming answers, as the server's usage reported them (completion_tokens_details.reasoning_tokens, output_tokens_details.reasoning_tokens, thoughtsTokenCount).",
                 &["route", "model"],
             )?,
             batch_episode_duration: rich(

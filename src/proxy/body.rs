@@ -18,6 +18,7 @@ use http_body_util::Full;
 
 pub use super::client_body::{BodyTooLarge, ClientBody, ClientBodyFailed, RequestBody};
 use super::metered::EgressBody;
+use super::usage_body::UsageBody;
 use super::BoxError;
 use crate::metrics::Metrics;
 
@@ -27,11 +28,12 @@ pin_project_lite::pin_project! {
     pub enum ProxyBody {
         /// A metered stream.
         Metered { #[pin] body: EgressBody },
-        /// A response that is not a stream: passed through, timed at its end. Boxed: hyper
-        /// keeps a response body's slot for the whole response (and an HTTP/1 connection's
-        /// for the connection's life), and a metered stream's would otherwise be this one's
-        /// size: 208 bytes rather than 40 (`tests::a_response_body_takes_a_few_words` prints it).
-        Passthrough { body: Pin<Box<TimedBody<super::upstream::UpstreamBody>>> },
+        /// A response that is not a stream: passed through, timed at its end, and, when it is
+        /// a JSON answer, its usage read then (`UsageBody`). Boxed: hyper keeps a response
+        /// body's slot for the whole response (and an HTTP/1 connection's for the connection's
+        /// life), and a metered stream's would otherwise be this one's size: 208 bytes rather
+        /// than 40 (`tests::a_response_body_takes_a_few_words` prints it).
+        Passthrough { body: Pin<Box<TimedBody<UsageBody<super::upstream::UpstreamBody>>>> },
         /// A body metronome wrote (an error, a health answer).
         Local { #[pin] body: Full<Bytes> },
     }

@@ -1,7 +1,7 @@
 //! Forwarding one request: route it, rewrite it for the upstream, send it through the pooled
 //! client with the request body streamed, and turn the upstream's answer into the client's
-//! response: metered when it is a stream, passed through otherwise, or a JSON error when the
-//! upstream cannot be reached.
+//! response: metered when it is a stream, passed through otherwise (a JSON answer's usage read
+//! at its end), or a JSON error when the upstream cannot be reached.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -20,6 +20,7 @@ use super::refusal::Refusal;
 use super::rewrite::upstream_request;
 use super::router::Route;
 use super::upstream::UpstreamError;
+use super::usage_body::{UsageBody, UsageTarget};
 use super::{ProxyState, UpstreamClient};
 use crate::format::{Accounting, Format, ThinkState};
 use crate::http1::head::content_length;
@@ -228,8 +229,9 @@ async fn forward(
         .inc();
 
     let Some(framing) = stream_framing(config, &parts.headers) else {
+        let usage = UsageTarget::for_answer(&config.metering, &state.metrics, route, &line, &parts);
         let body = TimedBody::new(
-            body,
+            UsageBody::new(body, usage),
             state.metrics.clone(),
             route.name.clone(),
             received,

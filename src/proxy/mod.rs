@@ -26,6 +26,7 @@ pub mod router;
 pub mod serve;
 pub mod tunnel;
 pub mod upstream;
+pub mod usage_body;
 pub mod workers;
 
 use crate::poison::RwLockExt;

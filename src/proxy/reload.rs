@@ -251,6 +251,11 @@ fn metering_keys(old: &Config, new: &Config) -> Vec<RestartKey> {
             was.buffer_frames,
             wanted.buffer_frames,
         ),
+        (
+            "metering.max_usage_body_bytes",
+            was.max_usage_body_bytes,
+            wanted.max_usage_body_bytes,
+        ),
     ] {
         keys.push((key, was.to_string(), wanted.to_string()));
     }

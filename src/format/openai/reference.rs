@@ -52,7 +52,7 @@ struct Usage {
 
 /// `usage.prompt_tokens` and `usage.completion_tokens_details.reasoning_tokens` of a chunk, each
 /// when it is a plain unsigned integer.
-pub(super) fn usage_details_by_serde(data: &[u8]) -> (Option<u64>, Option<u64>) {
+pub(in crate::format) fn usage_details_by_serde(data: &[u8]) -> (Option<u64>, Option<u64>) {
     #[derive(Deserialize)]
     struct UsageChunk {
         #[serde(default)]

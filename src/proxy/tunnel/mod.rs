@@ -30,6 +30,7 @@ use super::body::{ClientBody, ProxyBody, TimedBody};
 use super::refusal::Refusal;
 use super::router::Route;
 use super::upstream::{UpstreamBody, UpstreamError};
+use super::usage_body::UsageBody;
 use super::ProxyState;
 use crate::websocket::Extensions;
 pub use handshake::{websocket_connect, websocket_upgrade, UpgradeRequest};
@@ -230,7 +231,7 @@ fn pass_through(
     let (mut parts, body) = response.into_parts();
     super::headers::remove_hop_by_hop_from_response(&mut parts.headers);
     let body = TimedBody::new(
-        UpstreamBody::Hyper { body },
+        UsageBody::untouched(UpstreamBody::Hyper { body }),
         state.metrics.clone(),
         route.name.clone(),
         received,
