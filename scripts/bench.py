@@ -1205,13 +1205,15 @@ def parse_duration(text):
     return float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
 
 
-def write_benchmarks(section):
+def write_benchmarks(section, begin=MARK_BEGIN, end=MARK_END):
+    """Replaces the block between the `begin` and `end` markers in BENCHMARKS.md with `section`
+    (appended, markers and all, where the markers are not there yet)."""
     path = ROOT / "BENCHMARKS.md"
     text = path.read_text()
-    block = f"{MARK_BEGIN}\n{section.rstrip()}\n{MARK_END}"
-    if MARK_BEGIN in text and MARK_END in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        _, tail = rest.split(MARK_END, 1)
+    block = f"{begin}\n{section.rstrip()}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
         text = head + block + tail
     else:
         text = text.rstrip() + "\n\n" + block + "\n"

@@ -337,16 +337,7 @@ def report(c1, sweep, args):
 
 def write_benchmarks(section):
     """Replaces the legs' block in BENCHMARKS.md (after the section heading it sits under)."""
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text()
-    block = f"{MARK_BEGIN}\n{section.rstrip()}\n{MARK_END}"
-    if MARK_BEGIN in text and MARK_END in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        _, tail = rest.split(MARK_END, 1)
-        text = head + block + tail
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
+    bench.write_benchmarks(section, MARK_BEGIN, MARK_END)
 
 
 def full_run(args):

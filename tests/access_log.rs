@@ -2,21 +2,14 @@
 //! the request ID, method, path (no query), model, output tokens and finish reason, in whole
 //! milliseconds; an upstream that fails mid-stream gets a warning naming both IDs.
 
-use std::io::{BufRead, BufReader, Read, Write};
+#[path = "support/child.rs"]
+mod child;
+
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-/// Kills the child when the test ends, however it ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use child::{line_with, serve_with_access_log, stderr_lines};
 
 fn chunk(data: &str) -> String {
     format!("{:x}\r\n{data}\r\n", data.len())
@@ -97,45 +90,10 @@ fn post(listen: &str, request_id: &str) -> String {
 #[test]
 fn a_stream_access_line_names_the_request_and_a_cut_stream_is_warned_of() {
     let upstream = sse_upstream();
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut child = Running(
-        Command::new(env!("CARGO_BIN_EXE_metronome"))
-            .args(["serve", "--listen", &listen, "--admin", "127.0.0.1:0"])
-            .args(["--upstream", &format!("http://{upstream}")])
-            .args(["--log-format", "json", "--access-log"])
-            .env("RUST_LOG", "info")
-            .env_remove("METRONOME_CONFIG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (mut child, listen) = serve_with_access_log(upstream);
+    let rx = stderr_lines(&mut child);
     let wait_for = |what: &[&str]| -> serde_json::Value {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
-            match rx.recv_timeout(left) {
-                Ok(line) if what.iter().all(|w| line.contains(w)) => {
-                    return serde_json::from_str(&line).unwrap()
-                }
-                Ok(_) => continue,
-                Err(_) => break,
-            }
-        }
-        panic!("no line with {what:?} within 20 s");
+        serde_json::from_str(&line_with(&rx, what)).unwrap()
     };
     let _ = wait_for(&["metronome serving"]);
 

@@ -7,8 +7,7 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde_json::Value;
-use support::{ms, proxy_with, request, scrape, scrape_until, Upstream};
+use support::{get_json, ms, proxy_with, scrape, scrape_until, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Token events each stream sends, 1 ms apart: about 3.5 s of upstream time.
@@ -64,12 +63,6 @@ async fn slow_reader(addr: std::net::SocketAddr, pause: Duration) -> (String, us
         "every event reached the client"
     );
     (id, got.len())
-}
-
-async fn get_json(addr: std::net::SocketAddr, path: &str) -> Value {
-    let got = request(addr, "GET", path, "", false).await;
-    assert_eq!(got.status, 200, "{path}");
-    serde_json::from_slice(&got.bytes()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

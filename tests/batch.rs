@@ -58,12 +58,6 @@ fn chat_body(max_tokens: u64, prompt_tokens: u64, stall_at: Option<u64>) -> Stri
     )
 }
 
-async fn get_json(addr: std::net::SocketAddr, path: &str) -> Value {
-    let got = request(addr, "GET", path, "", false).await;
-    assert_eq!(got.status, 200, "{path}");
-    serde_json::from_slice(&got.bytes()).unwrap()
-}
-
 /// What the sim's timeline says about one stream's gaps, by the index of the token event that
 /// ends each: held by the batch (another prompt's prefill), or the stream's own stall.
 #[derive(Debug, Default)]

@@ -5,14 +5,7 @@
 mod support;
 
 use metronome::sim::SimConfig;
-use serde_json::Value;
 use support::*;
-
-async fn get_json(addr: std::net::SocketAddr, path: &str) -> Value {
-    let got = request(addr, "GET", path, "", false).await;
-    assert_eq!(got.status, 200, "{path}");
-    serde_json::from_slice(&got.bytes()).unwrap()
-}
 
 fn chat_body(max_tokens: u64, prompt_tokens: u64) -> String {
     format!(

@@ -21,7 +21,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use metronome::config::Config;
 use metronome::config::ServerKind;
 use metronome::proxy::ProxyHandle;
 use support::*;
@@ -36,19 +35,6 @@ const CHAT: &str = "/v1/chat/completions";
 
 // ---------------------------------------------------------------------------------------------
 // The proxy, the client's wire, and a parsed response.
-
-/// A proxy in front of `upstream`, serving HTTP/1.x with `kind`, the configuration adjusted.
-async fn proxy(
-    kind: ServerKind,
-    upstream: SocketAddr,
-    adjust: impl FnOnce(&mut Config),
-) -> ProxyHandle {
-    proxy_with(upstream, |config| {
-        config.server.http1_server = kind;
-        adjust(config);
-    })
-    .await
-}
 
 /// Awaits `f` for at most [`WAIT`]; panics naming `what` when it takes longer.
 async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
@@ -406,7 +392,7 @@ const JSON: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","choices":[{
 async fn an_sse_stream_arrives_chunked_frame_by_frame(kind: ServerKind) {
     let frames = sse_frames();
     let upstream = Upstream::sse_frames(&frames, ms(20)).start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(post(CHAT, r#"{"stream":true}"#, "")).await;
 
@@ -459,7 +445,7 @@ async fn an_sse_stream_arrives_chunked_frame_by_frame(kind: ServerKind) {
 /// A JSON response with a `content-length` keeps it, and its body is exactly that long.
 async fn a_json_response_keeps_its_content_length(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(post(CHAT, "{}", "")).await;
 
@@ -479,7 +465,7 @@ async fn a_json_response_keeps_its_content_length(kind: ServerKind) {
 /// Two requests one after the other on one connection are both answered.
 async fn keep_alive_serves_two_requests_in_turn(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     for round in 1..=2 {
         wire.send(post(CHAT, "{}", "")).await;
@@ -496,7 +482,7 @@ async fn keep_alive_serves_two_requests_in_turn(kind: ServerKind) {
 /// Two requests in one write are both answered, in order; a streamed response between them.
 async fn pipelined_requests_are_answered_in_order(kind: ServerKind) {
     let upstream = Upstream::json("").echo_headers().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     let both =
         post(CHAT, r#"{"n":1}"#, "x-seq: first\r\n") + &post(CHAT, "{}", "x-seq: second\r\n");
@@ -521,7 +507,7 @@ async fn pipelined_requests_are_answered_in_order(kind: ServerKind) {
 /// reads ahead of the request it serves) are all answered, in order.
 async fn a_long_pipelined_burst_is_answered_in_order(kind: ServerKind) {
     let upstream = Upstream::json("").echo_headers().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     let body = format!("{{\"pad\":\"{}\"}}", "p".repeat(1024));
     let burst: String = (0..100)
@@ -547,7 +533,7 @@ async fn a_long_pipelined_burst_is_answered_in_order(kind: ServerKind) {
 /// A head that arrives a few bytes at a time is read whole.
 async fn a_head_written_in_pieces_is_read_whole(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     let request = post(CHAT, "{}", "x-one: 1\r\n");
     for piece in request.as_bytes().chunks(7) {
@@ -568,7 +554,7 @@ async fn a_head_written_in_pieces_is_read_whole(kind: ServerKind) {
 /// response of declared length and for a chunked stream.
 async fn connection_close_is_said_and_done(kind: ServerKind) {
     let json = Upstream::json(JSON).with_content_length().start().await;
-    let proxy_a = proxy(kind, json.addr, |_| {}).await;
+    let proxy_a = proxy_on(kind, json.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy_a.proxy_addr).await;
     wire.send(post(CHAT, "{}", "connection: close\r\n")).await;
     let reply = wire.reply("POST").await;
@@ -581,7 +567,7 @@ async fn connection_close_is_said_and_done(kind: ServerKind) {
 
     let frames = sse_frames();
     let sse = Upstream::sse_frames(&frames, ms(5)).start().await;
-    let proxy_b = proxy(kind, sse.addr, |_| {}).await;
+    let proxy_b = proxy_on(kind, sse.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy_b.proxy_addr).await;
     wire.send(post(CHAT, "{}", "Connection: Close\r\n")).await;
     let reply = wire.reply("POST").await;
@@ -606,7 +592,7 @@ async fn connection_close_is_said_and_done(kind: ServerKind) {
 /// An HTTP/1.0 request without keep-alive is answered (length-delimited), then closed.
 async fn http10_without_keep_alive_is_answered_then_closed(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(post10("")).await;
     let reply = wire.reply("POST").await;
@@ -634,7 +620,7 @@ async fn http10_without_keep_alive_is_answered_then_closed(kind: ServerKind) {
 async fn http10_stream_is_close_delimited(kind: ServerKind) {
     let frames = sse_frames();
     let upstream = Upstream::sse_frames(&frames, ms(10)).start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(post10("")).await;
     let reply = wire.reply("POST").await;
@@ -650,7 +636,7 @@ async fn http10_stream_is_close_delimited(kind: ServerKind) {
 /// An HTTP/1.0 request that asks for keep-alive gets it: a second request on the connection.
 async fn http10_keep_alive_carries_a_second_request(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     for round in 1..=2 {
         wire.send(post10("connection: keep-alive\r\n")).await;
@@ -675,7 +661,7 @@ async fn http10_keep_alive_carries_a_second_request(kind: ServerKind) {
 async fn http10_keep_alive_stream_is_close_delimited(kind: ServerKind) {
     let frames = sse_frames();
     let upstream = Upstream::sse_frames(&frames, ms(5)).start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(post10("connection: keep-alive\r\n")).await;
     let reply = wire.reply("POST").await;
@@ -692,7 +678,7 @@ async fn http10_keep_alive_stream_is_close_delimited(kind: ServerKind) {
 /// answers 400.
 async fn http10_transfer_encoding_closes_the_connection(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(format!(
         "POST {CHAT} HTTP/1.0\r\nhost: metronome.test\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{{}}\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nhost: metronome.test\r\n\r\n"
@@ -718,7 +704,7 @@ async fn http10_transfer_encoding_closes_the_connection(kind: ServerKind) {
 /// however its pieces are written, and the connection carries another request after it.
 async fn a_chunked_request_body_reaches_the_upstream_whole(kind: ServerKind) {
     let recorder = Recorder::start().await;
-    let proxy = proxy(kind, recorder.addr, |_| {}).await;
+    let proxy = proxy_on(kind, recorder.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     let big = "y".repeat(10_000);
     wire.send(format!(
@@ -765,7 +751,7 @@ async fn a_chunked_request_body_reaches_the_upstream_whole(kind: ServerKind) {
 /// upstream whole, and the connection carries another request after it.
 async fn a_request_body_of_declared_length_reaches_the_upstream_whole(kind: ServerKind) {
     let recorder = Recorder::start().await;
-    let proxy = proxy(kind, recorder.addr, |_| {}).await;
+    let proxy = proxy_on(kind, recorder.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     let body: String = (0..100_000)
         .map(|i| char::from(b'a' + (i % 26) as u8))
@@ -797,7 +783,7 @@ async fn a_request_body_of_declared_length_reaches_the_upstream_whole(kind: Serv
 /// the final response; the upstream gets the body.
 async fn expect_100_continue_is_answered_before_the_body(kind: ServerKind) {
     let recorder = Recorder::start().await;
-    let proxy = proxy(kind, recorder.addr, |_| {}).await;
+    let proxy = proxy_on(kind, recorder.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     let body = r#"{"stream":false}"#;
     wire.send(format!(
@@ -830,7 +816,7 @@ async fn expect_100_continue_is_answered_before_the_body(kind: ServerKind) {
 /// upstream never gets a whole request.
 async fn a_malformed_chunked_request_body_closes_the_connection(kind: ServerKind) {
     let recorder = Recorder::start().await;
-    let proxy = proxy(kind, recorder.addr, |_| {}).await;
+    let proxy = proxy_on(kind, recorder.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(format!(
         "POST {CHAT} HTTP/1.1\r\nhost: metronome.test\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{{}}\r\nzz\r\n"
@@ -895,7 +881,7 @@ async fn lenient_chunk_framing_is_refused_with_400(kind: ServerKind) {
         ("NUL in an extension", b"2;a\0b\r\n{}\r\n0\r\n\r\n"),
     ];
     let recorder = Recorder::start().await;
-    let proxy = proxy(kind, recorder.addr, |_| {}).await;
+    let proxy = proxy_on(kind, recorder.addr, |_| {}).await;
     let mut refused = 0;
     for (case, body) in cases {
         let mut wire = Wire::connect(proxy.proxy_addr).await;
@@ -949,7 +935,7 @@ async fn until_close_or_reply(wire: &mut Wire) -> String {
 /// `Transfer-Encoding` field that is not text, before or after a `chunked` one.
 async fn heads_refused_by_their_form_get_400(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let cases: [&[u8]; 10] = [
         b"GET /v1/models HTTP/1.1\r\n\r\n",
         b"GET /v1/models HTTP/1.1\r\nhost: a.test\r\nhost: b.test\r\n\r\n",
@@ -981,7 +967,7 @@ async fn heads_refused_by_their_form_get_400(kind: ServerKind) {
 /// stricter than RFC 9110 §8.6 asks and just as safe; asserted so a change shows up here.
 async fn underscored_names_are_dropped_and_lengths_collapsed(kind: ServerKind) {
     let recorder = Recorder::start().await;
-    let proxy = proxy(kind, recorder.addr, |_| {}).await;
+    let proxy = proxy_on(kind, recorder.addr, |_| {}).await;
     for (lengths, listed) in [
         ("content-length: 2\r\ncontent-length: 2\r\n", false),
         ("content-length: 2, 2\r\ncontent-length: 2\r\n", true),
@@ -1032,7 +1018,7 @@ async fn agreeing_response_lengths_reach_the_client_as_one(kind: ServerKind) {
             });
         }
     });
-    let proxy = proxy(kind, addr, |_| {}).await;
+    let proxy = proxy_on(kind, addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send("GET /v1/models HTTP/1.1\r\nhost: metronome.test\r\n\r\n")
         .await;
@@ -1066,7 +1052,7 @@ async fn each_refused(proxy: &ProxyHandle, cases: &[&[u8]], status: &str) {
 /// method with the asterisk form gets 400 and a close.
 async fn the_asterisk_form_is_answered_here_or_refused(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send("OPTIONS * HTTP/1.1\r\nhost: metronome.test\r\n\r\n")
         .await;
@@ -1098,7 +1084,7 @@ async fn the_asterisk_form_is_answered_here_or_refused(kind: ServerKind) {
 /// malformed framing: 400. Either way the connection closes and nothing reaches the upstream.
 async fn a_coded_request_body_gets_501_and_chunked_twice_400(kind: ServerKind) {
     let recorder = Recorder::start().await;
-    let proxy = proxy(kind, recorder.addr, |_| {}).await;
+    let proxy = proxy_on(kind, recorder.addr, |_| {}).await;
     let chunked = |fields: &str| {
         format!("POST {CHAT} HTTP/1.1\r\nhost: a.test\r\n{fields}\r\n2\r\n{{}}\r\n0\r\n\r\n")
             .into_bytes()
@@ -1134,7 +1120,7 @@ async fn a_coded_request_body_gets_501_and_chunked_twice_400(kind: ServerKind) {
 /// close, and reaches no upstream.
 async fn a_target_without_a_leading_slash_gets_400(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     each_refused(
         &proxy,
         &[
@@ -1182,7 +1168,7 @@ async fn a_head_answered_chunked_gets_no_body(kind: ServerKind) {
                 });
             }
         });
-        let proxy = proxy(kind, addr, |_| {}).await;
+        let proxy = proxy_on(kind, addr, |_| {}).await;
         let mut wire = Wire::connect(proxy.proxy_addr).await;
         wire.send(format!(
             "HEAD {CHAT} HTTP/1.1\r\nhost: metronome.test\r\n\r\n"
@@ -1214,7 +1200,7 @@ async fn a_head_answered_chunked_gets_no_body(kind: ServerKind) {
 /// A HEAD request gets the head and no body byte; the connection then carries a POST.
 async fn head_gets_no_body_and_the_connection_goes_on(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(format!(
         "HEAD {CHAT} HTTP/1.1\r\nhost: metronome.test\r\n\r\n"
@@ -1255,7 +1241,7 @@ async fn head_gets_no_body_and_the_connection_goes_on(kind: ServerKind) {
 /// 204 responses have no body and no framing fields, and the connection goes on (pipelined).
 async fn no_content_has_no_body_and_the_connection_goes_on(kind: ServerKind) {
     let upstream = Upstream::json("").status(204).start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(post(CHAT, "{}", "") + &post(CHAT, "{}", ""))
         .await;
@@ -1277,7 +1263,7 @@ async fn no_content_has_no_body_and_the_connection_goes_on(kind: ServerKind) {
 /// A malformed request line is answered 400 and the connection closed.
 async fn a_malformed_request_line_gets_400_and_a_close(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send("NOT A REQUEST LINE\r\nhost: metronome.test\r\n\r\n")
         .await;
@@ -1302,7 +1288,7 @@ async fn a_malformed_request_line_gets_400_and_a_close(kind: ServerKind) {
 /// A head past `limits.max_header_bytes` is answered 431 and the connection closed.
 async fn a_head_past_the_limit_gets_431_and_a_close(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |c| c.limits.max_header_bytes = 8192).await;
+    let proxy = proxy_on(kind, upstream.addr, |c| c.limits.max_header_bytes = 8192).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     let fields: String = (0..9)
         .map(|i| format!("x-filler-{i}: {}\r\n", "f".repeat(1024)))
@@ -1329,7 +1315,7 @@ async fn a_head_past_the_limit_gets_431_and_a_close(kind: ServerKind) {
 /// A head just within `limits.max_header_bytes` is served.
 async fn a_head_within_the_limit_is_served(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |c| c.limits.max_header_bytes = 8192).await;
+    let proxy = proxy_on(kind, upstream.addr, |c| c.limits.max_header_bytes = 8192).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     let fields: String = (0..6)
         .map(|i| format!("x-filler-{i}: {}\r\n", "f".repeat(1024)))
@@ -1347,7 +1333,7 @@ async fn a_head_within_the_limit_is_served(kind: ServerKind) {
 /// §6.3 allows that), and closes the connection after the response.
 async fn chunked_with_content_length_gets_400_and_a_close(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(format!(
         "POST {CHAT} HTTP/1.1\r\nhost: metronome.test\r\ntransfer-encoding: chunked\r\ncontent-length: 7\r\n\r\n2\r\n{{}}\r\n0\r\n\r\n"
@@ -1371,7 +1357,7 @@ async fn a_client_gone_mid_stream_cancels_the_upstream(kind: ServerKind) {
         .then(Step::Hang)
         .start()
         .await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(post(CHAT, "{}", "")).await;
     let head_len = loop {
@@ -1410,7 +1396,7 @@ async fn an_upstream_failure_mid_stream_cuts_the_response(kind: ServerKind) {
         .then(Step::Reset(ms(50)))
         .start()
         .await;
-    let proxy = proxy(kind, upstream.addr, |_| {}).await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(post(CHAT, "{}", "")).await;
     let head_len = loop {
@@ -1445,7 +1431,7 @@ async fn an_upstream_failure_mid_stream_cuts_the_response(kind: ServerKind) {
 /// finish (with its last chunk) before closing its connection.
 async fn a_shutdown_closes_idle_connections_and_lets_a_stream_finish(kind: ServerKind) {
     let json = Upstream::json(JSON).with_content_length().start().await;
-    let proxy_a = proxy(kind, json.addr, |_| {}).await;
+    let proxy_a = proxy_on(kind, json.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy_a.proxy_addr).await;
     wire.send(post(CHAT, "{}", "")).await;
     let reply = wire.reply("POST").await;
@@ -1465,7 +1451,7 @@ async fn a_shutdown_closes_idle_connections_and_lets_a_stream_finish(kind: Serve
         })
         .collect();
     let sse = Upstream::sse_frames(&frames, ms(100)).start().await;
-    let proxy_b = proxy(kind, sse.addr, |_| {}).await;
+    let proxy_b = proxy_on(kind, sse.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy_b.proxy_addr).await;
     wire.send(post(CHAT, "{}", "")).await;
     while find(&wire.buf, b"\r\n\r\n").is_none() {
@@ -1490,7 +1476,7 @@ async fn a_shutdown_closes_idle_connections_and_lets_a_stream_finish(kind: Serve
 /// response is closed, and not before the timeout.
 async fn an_idle_connection_is_closed_after_the_timeout(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |c| {
+    let proxy = proxy_on(kind, upstream.addr, |c| {
         c.timeouts.client_idle = ms(300);
         c.timeouts.client_head = ms(300);
     })
@@ -1533,7 +1519,7 @@ async fn an_idle_connection_is_closed_after_the_timeout(kind: ServerKind) {
 /// between requests keeps `client_idle`, and a head sent slowly but within the bound is served.
 async fn a_partial_head_is_closed_at_client_head_not_client_idle(kind: ServerKind) {
     let upstream = Upstream::json(JSON).with_content_length().start().await;
-    let proxy = proxy(kind, upstream.addr, |c| {
+    let proxy = proxy_on(kind, upstream.addr, |c| {
         c.timeouts.client_idle = Duration::from_secs(5);
         c.timeouts.client_head = ms(300);
     })
@@ -1582,7 +1568,7 @@ async fn a_stream_longer_than_the_idle_timeout_is_not_cut(kind: ServerKind) {
         })
         .collect();
     let upstream = Upstream::sse_frames(&frames, ms(150)).start().await;
-    let proxy = proxy(kind, upstream.addr, |c| c.timeouts.client_idle = ms(300)).await;
+    let proxy = proxy_on(kind, upstream.addr, |c| c.timeouts.client_idle = ms(300)).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     let start = Instant::now();
     wire.send(post(CHAT, "{}", "")).await;

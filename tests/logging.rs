@@ -1,34 +1,13 @@
 //! The binary's logging as an operator meets it: JSON lines on request, no colour codes off a
 //! terminal, and a warning at startup when an https:// upstream meets an empty trust store.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+#[path = "support/child.rs"]
+mod child;
+
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// Kills the child when the test ends, however it ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The child's stderr, line by line, as a thread reads it.
-fn stderr_lines(child: &mut Running) -> mpsc::Receiver<String> {
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
+use child::{line_with, serve_with_access_log, stderr_lines, Running};
 
 /// Starts `serve` with an empty trust store and returns its first stderr lines (at most 8 s).
 fn first_lines(upstream: &str, extra: &[&str]) -> Vec<String> {
@@ -133,36 +112,9 @@ fn json_upstream() -> std::net::SocketAddr {
 fn a_passed_through_response_has_its_access_line() {
     use std::io::{Read, Write};
     let upstream = json_upstream();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut child = Running(
-        Command::new(env!("CARGO_BIN_EXE_metronome"))
-            .args(["serve", "--listen", &listen, "--admin", "127.0.0.1:0"])
-            .args(["--upstream", &format!("http://{upstream}")])
-            .args(["--log-format", "json", "--access-log"])
-            .env("RUST_LOG", "info")
-            .env_remove("METRONOME_CONFIG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let (mut child, listen) = serve_with_access_log(upstream);
     let rx = stderr_lines(&mut child);
-    let wait_for = |what: &str| -> String {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
-            match rx.recv_timeout(left) {
-                Ok(line) if line.contains(what) => return line,
-                Ok(_) => continue,
-                Err(_) => break,
-            }
-        }
-        panic!("no line with {what:?} within 20 s");
-    };
+    let wait_for = |what: &str| -> String { line_with(&rx, &[what]) };
     wait_for("metronome serving");
     let mut conn = std::net::TcpStream::connect(&listen).unwrap();
     conn.write_all(b"GET /v1/models?key=secret HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")

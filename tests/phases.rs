@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use metronome::sim::{self, SimConfig};
-use support::{ms, proxy_to, proxy_with, request, scrape_until, sim_with, Metrics, Step, Upstream};
+use support::{
+    ms, proxy_to, proxy_with, request, scrape_until, sim_agent, sim_with, Metrics, Step, Upstream,
+};
 
 const ITL: &str = "metronome_inter_token_latency_seconds_count";
 const STALLS: &str = "metronome_stalls_total";
@@ -267,23 +269,8 @@ async fn phases_are_found_whatever_the_frames() {
     }
 }
 
-/// A reasoning agent in the sim: 6 reasoning tokens, a 400 ms think pause, a 5-token answer and
-/// 2 tool calls of 3 argument tokens, one token every 5 ms.
-fn agent() -> SimConfig {
-    SimConfig {
-        gap: ms(5),
-        ttft: ms(20),
-        tokens: 5,
-        reasoning_tokens: 6,
-        think_pause: ms(400),
-        tool_calls: 2,
-        tool_call_tokens: 3,
-        ..SimConfig::default()
-    }
-}
-
 /// Every API shape the sim serves, with the token events of each phase it streams for
-/// [`agent`]: the APIs without a reasoning field (completions, TGI) put the thinking inline,
+/// [`sim_agent`]: the APIs without a reasoning field (completions, TGI) put the thinking inline,
 /// its first token `<think>` and its last `</think>`; Ollama and Gemini send a call whole.
 const SIM_SHAPES: [(&str, &str, &str, [u64; 3]); 7] = [
     (
@@ -330,7 +317,7 @@ const SIM_SHAPES: [(&str, &str, &str, [u64; 3]); 7] = [
 /// deltas, which were not even token events before phases.
 #[tokio::test]
 async fn every_sim_api_gives_exact_gaps_per_phase_through_the_proxy() {
-    let sim = sim_with(agent()).await;
+    let sim = sim_with(sim_agent()).await;
     for (path, body, format, events) in SIM_SHAPES {
         let proxy = proxy_to(sim.addr()).await;
         let got = request(proxy.proxy_addr, "POST", path, body, false).await;
@@ -378,7 +365,7 @@ async fn the_no_parser_shapes_and_a_route_that_starts_in_reasoning() {
     ] {
         let sim = sim_with(SimConfig {
             think_tags: tags,
-            ..agent()
+            ..sim_agent()
         })
         .await;
         let proxy = proxy_with(sim.addr(), |config| {
@@ -593,7 +580,7 @@ async fn the_timeline_marks_phases_and_the_list_has_ttfo() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probes_ttfo_and_gaps_per_phase_agree_with_the_proxys() {
     use metronome::probe::{measure, summarize, Load, Phase, ProbeConfig, Stop};
-    let sim = sim_with(agent()).await;
+    let sim = sim_with(sim_agent()).await;
     let proxy = proxy_to(sim.addr()).await;
     let url = format!("http://{}/v1/chat/completions", proxy.proxy_addr);
     let mut config = ProbeConfig::new(&url, "m").unwrap();
@@ -725,7 +712,7 @@ async fn the_probes_think_tags_give_the_proxys_ttfo() {
     // The sim's template-opened thinking: only `</think>` comes.
     let sim = sim_with(SimConfig {
         think_tags: sim::ThinkTags::OpenInPrompt,
-        ..agent()
+        ..sim_agent()
     })
     .await;
     for (addr, think) in [(upstream.addr, custom), (sim.addr(), opened)] {

@@ -3,20 +3,14 @@
 //! "address in use" names the listener and its address, `--admin` takes a host name, and
 //! `/metrics` is gzipped when the scraper asks.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+#[path = "support/child.rs"]
+mod child;
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Kills the child when the test ends, however it ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use child::{stderr_lines, Running};
 
 fn serve(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_metronome"));
@@ -109,15 +103,7 @@ fn the_admin_listener_takes_a_host_name_and_gzips_metrics_when_asked() {
             .spawn()
             .unwrap(),
     );
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = stderr_lines(&mut child);
     let line = loop {
         let line = rx
             .recv_timeout(Duration::from_secs(20))

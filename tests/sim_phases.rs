@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use metronome::scan::{CollectedEvents, Framing, Scanner};
 use metronome::sim::{self, SimConfig, ThinkTags};
 use serde_json::Value;
-use support::{ms, proxy_to, request, scrape_until, sim_with, Received};
+use support::{ms, proxy_to, request, scrape_until, sim_agent, sim_with, Received};
 
 /// The phase of a token event, as the client reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -294,21 +294,6 @@ async fn stream(sim: &sim::SimHandle, shape: &Shape, extra: &str) -> Received {
     got
 }
 
-/// A reasoning agent: 6 reasoning tokens, a 400 ms think pause, a 5-token answer, 2 tool calls
-/// of 3 argument tokens, one token every 5 ms.
-fn agent() -> SimConfig {
-    SimConfig {
-        gap: ms(5),
-        ttft: ms(20),
-        tokens: 5,
-        reasoning_tokens: 6,
-        think_pause: ms(400),
-        tool_calls: 2,
-        tool_call_tokens: 3,
-        ..SimConfig::default()
-    }
-}
-
 /// The pause is the only long gap, and it ends the reasoning: the gap before the first answer
 /// token event.
 fn assert_the_pause_is_the_one_long_gap(events: &[(Instant, Phase, String)], what: &str) {
@@ -325,7 +310,7 @@ fn assert_the_pause_is_the_one_long_gap(events: &[(Instant, Phase, String)], wha
 
 #[tokio::test]
 async fn every_api_streams_reasoning_a_pause_the_answer_and_tool_calls() {
-    let sim = sim_with(agent()).await;
+    let sim = sim_with(sim_agent()).await;
     let sent = Instant::now();
     let all =
         futures_util::future::join_all(SHAPES.iter().map(|shape| stream(&sim, shape, ""))).await;
@@ -367,7 +352,7 @@ async fn every_api_streams_reasoning_a_pause_the_answer_and_tool_calls() {
 async fn without_a_parser_the_thinking_is_text_between_think_tags() {
     let sim = sim_with(SimConfig {
         think_tags: ThinkTags::Inline,
-        ..agent()
+        ..sim_agent()
     })
     .await;
     let all =
@@ -494,7 +479,7 @@ async fn the_timeline_records_each_frames_phases_and_the_pause() {
     let sim = sim_with(SimConfig {
         coalesce: 2,
         timeline: Some(path.clone()),
-        ..agent()
+        ..sim_agent()
     })
     .await;
     let got = stream(&sim, &CHAT, "").await;
@@ -549,7 +534,7 @@ async fn whole_answers_carry_every_phase() {
     let sim = sim_with(SimConfig {
         gap: ms(1),
         ttft: ms(1),
-        ..agent()
+        ..sim_agent()
     })
     .await;
     async fn whole(sim: &sim::SimHandle, path: &str, body: &str) -> Value {
@@ -615,7 +600,7 @@ async fn the_proxy_counts_every_phase_as_token_events() {
     const TTFT_SUM: &str = "metronome_time_to_first_token_seconds_sum";
     let sim = sim_with(SimConfig {
         responses_reasoning: sim::ResponsesReasoning::Text,
-        ..agent()
+        ..sim_agent()
     })
     .await;
     let formats = [

@@ -9,11 +9,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use support::*;
 
-async fn json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
-    let got = request(addr, "GET", path, "", false).await;
-    (got.status, serde_json::from_slice(&got.bytes()).unwrap())
-}
-
 /// One chat through the proxy carrying `x-request-id: id`, read to its end.
 async fn chat_with_request_id(addr: SocketAddr, id: &str) {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -52,30 +47,31 @@ async fn streams_filter_by_request_id_outcome_stall_and_limit() {
         chat_with_request_id(proxy.proxy_addr, id).await;
     }
     scrape_until(&proxy, |m| m.value("metronome_streams_total", &[]) >= 3.0).await;
-    let (status, all) = json(proxy.admin_addr, "/streams").await;
+    let (status, all) = status_and_json(proxy.admin_addr, "/streams").await;
     assert_eq!(status, 200);
     let all = ids(&all);
     assert_eq!(all.len(), 3, "{all:?}");
 
     // The one user's stream, by the ID their request carried (percent-encoded in the query).
-    let (status, one) = json(proxy.admin_addr, "/streams?request_id=user+b%2F2").await;
+    let (status, one) = status_and_json(proxy.admin_addr, "/streams?request_id=user+b%2F2").await;
     assert_eq!(status, 200);
     assert_eq!(
         ids(&one),
         [all[1].clone()],
         "newest first: user b/2 is the middle one"
     );
-    let (_, none) = json(proxy.admin_addr, "/streams?request_id=user-z").await;
+    let (_, none) = status_and_json(proxy.admin_addr, "/streams?request_id=user-z").await;
     assert!(ids(&none).is_empty());
 
     // Every stream stalled (250 ms before the 4th token) and completed.
-    let (_, stalled) = json(proxy.admin_addr, "/streams?stalled=true&outcome=complete").await;
+    let (_, stalled) =
+        status_and_json(proxy.admin_addr, "/streams?stalled=true&outcome=complete").await;
     assert_eq!(ids(&stalled), all);
-    let (_, smooth) = json(proxy.admin_addr, "/streams?stalled=false").await;
+    let (_, smooth) = status_and_json(proxy.admin_addr, "/streams?stalled=false").await;
     assert!(ids(&smooth).is_empty());
-    let (_, cut) = json(proxy.admin_addr, "/streams?outcome=upstream_error").await;
+    let (_, cut) = status_and_json(proxy.admin_addr, "/streams?outcome=upstream_error").await;
     assert!(ids(&cut).is_empty());
-    let (_, two) = json(proxy.admin_addr, "/streams?limit=2").await;
+    let (_, two) = status_and_json(proxy.admin_addr, "/streams?limit=2").await;
     assert_eq!(ids(&two), all[..2]);
 
     for (query, parameter) in [
@@ -84,7 +80,7 @@ async fn streams_filter_by_request_id_outcome_stall_and_limit() {
         ("limit=0", "limit"),
         ("request=x", "request"),
     ] {
-        let (status, err) = json(proxy.admin_addr, &format!("/streams?{query}")).await;
+        let (status, err) = status_and_json(proxy.admin_addr, &format!("/streams?{query}")).await;
         assert_eq!(status, 400, "{query}");
         assert_eq!(err["error"]["type"], "invalid_parameter");
         assert_eq!(err["error"]["parameter"], parameter, "{query}: {err}");

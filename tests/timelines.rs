@@ -24,11 +24,6 @@ fn forwarded(upstream: &RunningUpstream) -> usize {
 
 const BEACON: &str = "/.well-known/metronome/beacon";
 
-async fn json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
-    let got = request(addr, "GET", path, "", false).await;
-    (got.status, serde_json::from_slice(&got.bytes()).unwrap())
-}
-
 type Client = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
     Full<Bytes>,
@@ -94,7 +89,7 @@ async fn a_finished_stream_has_a_summary_and_a_frame_timeline() {
     let proxy = proxy_to(upstream.addr).await;
     let (got, id) = recorded_stream(&proxy).await;
 
-    let (status, list) = json(proxy.admin_addr, "/streams").await;
+    let (status, list) = status_and_json(proxy.admin_addr, "/streams").await;
     assert_eq!(status, 200);
     let summary = &list["streams"][0];
     assert_eq!(summary["id"], id.as_str());
@@ -108,7 +103,7 @@ async fn a_finished_stream_has_a_summary_and_a_frame_timeline() {
     assert_eq!(summary["stalls"]["egress"], 1);
     assert!(summary["itl_p99_us"]["ingress"].as_u64().unwrap() > 200_000);
 
-    let (status, detail) = json(proxy.admin_addr, &format!("/streams/{id}")).await;
+    let (status, detail) = status_and_json(proxy.admin_addr, &format!("/streams/{id}")).await;
     assert_eq!(status, 200);
     let frames = detail["frames"].as_array().unwrap();
     assert_eq!(frames.len(), 14);
@@ -140,7 +135,7 @@ async fn a_finished_stream_has_a_summary_and_a_frame_timeline() {
     assert!(gap(5, "ingress_us") > 200_000);
     assert!(gap(5, "egress_us") > 200_000);
 
-    let (status, missing) = json(proxy.admin_addr, "/streams/0000").await;
+    let (status, missing) = status_and_json(proxy.admin_addr, "/streams/0000").await;
     assert_eq!(status, 404);
     assert_eq!(missing["error"]["type"], "not_found");
     proxy.shutdown().await;
@@ -164,7 +159,7 @@ async fn the_ring_and_the_frames_are_bounded() {
         ids.push(got.stream_id());
     }
     scrape_until(&proxy, |m| m.value("metronome_streams_total", &[]) == 3.0).await;
-    let (_, list) = json(proxy.admin_addr, "/streams").await;
+    let (_, list) = status_and_json(proxy.admin_addr, "/streams").await;
     let listed: Vec<&str> = list["streams"]
         .as_array()
         .unwrap()
@@ -180,11 +175,11 @@ async fn the_ring_and_the_frames_are_bounded() {
     // one, so the count read is the stream's own.
     let read = list["streams"][0]["frames"].as_u64().unwrap();
     assert!((6..=24).contains(&read), "{read} frames read");
-    let (_, detail) = json(proxy.admin_addr, &format!("/streams/{}", ids[2])).await;
+    let (_, detail) = status_and_json(proxy.admin_addr, &format!("/streams/{}", ids[2])).await;
     assert_eq!(detail["frames"].as_array().unwrap().len(), 5);
     assert_eq!(detail["frames_dropped"], read - 5);
     assert_eq!(
-        json(proxy.admin_addr, &format!("/streams/{}", ids[0]))
+        status_and_json(proxy.admin_addr, &format!("/streams/{}", ids[0]))
             .await
             .0,
         404
@@ -472,7 +467,7 @@ async fn frame_sizes_are_shown_when_opted_in() {
     let upstream = Upstream::openai_chat().tokens(10).start().await;
     let proxy = proxy_with(upstream.addr, |config| config.timeline.frame_sizes = true).await;
     let (got, id) = recorded_stream(&proxy).await;
-    let (status, detail) = json(proxy.admin_addr, &format!("/streams/{id}")).await;
+    let (status, detail) = status_and_json(proxy.admin_addr, &format!("/streams/{id}")).await;
     assert_eq!(status, 200);
     let frames = detail["frames"].as_array().unwrap();
     assert_eq!(frames.len(), 14);
@@ -518,7 +513,7 @@ async fn a_client_cannot_guess_the_next_streams_id_and_claim_its_beacon() {
     assert_eq!(beacons(&m, "accepted"), 1.0);
     // `/streams/{id}` still finds a stream by its (longer) ID.
     assert_eq!(
-        json(proxy.admin_addr, &format!("/streams/{theirs}"))
+        status_and_json(proxy.admin_addr, &format!("/streams/{theirs}"))
             .await
             .0,
         200

@@ -12,33 +12,20 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use bytes::Bytes;
-use metronome::config::{Config, ServerKind};
+use metronome::config::ServerKind;
 use metronome::probe::{measure, ProbeConfig, RealtimeAsk, Stop, WsProtocol, WsSettings};
 use metronome::proxy::ProxyHandle;
 use metronome::sim::{ResponsesReasoning, SimConfig, WebSocketConfig};
 use metronome::websocket::encode::{write_frame, Deflater, FrameSpec};
 use metronome::websocket::{read_all, Collected, DeflateParams, Direction, Limits, Opcode};
 use sha1::{Digest, Sha1};
-use support::{ms, proxy_with, scrape_until, sim_with};
+use support::{ms, proxy_on, proxy_with, scrape_until, sim_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 const MASK: [u8; 4] = [0x12, 0x34, 0x56, 0x78];
-
-/// A proxy on `server` in front of `upstream`, its configuration adjusted.
-async fn proxy(
-    upstream: SocketAddr,
-    server: ServerKind,
-    adjust: impl FnOnce(&mut Config),
-) -> ProxyHandle {
-    proxy_with(upstream, |c| {
-        c.server.http1_server = server;
-        adjust(c);
-    })
-    .await
-}
 
 /// What a raw upstream saw on one connection.
 #[derive(Debug)]
@@ -239,7 +226,7 @@ async fn bytes_pass_both_ways_untouched(server: ServerKind) {
         "Sec-WebSocket-Extensions: permessage-deflate\r\nSec-WebSocket-Protocol: chat\r\n";
     let mut upstream =
         RawUpstream::start(extensions, from_server.clone(), Some(from_client.len())).await;
-    let proxy = proxy(upstream.addr, server, |_| {}).await;
+    let proxy = proxy_on(server, upstream.addr, |_| {}).await;
     let offer = "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\
                  Sec-WebSocket-Protocol: chat, superchat\r\n";
     let (tcp, head, rest) = connect(&proxy, "/socket", offer).await;
@@ -326,7 +313,7 @@ fn close_frame_of(bytes: &[u8], direction: Direction) -> Vec<Collected> {
 
 async fn an_idle_tunnel_is_closed_with_1001_both_ways(server: ServerKind) {
     let mut upstream = RawUpstream::start("", Vec::new(), None).await;
-    let proxy = proxy(upstream.addr, server, |c| {
+    let proxy = proxy_on(server, upstream.addr, |c| {
         c.timeouts.websocket_idle = ms(300);
     })
     .await;
@@ -360,7 +347,7 @@ async fn an_idle_tunnel_is_closed_with_1001_both_ways(server: ServerKind) {
 
 async fn traffic_keeps_a_tunnel_from_its_idle_timeout(server: ServerKind) {
     let mut upstream = RawUpstream::start("", Vec::new(), Some(6 * 6)).await;
-    let proxy = proxy(upstream.addr, server, |c| {
+    let proxy = proxy_on(server, upstream.addr, |c| {
         c.timeouts.websocket_idle = ms(400);
     })
     .await;
@@ -378,7 +365,7 @@ async fn traffic_keeps_a_tunnel_from_its_idle_timeout(server: ServerKind) {
 
 async fn shutdown_closes_tunnels_with_1001_after_the_grace(server: ServerKind) {
     let mut upstream = RawUpstream::start("", Vec::new(), None).await;
-    let proxy = proxy(upstream.addr, server, |c| {
+    let proxy = proxy_on(server, upstream.addr, |c| {
         c.server.drain_grace = ms(300);
     })
     .await;
@@ -409,7 +396,7 @@ async fn shutdown_closes_tunnels_with_1001_after_the_grace(server: ServerKind) {
 async fn either_end_leaving_closes_the_other_at_once(server: ServerKind) {
     // The client goes: the upstream sees its close within a second.
     let mut upstream = RawUpstream::start("", Vec::new(), None).await;
-    let proxy = proxy(upstream.addr, server, |_| {}).await;
+    let proxy = proxy_on(server, upstream.addr, |_| {}).await;
     let (tcp, _, _) = connect(&proxy, "/socket", "").await;
     tokio::time::sleep(ms(50)).await;
     let left = Instant::now();
@@ -442,7 +429,7 @@ async fn either_end_leaving_closes_the_other_at_once(server: ServerKind) {
 
 async fn tunnels_count_against_the_connection_limit(server: ServerKind) {
     let upstream = RawUpstream::start("", Vec::new(), None).await;
-    let proxy = proxy(upstream.addr, server, |c| c.limits.max_connections = 2).await;
+    let proxy = proxy_on(server, upstream.addr, |c| c.limits.max_connections = 2).await;
     let (first, _, _) = connect(&proxy, "/socket", "").await;
     let (_second, _, _) = connect(&proxy, "/socket", "").await;
     tokio::time::sleep(ms(50)).await;
@@ -475,7 +462,7 @@ async fn tunnels_count_against_the_connection_limit(server: ServerKind) {
 
 async fn a_malformed_upgrade_gets_400_and_reaches_no_upstream(server: ServerKind) {
     let mut upstream = RawUpstream::start("", Vec::new(), None).await;
-    let proxy = proxy(upstream.addr, server, |_| {}).await;
+    let proxy = proxy_on(server, upstream.addr, |_| {}).await;
     for (request, why) in [
         ("POST /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade, close\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nContent-Length: 0\r\n\r\n", "GET"),
         ("GET /socket HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade, close\r\nSec-WebSocket-Version: 13\r\n\r\n", "Sec-WebSocket-Key"),
@@ -500,7 +487,7 @@ async fn an_upstream_that_does_not_switch_is_passed_through(server: ServerKind) 
         .status(426)
         .start()
         .await;
-    let proxy = proxy(upstream.addr, server, |_| {}).await;
+    let proxy = proxy_on(server, upstream.addr, |_| {}).await;
     let (_tcp, head, rest) = connect(&proxy, "/socket", "").await;
     assert!(head.starts_with("HTTP/1.1 426"), "{head}");
     let _ = rest;
@@ -559,7 +546,7 @@ async fn streams(proxy: &ProxyHandle) -> Vec<serde_json::Value> {
 async fn two_responses_on_one_socket_are_two_metered_streams(server: ServerKind) {
     let gap = ms(30);
     let sim = sim_with(sim_config(6, gap)).await;
-    let proxy = proxy(sim.addr(), server, |_| {}).await;
+    let proxy = proxy_on(server, sim.addr(), |_| {}).await;
     let run = measure(&probe_through(&proxy, "/v1/responses", 2, 2))
         .await
         .unwrap();
@@ -635,7 +622,7 @@ async fn two_responses_on_one_socket_are_two_metered_streams(server: ServerKind)
 
 async fn realtime_responses_are_metered_with_their_format(server: ServerKind) {
     let sim = sim_with(sim_config(5, ms(5))).await;
-    let proxy = proxy(sim.addr(), server, |_| {}).await;
+    let proxy = proxy_on(server, sim.addr(), |_| {}).await;
     let run = measure(&probe_through(&proxy, "/v1/realtime?model=rt-asked", 2, 2))
         .await
         .unwrap();
@@ -702,7 +689,7 @@ async fn streams_by_model(
     send: &[u8],
     models: &[&str],
 ) -> Vec<String> {
-    let proxy = proxy(upstream.addr, ServerKind::Native, |_| {}).await;
+    let proxy = proxy_on(ServerKind::Native, upstream.addr, |_| {}).await;
     let (mut tcp, head, _) = connect(&proxy, path, "").await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     tcp.write_all(send).await.unwrap();
@@ -788,7 +775,7 @@ async fn responses_streams_take_the_model_of_their_response_or_request() {
 
 async fn a_client_leaving_mid_response_cancels_it_and_closes_the_upstream(server: ServerKind) {
     let sim = sim_with(sim_config(200, ms(20))).await;
-    let proxy = proxy(sim.addr(), server, |_| {}).await;
+    let proxy = proxy_on(server, sim.addr(), |_| {}).await;
     let (mut tcp, head, _) = connect(&proxy, "/v1/responses", "").await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     let create = br#"{"type":"response.create","model":"sim-model","input":"Hi there"}"#;
@@ -825,7 +812,7 @@ async fn a_socket_on_another_path_is_a_connection_only(server: ServerKind) {
         br#"{"type":"response.output_text.delta","delta":"Hi"}"#,
     );
     let upstream = RawUpstream::start("", chatter.clone(), Some(0)).await;
-    let proxy = proxy(upstream.addr, server, |_| {}).await;
+    let proxy = proxy_on(server, upstream.addr, |_| {}).await;
     let (mut tcp, _, rest) = connect(&proxy, "/socket", "").await;
     assert_eq!(
         read_to_end(&mut tcp, rest, Duration::from_secs(5)).await,
@@ -890,7 +877,7 @@ async fn an_http2_extended_connect_becomes_an_http11_upgrade_upstream() {
         Some(from_client.len()),
     )
     .await;
-    let proxy = proxy(upstream.addr, ServerKind::Native, |_| {}).await;
+    let proxy = proxy_on(ServerKind::Native, upstream.addr, |_| {}).await;
     let tcp = TcpStream::connect(proxy.proxy_addr).await.unwrap();
     let (mut send, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))

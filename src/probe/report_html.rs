@@ -16,6 +16,7 @@ use super::client::ProbeRun;
 use super::judged::{Judged, Status};
 use super::report_html_more as more;
 use super::stats::{millis, Quantiles, Report};
+use super::stream::StreamRecord;
 use crate::units::format_duration;
 
 /// At most this many streams get a cadence strip (the first ones, in start order); the page says
@@ -203,6 +204,14 @@ fn attribution_section(out: &mut String, a: &Attribution) {
         escape(&a.admin_url),
         a.gaps
     );
+    split_table(out, a);
+    stalls_and_waiting(out, a);
+    not_joined_notes(out, a);
+}
+
+/// The table of ITL and TTFT percentiles, each split into its parts, and a note when the ITL
+/// p99's generation was a batch-wide hitch.
+fn split_table(out: &mut String, a: &Attribution) {
     out.push_str(
         "<table>\n<tr><th></th><th>client</th><th>generation</th><th>metronome</th>\
          <th>after metronome</th><th>network</th></tr>\n",
@@ -251,6 +260,11 @@ fn attribution_section(out: &mut String, a: &Attribution) {
             signed_ms(g.generation_batch)
         );
     }
+}
+
+/// The stalls by the part that made them, the shares of the client's waiting, clumping, base
+/// delay, and each point's own gap percentiles.
+fn stalls_and_waiting(out: &mut String, a: &Attribution) {
     let st = &a.stalls;
     if st.stalls > 0 {
         let _ = writeln!(
@@ -297,6 +311,12 @@ fn attribution_section(out: &mut String, a: &Attribution) {
             points.client.as_ms_text("–")
         );
     }
+}
+
+/// The streams not joined, by reason, with an example of each.
+fn not_joined_notes(out: &mut String, a: &Attribution) {
+    let n = &a.streams_not_joined;
+    let not_joined = n.no_stream_id + n.not_found + n.fetch_error + n.no_token_events;
     if not_joined > 0 {
         let _ = writeln!(
             out,
@@ -318,68 +338,148 @@ fn signed_ms(value: f64) -> String {
 
 /// The pooled gap histogram, log-binned, with a separate bar for gaps of 0.
 fn histogram(out: &mut String, run: &ProbeRun, threshold: Duration) {
-    let mut zero = 0u64;
-    let mut min = f64::INFINITY;
-    let mut max = 0f64;
-    let gaps: Vec<f64> = run
-        .streams
-        .iter()
-        .flat_map(|s| s.gaps())
-        .map(|g| g.as_secs_f64())
-        .collect();
-    for &g in &gaps {
-        if g <= 0.0 {
-            zero += 1;
-        } else {
-            min = min.min(g);
-            max = max.max(g);
-        }
-    }
     let t = threshold.as_secs_f64().max(1e-6);
-    // Decades from below the smallest gap (at most 1 ms) to above the largest (at least 2x the
-    // threshold), so the threshold line is always on the axis.
-    let lo_decade = min.min(1e-3).log10().floor() as i32;
-    let hi_decade = (max.max(t * 2.0).log10().ceil() as i32).max(lo_decade + 1);
-    let bins = ((hi_decade - lo_decade) as u32 * BINS_PER_DECADE) as usize;
-    let mut counts = vec![0u64; bins];
-    for &g in gaps.iter().filter(|g| **g > 0.0) {
-        let pos = (g.log10() - f64::from(lo_decade)) * f64::from(BINS_PER_DECADE);
-        let bin = (pos.floor().max(0.0) as usize).min(bins - 1);
-        counts[bin] += 1;
-    }
-    let tallest = counts
-        .iter()
-        .copied()
-        .chain([zero])
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
-
-    let (width, height) = (900.0, 260.0);
-    let (left, right, top, bottom) = (70.0, 20.0, 15.0, 40.0);
-    let zero_w = 24.0;
-    let plot_x = left + zero_w + 36.0;
-    let plot_w = width - plot_x - right;
-    let plot_h = height - top - bottom;
-    let base = top + plot_h;
-    let x_of = |seconds: f64| {
-        plot_x
-            + (seconds.log10() - f64::from(lo_decade)) / f64::from(hi_decade - lo_decade) * plot_w
-    };
-    let bar_h = |count: u64| {
-        if count == 0 {
-            0.0
-        } else {
-            (count as f64 / tallest * plot_h).max(2.0)
-        }
-    };
+    let bins = GapBins::of(run, t);
+    let frame = HistogramFrame::new(&bins);
+    let (width, height) = (frame.width, frame.height);
     let _ = writeln!(
         out,
         "<svg width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" role=\"img\" \
          aria-label=\"histogram of gaps between token events\">"
     );
+    histogram_bars(out, &bins, &frame, t);
+    histogram_axes(out, &bins, &frame, t, threshold);
+    out.push_str("</svg>\n");
+}
+
+/// A run's gaps between token events, all streams pooled: gaps of 0 apart, the others counted
+/// in `BINS_PER_DECADE` log bins per decade.
+struct GapBins {
+    /// Gaps of 0 (token events that arrived in one frame).
+    zero: u64,
+    /// The count of each bin, from `lo_decade` up.
+    counts: Vec<u64>,
+    /// The decades the bins span (powers of ten, seconds).
+    lo_decade: i32,
+    hi_decade: i32,
+    /// The largest count (at least 1): the height of the tallest bar.
+    tallest: f64,
+}
+
+impl GapBins {
+    /// The bins of `run`'s gaps; `t` is the stall threshold in seconds.
+    fn of(run: &ProbeRun, t: f64) -> Self {
+        let mut zero = 0u64;
+        let mut min = f64::INFINITY;
+        let mut max = 0f64;
+        let gaps: Vec<f64> = run
+            .streams
+            .iter()
+            .flat_map(|s| s.gaps())
+            .map(|g| g.as_secs_f64())
+            .collect();
+        for &g in &gaps {
+            if g <= 0.0 {
+                zero += 1;
+            } else {
+                min = min.min(g);
+                max = max.max(g);
+            }
+        }
+        // Decades from below the smallest gap (at most 1 ms) to above the largest (at least 2x
+        // the threshold), so the threshold line is always on the axis.
+        let lo_decade = min.min(1e-3).log10().floor() as i32;
+        let hi_decade = (max.max(t * 2.0).log10().ceil() as i32).max(lo_decade + 1);
+        let bins = ((hi_decade - lo_decade) as u32 * BINS_PER_DECADE) as usize;
+        let mut counts = vec![0u64; bins];
+        for &g in gaps.iter().filter(|g| **g > 0.0) {
+            let pos = (g.log10() - f64::from(lo_decade)) * f64::from(BINS_PER_DECADE);
+            let bin = (pos.floor().max(0.0) as usize).min(bins - 1);
+            counts[bin] += 1;
+        }
+        let tallest = counts
+            .iter()
+            .copied()
+            .chain([zero])
+            .max()
+            .unwrap_or(0)
+            .max(1) as f64;
+        GapBins {
+            zero,
+            counts,
+            lo_decade,
+            hi_decade,
+            tallest,
+        }
+    }
+}
+
+/// Where the histogram's parts go on the page, in pixels: the bar for gaps of 0 on the left,
+/// then the log-scaled plot.
+struct HistogramFrame {
+    width: f64,
+    height: f64,
+    left: f64,
+    right: f64,
+    top: f64,
+    zero_w: f64,
+    plot_x: f64,
+    plot_w: f64,
+    plot_h: f64,
+    /// The x axis's height: the bars' foot.
+    base: f64,
+    lo_decade: i32,
+    hi_decade: i32,
+}
+
+impl HistogramFrame {
+    fn new(bins: &GapBins) -> Self {
+        let (width, height) = (900.0, 260.0);
+        let (left, right, top, bottom) = (70.0, 20.0, 15.0, 40.0);
+        let zero_w = 24.0;
+        let plot_x = left + zero_w + 36.0;
+        let plot_w = width - plot_x - right;
+        let plot_h = height - top - bottom;
+        HistogramFrame {
+            width,
+            height,
+            left,
+            right,
+            top,
+            zero_w,
+            plot_x,
+            plot_w,
+            plot_h,
+            base: top + plot_h,
+            lo_decade: bins.lo_decade,
+            hi_decade: bins.hi_decade,
+        }
+    }
+
+    /// The x of a gap of `seconds` on the log axis.
+    fn x_of(&self, seconds: f64) -> f64 {
+        self.plot_x
+            + (seconds.log10() - f64::from(self.lo_decade))
+                / f64::from(self.hi_decade - self.lo_decade)
+                * self.plot_w
+    }
+
+    /// The height of a bar of `count` gaps (at least 2 pixels, so a single gap shows).
+    fn bar_h(&self, count: u64, tallest: f64) -> f64 {
+        if count == 0 {
+            0.0
+        } else {
+            (count as f64 / tallest * self.plot_h).max(2.0)
+        }
+    }
+}
+
+/// The bars: gaps of 0 on the left, then one per bin with gaps, red from the threshold `t` on.
+fn histogram_bars(out: &mut String, bins: &GapBins, frame: &HistogramFrame, t: f64) {
+    let (left, zero_w, base, plot_x) = (frame.left, frame.zero_w, frame.base, frame.plot_x);
+    let (zero, lo_decade) = (bins.zero, bins.lo_decade);
     // The bar for gaps of 0.
-    let h = bar_h(zero);
+    let h = frame.bar_h(zero, bins.tallest);
     let _ = writeln!(
         out,
         "<rect class=\"bar zero\" x=\"{left:.1}\" y=\"{:.1}\" width=\"{zero_w:.1}\" height=\"{h:.1}\">\
@@ -395,15 +495,15 @@ fn histogram(out: &mut String, run: &ProbeRun, threshold: Duration) {
         left + zero_w / 2.0,
         base + 14.0
     );
-    let bin_w = plot_w / bins as f64;
-    for (i, &count) in counts.iter().enumerate() {
+    let bin_w = frame.plot_w / bins.counts.len() as f64;
+    for (i, &count) in bins.counts.iter().enumerate() {
         if count == 0 {
             continue;
         }
         let from = 10f64.powf(f64::from(lo_decade) + i as f64 / f64::from(BINS_PER_DECADE));
         let to = 10f64.powf(f64::from(lo_decade) + (i + 1) as f64 / f64::from(BINS_PER_DECADE));
         let class = if from >= t { "bar stall" } else { "bar" };
-        let h = bar_h(count);
+        let h = frame.bar_h(count, bins.tallest);
         let _ = writeln!(
             out,
             "<rect class=\"{class}\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\">\
@@ -416,18 +516,28 @@ fn histogram(out: &mut String, run: &ProbeRun, threshold: Duration) {
         );
         count_label(out, plot_x + (i as f64 + 0.5) * bin_w, base - h, count);
     }
-    // Axes, decade ticks and labels.
+}
+
+/// The axes, decade ticks and labels, and the dashed threshold line at `t` seconds.
+fn histogram_axes(
+    out: &mut String,
+    bins: &GapBins,
+    frame: &HistogramFrame,
+    t: f64,
+    threshold: Duration,
+) {
+    let (left, top, base) = (frame.left, frame.top, frame.base);
     let _ = writeln!(
         out,
         "<line class=\"axis\" x1=\"{left:.1}\" y1=\"{base:.1}\" x2=\"{:.1}\" y2=\"{base:.1}\"/>",
-        width - right
+        frame.width - frame.right
     );
     let _ = writeln!(
         out,
         "<line class=\"axis\" x1=\"{left:.1}\" y1=\"{top:.1}\" x2=\"{left:.1}\" y2=\"{base:.1}\"/>"
     );
-    for decade in lo_decade..=hi_decade {
-        let x = x_of(10f64.powi(decade));
+    for decade in bins.lo_decade..=bins.hi_decade {
+        let x = frame.x_of(10f64.powi(decade));
         let label = round_label(10f64.powi(decade));
         let _ = writeln!(
             out,
@@ -444,13 +554,13 @@ fn histogram(out: &mut String, run: &ProbeRun, threshold: Duration) {
          <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">gap (log scale); bar height: number of gaps</text>",
         left - 6.0,
         top + 10.0,
-        tallest as u64,
+        bins.tallest as u64,
         left - 6.0,
         base,
-        plot_x + plot_w / 2.0,
-        height - 6.0
+        frame.plot_x + frame.plot_w / 2.0,
+        frame.height - 6.0
     );
-    let x = x_of(t);
+    let x = frame.x_of(t);
     let _ = writeln!(
         out,
         "<line class=\"threshold\" x1=\"{x:.1}\" y1=\"{top:.1}\" x2=\"{x:.1}\" y2=\"{base:.1}\"/>\
@@ -459,94 +569,148 @@ fn histogram(out: &mut String, run: &ProbeRun, threshold: Duration) {
         top + 10.0,
         format_duration(threshold)
     );
-    out.push_str("</svg>\n");
 }
 
 /// One lane per stream with a tick per token event, on a shared time axis.
 fn strips(out: &mut String, run: &ProbeRun, threshold: Duration) {
     let streams = &run.streams[..run.streams.len().min(MAX_STRIPS)];
-    let end_of = |s: &super::stream::StreamRecord| -> Instant {
-        s.finished
-            .into_iter()
-            .chain(s.token_times.last().copied())
-            .max()
-            .unwrap_or(s.scheduled)
-    };
     let span = streams
         .iter()
-        .map(|s| end_of(s).saturating_duration_since(s.scheduled))
+        .map(|s| lane_end(s).saturating_duration_since(s.scheduled))
         .max()
         .unwrap_or_default()
         .as_secs_f64()
         .max(1e-3);
-    let (width, left, right, top) = (900.0, 70.0, 20.0, 10.0);
-    let (lane_h, lane_gap) = (6.0, 3.0);
-    let plot_w = width - left - right;
-    let height = top + streams.len() as f64 * (lane_h + lane_gap) + 44.0;
-    let x_of = |s: &super::stream::StreamRecord, at: Instant| {
-        left + at.saturating_duration_since(s.scheduled).as_secs_f64() / span * plot_w
-    };
+    let frame = StripFrame::new(span, streams.len());
+    let (width, height) = (frame.width, frame.height);
     let _ = writeln!(
         out,
         "<svg width=\"{width}\" height=\"{height:.0}\" viewBox=\"0 0 {width} {height:.0}\" role=\"img\" \
          aria-label=\"token events per stream over time\">"
     );
     for (row, s) in streams.iter().enumerate() {
-        let y = top + row as f64 * (lane_h + lane_gap);
-        let mid = y + lane_h / 2.0;
-        let lane = if s.error.is_some() {
-            "lane failed"
-        } else {
-            "lane"
-        };
-        let about = match &s.error {
-            Some(e) => format!("failed: {e}"),
-            None => format!(
-                "{} tokens, TTFT {}, {:.1} tokens/s",
-                s.output_tokens(),
-                ms(s.ttft().map(millis)),
-                s.tokens_per_second().unwrap_or(0.0)
-            ),
-        };
-        let _ = write!(
-            out,
-            "<g><title>stream {}: {}</title>\
-             <line class=\"{lane}\" x1=\"{left:.1}\" y1=\"{mid:.1}\" x2=\"{:.1}\" y2=\"{mid:.1}\" stroke-width=\"{lane_h}\"/>",
-            s.index,
-            escape(&about),
-            x_of(s, end_of(s)).max(left + 1.0)
-        );
-        let (mut ticks, mut clumps, mut stalls) = (String::new(), String::new(), String::new());
-        let mut previous: Option<Instant> = None;
-        for &at in &s.token_times {
-            let x = x_of(s, at);
-            match previous {
-                Some(p) if at == p => {
-                    let _ = write!(clumps, "M{x:.1} {y:.1}v{lane_h}");
-                }
-                Some(p) if at.saturating_duration_since(p) > threshold => {
-                    let x0 = x_of(s, p);
-                    let _ = write!(stalls, "M{x0:.1} {y:.1}H{x:.1}v{lane_h}H{x0:.1}Z");
-                    let _ = write!(ticks, "M{x:.1} {y:.1}v{lane_h}");
-                }
-                _ => {
-                    let _ = write!(ticks, "M{x:.1} {y:.1}v{lane_h}");
-                }
-            }
-            previous = Some(at);
-        }
-        for (class, d) in [("gap", &stalls), ("tick", &ticks), ("clump", &clumps)] {
-            if !d.is_empty() {
-                let _ = write!(out, "<path class=\"{class}\" d=\"{d}\"/>");
-            }
-        }
-        out.push_str("</g>\n");
+        strip_lane(out, &frame, row, s, threshold);
     }
+    strip_axes(out, &frame, streams);
+    out.push_str("</svg>\n");
+}
+
+/// Where a stream's lane ends: its last token event or its end, whichever is later.
+fn lane_end(s: &StreamRecord) -> Instant {
+    s.finished
+        .into_iter()
+        .chain(s.token_times.last().copied())
+        .max()
+        .unwrap_or(s.scheduled)
+}
+
+/// Where the strips' parts go on the page, in pixels, for `span` seconds of time.
+struct StripFrame {
+    width: f64,
+    height: f64,
+    left: f64,
+    right: f64,
+    top: f64,
+    lane_h: f64,
+    lane_gap: f64,
+    plot_w: f64,
+    span: f64,
+}
+
+impl StripFrame {
+    fn new(span: f64, lanes: usize) -> Self {
+        let (width, left, right, top) = (900.0, 70.0, 20.0, 10.0);
+        let (lane_h, lane_gap) = (6.0, 3.0);
+        StripFrame {
+            width,
+            height: top + lanes as f64 * (lane_h + lane_gap) + 44.0,
+            left,
+            right,
+            top,
+            lane_h,
+            lane_gap,
+            plot_w: width - left - right,
+            span,
+        }
+    }
+
+    /// The x of `at` on the lane of `s`, counted from the stream's intended start.
+    fn x_of(&self, s: &StreamRecord, at: Instant) -> f64 {
+        self.left
+            + at.saturating_duration_since(s.scheduled).as_secs_f64() / self.span * self.plot_w
+    }
+}
+
+/// The lane of the stream `s` in `row`: its bar (red when it failed, its figures as its title),
+/// a tick per token event, orange for one in the frame of the one before, red shading for a stall.
+fn strip_lane(
+    out: &mut String,
+    frame: &StripFrame,
+    row: usize,
+    s: &StreamRecord,
+    threshold: Duration,
+) {
+    let (left, lane_h) = (frame.left, frame.lane_h);
+    let y = frame.top + row as f64 * (lane_h + frame.lane_gap);
+    let mid = y + lane_h / 2.0;
+    let lane = if s.error.is_some() {
+        "lane failed"
+    } else {
+        "lane"
+    };
+    let about = match &s.error {
+        Some(e) => format!("failed: {e}"),
+        None => format!(
+            "{} tokens, TTFT {}, {:.1} tokens/s",
+            s.output_tokens(),
+            ms(s.ttft().map(millis)),
+            s.tokens_per_second().unwrap_or(0.0)
+        ),
+    };
+    let _ = write!(
+        out,
+        "<g><title>stream {}: {}</title>\
+         <line class=\"{lane}\" x1=\"{left:.1}\" y1=\"{mid:.1}\" x2=\"{:.1}\" y2=\"{mid:.1}\" stroke-width=\"{lane_h}\"/>",
+        s.index,
+        escape(&about),
+        frame.x_of(s, lane_end(s)).max(left + 1.0)
+    );
+    let (mut ticks, mut clumps, mut stalls) = (String::new(), String::new(), String::new());
+    let mut previous: Option<Instant> = None;
+    for &at in &s.token_times {
+        let x = frame.x_of(s, at);
+        match previous {
+            Some(p) if at == p => {
+                let _ = write!(clumps, "M{x:.1} {y:.1}v{lane_h}");
+            }
+            Some(p) if at.saturating_duration_since(p) > threshold => {
+                let x0 = frame.x_of(s, p);
+                let _ = write!(stalls, "M{x0:.1} {y:.1}H{x:.1}v{lane_h}H{x0:.1}Z");
+                let _ = write!(ticks, "M{x:.1} {y:.1}v{lane_h}");
+            }
+            _ => {
+                let _ = write!(ticks, "M{x:.1} {y:.1}v{lane_h}");
+            }
+        }
+        previous = Some(at);
+    }
+    for (class, d) in [("gap", &stalls), ("tick", &ticks), ("clump", &clumps)] {
+        if !d.is_empty() {
+            let _ = write!(out, "<path class=\"{class}\" d=\"{d}\"/>");
+        }
+    }
+    out.push_str("</g>\n");
+}
+
+/// The time axis under the lanes, with round ticks, and the stream numbers down the left.
+fn strip_axes(out: &mut String, frame: &StripFrame, streams: &[StreamRecord]) {
+    let (left, top, lane_h, lane_gap) = (frame.left, frame.top, frame.lane_h, frame.lane_gap);
+    let (span, plot_w) = (frame.span, frame.plot_w);
     let base = top + streams.len() as f64 * (lane_h + lane_gap) + 4.0;
     let _ = writeln!(
         out,
         "<line class=\"axis\" x1=\"{left:.1}\" y1=\"{base:.1}\" x2=\"{:.1}\" y2=\"{base:.1}\"/>",
-        width - right
+        frame.width - frame.right
     );
     let step = tick_step(span);
     let mut tick = 0.0;
@@ -579,7 +743,6 @@ fn strips(out: &mut String, run: &ProbeRun, threshold: Duration) {
         left + plot_w / 2.0,
         base + 30.0
     );
-    out.push_str("</svg>\n");
 }
 
 /// A count above its bar, so a single stall is as readable as a thousand steady gaps.

@@ -171,10 +171,6 @@ pub fn ttft_section(out: &mut String, run: &ProbeRun) {
 /// TTFT and ITL at p50 ... p99.9 and max: x is the percentile on a log scale of 1/(1 - p), y the
 /// latency on a log scale, so each decade of tail gets the same room.
 pub fn percentile_section(out: &mut String, run: &ProbeRun) {
-    let mut ttft: Vec<Duration> = run.streams.iter().filter_map(|s| s.ttft()).collect();
-    let mut itl: Vec<Duration> = run.streams.iter().flat_map(|s| s.gaps()).collect();
-    ttft.sort_unstable();
-    itl.sort_unstable();
     out.push_str("<h2>Tail: latency by percentile</h2>\n");
     out.push_str(
         "<p class=\"note\">Both axes are logarithmic: the x axis spaces p50, p90, p99 and p99.9 \
@@ -182,18 +178,7 @@ pub fn percentile_section(out: &mut String, run: &ProbeRun) {
          that climbs at the right is a tail. Blue: gaps between token events (ITL, 0 shown at 1 µs); \
          orange: TTFT.</p>\n",
     );
-    let series: Vec<(&str, Vec<(u32, f64)>)> = [("itl", &itl), ("ttft", &ttft)]
-        .into_iter()
-        .map(|(name, sorted)| {
-            let points = PER_MILLE
-                .iter()
-                .filter_map(|&pm| {
-                    nearest_rank_per_mille(sorted, pm).map(|d| (pm, d.as_secs_f64().max(1e-6)))
-                })
-                .collect();
-            (name, points)
-        })
-        .collect();
+    let series = percentile_series(run);
     let all = series.iter().flat_map(|(_, p)| p.iter().map(|(_, v)| *v));
     let (lo, hi) = all.fold((f64::INFINITY, 0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
     let (lo_dec, hi_dec) = if hi > 0.0 {
@@ -227,6 +212,40 @@ pub fn percentile_section(out: &mut String, run: &ProbeRun) {
         );
         decade += 1.0;
     }
+    draw_series(out, &series, &x_of, &y_of);
+    axis_lines(out);
+    out.push_str("</svg>\n");
+}
+
+/// The ITL and TTFT series: each `PER_MILLE` percentile with data, as (per mille, seconds), a
+/// latency of 0 shown at 1 µs (the log axis has no 0).
+fn percentile_series(run: &ProbeRun) -> Vec<(&'static str, Vec<(u32, f64)>)> {
+    let mut ttft: Vec<Duration> = run.streams.iter().filter_map(|s| s.ttft()).collect();
+    let mut itl: Vec<Duration> = run.streams.iter().flat_map(|s| s.gaps()).collect();
+    ttft.sort_unstable();
+    itl.sort_unstable();
+    [("itl", &itl), ("ttft", &ttft)]
+        .into_iter()
+        .map(|(name, sorted)| {
+            let points = PER_MILLE
+                .iter()
+                .filter_map(|&pm| {
+                    nearest_rank_per_mille(sorted, pm).map(|d| (pm, d.as_secs_f64().max(1e-6)))
+                })
+                .collect();
+            (name, points)
+        })
+        .collect()
+}
+
+/// The percentile labels under the plot, then each series as a line with a titled dot per
+/// percentile, placed by `x_of` (per mille) and `y_of` (seconds).
+fn draw_series(
+    out: &mut String,
+    series: &[(&str, Vec<(u32, f64)>)],
+    x_of: &impl Fn(u32) -> f64,
+    y_of: &impl Fn(f64) -> f64,
+) {
     for (pm, name) in [
         (500, "p50"),
         (900, "p90"),
@@ -241,7 +260,7 @@ pub fn percentile_section(out: &mut String, run: &ProbeRun) {
             H - 10.0
         );
     }
-    for (name, points) in &series {
+    for (name, points) in series {
         let class = if *name == "itl" {
             "line-itl"
         } else {
@@ -269,8 +288,6 @@ pub fn percentile_section(out: &mut String, run: &ProbeRun) {
             );
         }
     }
-    axis_lines(out);
-    out.push_str("</svg>\n");
 }
 
 /// The streams: index, status, TTFT, token events, the longest gap and the stream ID (a link to

@@ -11,8 +11,27 @@ use crate::units::format_duration;
 
 /// Renders the report as aligned text lines, ending with the verdict.
 pub fn render_text(report: &Report) -> String {
-    let d = &report.detail;
     let mut out = String::new();
+    streams_and_tokens(&mut out, report);
+    cadence(&mut out, report);
+    delivery(&mut out, report);
+    // Writing to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "verdict        {}   ({})",
+        report.verdict.word(),
+        report.evidence().explain()
+    );
+    if let Some(attribution) = &report.attribution {
+        out.push_str(&render_attribution(attribution));
+    }
+    out
+}
+
+/// The report's first lines: how many streams ran and failed (by kind, with an example of each),
+/// and the tokens they carried.
+fn streams_and_tokens(out: &mut String, report: &Report) {
+    let d = &report.detail;
     let errors = if d.errors_by_kind.is_empty() {
         String::new()
     } else {
@@ -39,6 +58,11 @@ pub fn render_text(report: &Report) -> String {
         "tokens         {} output tokens in {} token events",
         d.output_tokens, d.token_events
     );
+}
+
+/// The cadence lines: TTFT, TTFO, ITL, tokens/s, stalls, jank, and the figures of each phase.
+fn cadence(out: &mut String, report: &Report) {
+    let d = &report.detail;
     let _ = writeln!(out, "TTFT           {}", quantiles(&report.ttft_ms));
     let _ = writeln!(
         out,
@@ -89,6 +113,11 @@ pub fn render_text(report: &Report) -> String {
             f.stalls
         );
     }
+}
+
+/// What the run delivered: the streams' reading speeds, the throughput and, with `--slo`, the
+/// goodput.
+fn delivery(out: &mut String, report: &Report) {
     let b = &report.reading_bands;
     let _ = writeln!(
         out,
@@ -123,16 +152,6 @@ pub fn render_text(report: &Report) -> String {
             met.join(", ")
         );
     }
-    let _ = writeln!(
-        out,
-        "verdict        {}   ({})",
-        report.verdict.word(),
-        report.evidence().explain()
-    );
-    if let Some(attribution) = &report.attribution {
-        out.push_str(&render_attribution(attribution));
-    }
-    out
 }
 
 /// The `--rate-sweep` table: one row per rate, so the load where the cadence breaks shows.
@@ -204,6 +223,16 @@ pub fn render_attribution(a: &Attribution) -> String {
         a.admin_url,
         a.gaps
     );
+    gap_parts(&mut out, a);
+    ttft_parts(&mut out, a);
+    delivery_path(&mut out, a);
+    join_problems(&mut out, a);
+    out
+}
+
+/// Each ITL percentile split into its parts, the stalls by the part that made them, and each
+/// point's own gap percentiles.
+fn gap_parts(out: &mut String, a: &Attribution) {
     for (name, split) in [
         ("p50", a.gap_ms.p50),
         ("p95", a.gap_ms.p95),
@@ -249,6 +278,11 @@ pub fn render_attribution(a: &Attribution) -> String {
             points.client.as_ms_text("-")
         );
     }
+}
+
+/// Each TTFT percentile split into its parts, and the shares of the client's waiting metronome
+/// and what follows it added.
+fn ttft_parts(out: &mut String, a: &Attribution) {
     for (name, split) in [
         ("p50", a.ttft_ms.p50),
         ("p95", a.ttft_ms.p95),
@@ -274,6 +308,11 @@ pub fn render_attribution(a: &Attribution) -> String {
             after * 100.0
         );
     }
+}
+
+/// How the path delivers events: clumping at the client against the upstream's frames, and the
+/// base delay of a round trip.
+fn delivery_path(out: &mut String, a: &Attribution) {
     let c = &a.clumping;
     let _ = writeln!(
         out,
@@ -289,6 +328,13 @@ pub fn render_attribution(a: &Attribution) -> String {
         ms(a.base_delay_ms.p50),
         ms(a.base_delay_ms.max)
     );
+}
+
+/// What the join could not line up: streams whose token events differ in number, and streams not
+/// joined, by reason, with an example of each.
+fn join_problems(out: &mut String, a: &Attribution) {
+    let n = &a.streams_not_joined;
+    let not_joined = n.no_stream_id + n.not_found + n.fetch_error + n.no_token_events;
     if a.token_count_mismatches > 0 {
         let _ = writeln!(
             out,
@@ -306,7 +352,6 @@ pub fn render_attribution(a: &Attribution) -> String {
             let _ = writeln!(out, "    {kind}: {example}");
         }
     }
-    out
 }
 
 /// `+ 1.2ms` or `- 30.0ms`: a part of a sum whose sign matters.

@@ -31,7 +31,7 @@ use serde::Serialize;
 use super::attribution::Attribution;
 use super::client::ProbeRun;
 use super::goodput::Goodput;
-use super::stream::{Phase, StreamRecord};
+use super::stream::{Phase, StreamError, StreamRecord};
 use super::verdict::{Evidence, Verdict};
 use super::workload::RequestShape;
 
@@ -292,27 +292,12 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
     for stream in &run.streams {
         if let Some(error) = &stream.error {
             errors += 1;
-            *detail.errors_by_kind.entry(error.kind()).or_default() += 1;
-            // The first error of each kind is its example, unless a later one says why where
-            // the first did not.
-            let kind = error.kind();
-            let example = match &stream.error_body {
-                Some(body) => format!("{error}: {body}"),
-                None => error.to_string(),
-            };
-            match detail.error_examples.entry(kind) {
-                Entry::Vacant(slot) => {
-                    slot.insert(example);
-                    if error.explains() {
-                        explained.insert(kind);
-                    }
-                }
-                Entry::Occupied(mut slot) => {
-                    if error.explains() && explained.insert(kind) {
-                        slot.insert(example);
-                    }
-                }
-            }
+            tally_error(
+                &mut detail,
+                &mut explained,
+                error,
+                stream.error_body.as_deref(),
+            );
         }
         ttfts.extend(stream.ttft());
         stream_gaps.clear();
@@ -384,6 +369,36 @@ pub fn summarize(run: &ProbeRun, stall_threshold: Duration) -> Report {
         goodput: None,
         meta: None,
         detail,
+    }
+}
+
+/// Counts a failed stream's `error` (with the start of the server's `body`, if any) by kind.
+/// The first error of each kind is its example, unless a later one says why where the first did
+/// not; `explained` holds the kinds whose example does.
+fn tally_error(
+    detail: &mut ReportDetail,
+    explained: &mut BTreeSet<&'static str>,
+    error: &StreamError,
+    body: Option<&str>,
+) {
+    *detail.errors_by_kind.entry(error.kind()).or_default() += 1;
+    let kind = error.kind();
+    let example = match body {
+        Some(body) => format!("{error}: {body}"),
+        None => error.to_string(),
+    };
+    match detail.error_examples.entry(kind) {
+        Entry::Vacant(slot) => {
+            slot.insert(example);
+            if error.explains() {
+                explained.insert(kind);
+            }
+        }
+        Entry::Occupied(mut slot) => {
+            if error.explains() && explained.insert(kind) {
+                slot.insert(example);
+            }
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! that records every frame, and a reader for the Prometheus text format.
 #![allow(dead_code)]
 
+pub mod child;
 pub mod fixtures;
 mod upstream;
 
@@ -75,6 +76,35 @@ pub async fn proxy_with(upstream: SocketAddr, adjust: impl FnOnce(&mut Config)) 
     ProxyHandle::start(config).await.unwrap()
 }
 
+/// A reasoning agent in the sim: 6 reasoning tokens, a 400 ms think pause, a 5-token answer
+/// and 2 tool calls of 3 argument tokens, one token every 5 ms.
+pub fn sim_agent() -> metronome::sim::SimConfig {
+    metronome::sim::SimConfig {
+        gap: ms(5),
+        ttft: ms(20),
+        tokens: 5,
+        reasoning_tokens: 6,
+        think_pause: ms(400),
+        tool_calls: 2,
+        tool_call_tokens: 3,
+        ..metronome::sim::SimConfig::default()
+    }
+}
+
+/// A proxy in front of `upstream` whose HTTP/1.x server is `kind` (metronome's own or hyper's),
+/// its configuration adjusted: the tests that hold for both servers run once with each.
+pub async fn proxy_on(
+    kind: metronome::config::ServerKind,
+    upstream: SocketAddr,
+    adjust: impl FnOnce(&mut Config),
+) -> ProxyHandle {
+    proxy_with(upstream, |config| {
+        config.server.http1_server = kind;
+        adjust(config);
+    })
+    .await
+}
+
 /// The TOML every test proxy starts from: loopback listeners in front of `upstream`, and one
 /// route, `chat` (exact `/v1/chat/completions`). Text rather than a `Config`, so that a test can
 /// append tables (more routes) before it is parsed.
@@ -128,6 +158,20 @@ pub async fn stream_chat(addr: SocketAddr) -> Received {
         false,
     )
     .await
+}
+
+/// GETs `path`, which must answer 200, and reads the answer as JSON (the admin's `/streams`,
+/// `/batch`).
+pub async fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let got = request(addr, "GET", path, "", false).await;
+    assert_eq!(got.status, 200, "{path}");
+    serde_json::from_slice(&got.bytes()).unwrap()
+}
+
+/// GETs `path` and reads the answer as JSON, whatever its status: the status and the value.
+pub async fn status_and_json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    let got = request(addr, "GET", path, "", false).await;
+    (got.status, serde_json::from_slice(&got.bytes()).unwrap())
 }
 
 /// Sends a request and records every frame; `http2` uses HTTP/2 with prior knowledge.

@@ -108,7 +108,6 @@ pub async fn open(
             "this connection cannot be upgraded",
         );
     };
-    let body_limit = state.config.limits.max_request_body_bytes;
     let extended_connect = request.method() == http::Method::CONNECT;
     let path = request.uri().path().to_string();
     let query_model = metering::query_model(request.uri().query());
@@ -121,24 +120,9 @@ pub async fn open(
         Ok(r) => r,
         Err(refusal) => return refusal.answer(state, route),
     };
-    let sent = tokio::time::timeout(
-        state.config.timeouts.first_byte,
-        client.hyper().request(upstream_request),
-    )
-    .await;
-    let mut response = match sent {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => {
-            metrics.ended(&route.name, Outcome::Error);
-            let error = UpstreamError::Hyper(error);
-            return Refusal::from_upstream(error, &route.upstream, body_limit).answer(state, route);
-        }
-        Err(_elapsed) => {
-            metrics.ended(&route.name, Outcome::Error);
-            let timeout = state.config.timeouts.first_byte;
-            let upstream = route.upstream.clone();
-            return Refusal::NoHead { upstream, timeout }.answer(state, route);
-        }
+    let mut response = match send_upgrade(upstream_request, state, client, route).await {
+        Ok(response) => response,
+        Err(refused) => return refused,
     };
     state
         .metrics
@@ -148,21 +132,7 @@ pub async fn open(
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The upstream did not switch: its answer goes to the client as any response does.
         metrics.ended(&route.name, Outcome::UpstreamRefused);
-        let (mut parts, body) = response.into_parts();
-        super::headers::remove_hop_by_hop_from_response(&mut parts.headers);
-        let body = TimedBody::new(
-            UsageBody::untouched(UpstreamBody::Hyper { body }),
-            state.metrics.clone(),
-            route.name.clone(),
-            received,
-            parts.status,
-            line,
-            permit,
-        );
-        let body = ProxyBody::Passthrough {
-            body: Box::pin(body),
-        };
-        return Response::from_parts(parts, body);
+        return pass_through(response, state, route, received, line, permit);
     }
     let upstream_upgrade = hyper::upgrade::on(&mut response);
     let first_id: Arc<str> = Arc::from(state.stream_ids.next());
@@ -215,4 +185,64 @@ pub async fn open(
         relay::run(client, upstream, setup, &peer).await;
     });
     client_response
+}
+
+/// Sends the upgrade request to the upstream and waits for its response head, at most
+/// `timeouts.first_byte`; a failure or the timeout ends the tunnel as an error and is answered
+/// as any upstream failure is.
+async fn send_upgrade(
+    upstream_request: Request<super::client_body::RequestBody>,
+    state: &Arc<ProxyState>,
+    client: &super::UpstreamClient,
+    route: &Route,
+) -> Result<Response<hyper::body::Incoming>, Response<ProxyBody>> {
+    let metrics = &state.tunnel_metrics;
+    let body_limit = state.config.limits.max_request_body_bytes;
+    let sent = tokio::time::timeout(
+        state.config.timeouts.first_byte,
+        client.hyper().request(upstream_request),
+    )
+    .await;
+    match sent {
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(error)) => {
+            metrics.ended(&route.name, Outcome::Error);
+            let error = UpstreamError::Hyper(error);
+            Err(Refusal::from_upstream(error, &route.upstream, body_limit).answer(state, route))
+        }
+        Err(_elapsed) => {
+            metrics.ended(&route.name, Outcome::Error);
+            let timeout = state.config.timeouts.first_byte;
+            let upstream = route.upstream.clone();
+            Err(Refusal::NoHead { upstream, timeout }.answer(state, route))
+        }
+    }
+}
+
+/// The upstream's answer when it did not switch protocols, passed to the client as any
+/// response is (hop-by-hop headers removed, timed, its place under `limits.max_requests` held
+/// by `permit` until its body ends).
+fn pass_through(
+    response: Response<hyper::body::Incoming>,
+    state: &Arc<ProxyState>,
+    route: &Route,
+    received: Instant,
+    line: crate::logging::RequestLine,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = response.into_parts();
+    super::headers::remove_hop_by_hop_from_response(&mut parts.headers);
+    let body = TimedBody::new(
+        UsageBody::untouched(UpstreamBody::Hyper { body }),
+        state.metrics.clone(),
+        route.name.clone(),
+        received,
+        parts.status,
+        line,
+        permit,
+    );
+    let body = ProxyBody::Passthrough {
+        body: Box::pin(body),
+    };
+    Response::from_parts(parts, body)
 }
