@@ -277,7 +277,16 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
         // The handler runs until the response head; meanwhile the request body is fed to it and
         // a client that goes away drops it (and with it the upstream request).
         self.body_whole = self.feeder.is_none();
+        // Body bytes that came with the head are handed over before the handler first runs, so
+        // that it finds them there: the upstream client then writes head and body in one write,
+        // and the upstream reads the request whole in one wake-up.
+        let mut primed = self.feeder.is_none() || self.buf.is_empty();
         let response = poll_fn(|cx| {
+            if !std::mem::replace(&mut primed, true) {
+                if let Poll::Ready(error) = self.poll_client(cx) {
+                    return Poll::Ready(Err(error));
+                }
+            }
             if let Poll::Ready(Ok(response)) = Pin::new(&mut handling).poll(cx) {
                 return Poll::Ready(Ok(response));
             }
@@ -577,6 +586,42 @@ mod tests {
         ] {
             assert!(!head_may_end(open), "{open:?}");
         }
+    }
+
+    /// A request whose body came in the same read as its head is handed to the handler with
+    /// its body already there and ended, so the handler's first poll can send both in one
+    /// write (the proxy's upstream client does).
+    #[tokio::test]
+    async fn a_body_that_came_with_its_head_is_there_at_the_first_poll() {
+        use futures_util::FutureExt;
+        use http_body_util::{BodyExt, Empty};
+        let (mut peer, io) = tokio::io::duplex(4096);
+        peer.write_all(b"POST /v1/chat HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}")
+            .await
+            .unwrap();
+        let settings = Settings {
+            max_head_bytes: 8192,
+            idle_timeout: Duration::from_secs(10),
+            head_timeout: Duration::from_secs(10),
+        };
+        let (seen_by_service, seen) = tokio::sync::oneshot::channel();
+        let mut seen_by_service = Some(seen_by_service);
+        let service = move |request: Request<Http1RequestBody>| {
+            let seen = seen_by_service.take();
+            Box::pin(async move {
+                let mut body = request.into_body();
+                let first = body.frame().now_or_never();
+                let data = first.flatten().and_then(|f| f.ok()?.into_data().ok());
+                let _ = seen.map(|s| s.send((data, body.is_end_stream())));
+                Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
+            })
+        };
+        let connection = tokio::spawn(serve(io, settings, service));
+        let (data, ended) = seen.await.unwrap();
+        assert_eq!(data.as_deref(), Some(&b"{}"[..]));
+        assert!(ended);
+        drop(peer);
+        let _ = connection.await;
     }
 
     /// A head sent a byte at a time is read whole (the search for its end misses no ending);
