@@ -356,6 +356,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
         // Bytes already read (a pipelined request) began the head.
         let mut head_begun = !self.buf.is_empty();
         let deadline = tokio::time::sleep(if head_begun { head_timeout } else { idle });
+        // The deadline already counts from the head's first byte when bytes were there.
+        let mut deadline_moved = head_begun;
+        let mut first_byte = None;
         tokio::pin!(deadline);
         let max_head_bytes = self.settings.max_head_bytes;
         // How much of `buf` is known to hold no head's end. A head that trickles in is parsed
@@ -378,6 +381,14 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
                     Err(e) => return Poll::Ready(Err(HeadRead::Refused(e))),
                 }
             }
+            if head_begun && !deadline_moved {
+                // Only now that the head is known to be unfinished: a head that came whole in
+                // its first read arms no timer (moving one earlier than the event loop's next
+                // wake-up costs a write to its eventfd and a spurious return of its wait).
+                deadline_moved = true;
+                let at = first_byte.unwrap_or_else(tokio::time::Instant::now) + head_timeout;
+                deadline.as_mut().reset(at);
+            }
             if self.stop.load(Ordering::Acquire) && buf.is_empty() {
                 return Poll::Ready(Ok(None));
             }
@@ -390,8 +401,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
                     buf.extend_from_slice(read.filled());
                     if !head_begun {
                         head_begun = true;
-                        let at = tokio::time::Instant::now() + head_timeout;
-                        deadline.as_mut().reset(at);
+                        first_byte = Some(tokio::time::Instant::now());
                     }
                     continue;
                 }
