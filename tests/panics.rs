@@ -116,6 +116,7 @@ async fn a_panicking_stream_task_does_not_take_down_other_streams() {
             Default::default(),
             ledger,
             clock.clone(),
+            Box::pin(tokio::time::sleep(settings.idle_timeout)),
         );
         clients.push(tokio::spawn(async move {
             let mut body = body;

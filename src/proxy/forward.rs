@@ -4,8 +4,11 @@
 //! at its end), or a JSON error when the upstream cannot be reached.
 
 use std::convert::Infallible;
+use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Instant;
 
 use http::{header, HeaderValue, Method, Request, Response};
@@ -165,24 +168,10 @@ async fn forward(
         .clone()
         .try_acquire_owned()
         .map_err(|_| Refusal::Overloaded)?;
-    let started_unix_ms = unix_ms();
-    // Two `traceparent` fields name no one parent: the W3C processing model starts a new trace.
-    let traceparent = Some(request.headers().get_all("traceparent").iter().count())
-        .filter(|n| *n == 1)
-        .and_then(|_| bounded_header(request.headers(), "traceparent"));
-    let request_id = bounded_header(request.headers(), "x-request-id");
-    let line =
-        crate::logging::RequestLine::new(request.method(), request.uri(), request_id.clone());
-    let slo = crate::slo::StreamSlo::from_headers(request.headers());
-    // Known before the request moves on; with the response's framing it hints at the API.
-    let path_format = Format::from_path(request.uri().path());
-    // HTTP/1.x writes one response at a time, as the connection polls its body; on HTTP/2 flow
-    // control can hold a stream back while the socket takes other streams' bytes.
-    let client_http1 = request.version() < http::Version::HTTP_2;
+    let asked = Asked::of(&request);
     let config = &state.config;
     let body_limit = config.limits.max_request_body_bytes;
-    let declared_body = declared_length(request.headers());
-    if declared_body.is_some_and(|n| n > body_limit) {
+    if asked.declared_body.is_some_and(|n| n > body_limit) {
         return Err(Refusal::BodyTooLarge(body_limit));
     }
     let mut upstream_request = upstream_request(
@@ -193,27 +182,27 @@ async fn forward(
     )?;
     // `[otlp] traces`: the stream's span continues the client's trace; the upstream's nests in it.
     let span = state.spans.as_ref().map(|_| {
-        let span = crate::trace_context::SpanContext::continue_from(traceparent.as_deref());
+        let span = crate::trace_context::SpanContext::continue_from(asked.traceparent.as_deref());
         span.inject(upstream_request.headers_mut());
         span
     });
-    let sent = tokio::time::timeout(
-        config.timeouts.first_byte,
-        connection.client.request(upstream_request),
-    )
-    .await;
-    let response = match sent {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => return Err(Refusal::from_upstream(error, &route.upstream, body_limit)),
-        Err(_elapsed) => {
-            return Err(Refusal::NoHead {
-                upstream: route.upstream.clone(),
-                timeout: config.timeouts.first_byte,
-            })
-        }
+    let timeouts = &config.timeouts;
+    // One timer per request: it bounds the wait for the head, then becomes the stream's idle
+    // timer (`metered::meter`), armed while the upstream works on the first token.
+    let start = tokio::time::Instant::now();
+    let mut timer = Box::pin(tokio::time::sleep_until(
+        start + timeouts.first_byte.min(timeouts.idle),
+    ));
+    let sent = connection.client.request(upstream_request);
+    let Some(sent) = within(sent, &mut timer, start + timeouts.first_byte).await else {
+        return Err(Refusal::NoHead {
+            upstream: route.upstream.clone(),
+            timeout: timeouts.first_byte,
+        });
     };
-
-    let (mut parts, body) = response.into_parts();
+    let (mut parts, body) = sent
+        .map_err(|error| Refusal::from_upstream(error, &route.upstream, body_limit))?
+        .into_parts();
     if parts.status.is_informational() {
         // hyper's client hands an unsolicited `101` on as the response; forwarded, it would turn
         // the client's connection into whatever the upstream switched to.
@@ -229,92 +218,199 @@ async fn forward(
         .inc();
 
     let Some(framing) = stream_framing(config, &parts.headers) else {
-        let usage = UsageTarget::for_answer(&config.metering, &state.metrics, route, &line, &parts);
+        let usage =
+            UsageTarget::for_answer(&config.metering, &state.metrics, route, &asked.line, &parts);
         let body = TimedBody::new(
             UsageBody::new(body, usage),
             state.metrics.clone(),
             route.name.clone(),
             received,
             parts.status,
-            line,
+            asked.line,
             permit,
         );
-        return Ok(Response::from_parts(
-            parts,
-            ProxyBody::Passthrough {
-                body: Box::pin(body),
-            },
-        ));
+        let body = ProxyBody::Passthrough {
+            body: Box::pin(body),
+        };
+        return Ok(Response::from_parts(parts, body));
     };
+    let stream = Stream {
+        asked,
+        route,
+        received,
+        span,
+        permit,
+        framing,
+        clock: connection.clock.clone(),
+        timer,
+    };
+    Ok(stream.metered(state, parts, body))
+}
 
-    let id = state.stream_ids.next();
-    if let Some(name) = &config.metering.stream_id_header {
-        if let Ok(value) = HeaderValue::from_str(&id) {
-            parts.headers.insert(name.clone(), value);
+/// What the request asked for that the stream keeps: read before the request moves on.
+struct Asked {
+    started_unix_ms: u64,
+    traceparent: Option<String>,
+    request_id: Option<String>,
+    line: crate::logging::RequestLine,
+    slo: Option<crate::slo::StreamSlo>,
+    /// With the response's framing it hints at the API.
+    path_format: Option<Format>,
+    /// HTTP/1.x writes one response at a time, as the connection polls its body; on HTTP/2
+    /// flow control can hold a stream back while the socket takes other streams' bytes.
+    client_http1: bool,
+    declared_body: Option<u64>,
+}
+
+impl Asked {
+    fn of(request: &Request<ClientBody>) -> Self {
+        let headers = request.headers();
+        // Two `traceparent` fields name no one parent: the W3C processing model starts a new
+        // trace.
+        let traceparent = Some(headers.get_all("traceparent").iter().count())
+            .filter(|n| *n == 1)
+            .and_then(|_| bounded_header(headers, "traceparent"));
+        let request_id = bounded_header(headers, "x-request-id");
+        let line =
+            crate::logging::RequestLine::new(request.method(), request.uri(), request_id.clone());
+        Asked {
+            started_unix_ms: unix_ms(),
+            traceparent,
+            request_id,
+            line,
+            slo: crate::slo::StreamSlo::from_headers(headers),
+            path_format: Format::from_path(request.uri().path()),
+            client_http1: request.version() < http::Version::HTTP_2,
+            declared_body: declared_length(headers),
         }
     }
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .chars()
-        .take(MAX_LOGGED_HEADER)
-        .collect();
-    let info = StreamInfo {
-        id: Arc::from(id),
-        route: route.name.clone(),
-        received: Tick::from_instant(received),
-        started_unix_ms,
-        content_type,
-        traceparent,
-        request_id,
-        line,
-        status: parts.status.as_u16(),
-        slo,
-        span,
-    };
-    let trace_id = info
-        .traceparent
-        .as_deref()
-        .and_then(crate::metrics::trace_id);
-    let probe = state.batch.open(
-        &route.upstream,
-        info.id.clone(),
-        trace_id,
-        route.name.clone(),
-        info.received,
-        declared_body,
-    );
-    let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info, permit);
-    // The beacon key: only this response's client gets it, so only it can speak for the stream.
-    let key = crate::timeline::BeaconKey(rand::random::<u128>());
-    state.registry.set_beacon_key(ledger.id(), key);
-    if let Ok(value) = HeaderValue::from_str(&super::beacon::key_text(key)) {
-        parts.headers.insert(super::beacon::KEY_HEADER, value);
+}
+
+/// `request`'s output, or `None` once `until` has passed: on `timer`, whose deadline may be
+/// earlier (it is then moved on, which costs no re-registration) and which is first polled
+/// after the request's first poll, once the request has been written upstream.
+async fn within<F: Future>(
+    request: F,
+    timer: &mut Pin<Box<tokio::time::Sleep>>,
+    until: tokio::time::Instant,
+) -> Option<F::Output> {
+    let mut request = std::pin::pin!(request);
+    poll_fn(|cx| {
+        if let Poll::Ready(output) = request.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        loop {
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if timer.deadline() >= until {
+                return Poll::Ready(None);
+            }
+            timer.as_mut().reset(until);
+        }
+    })
+    .await
+}
+
+/// A response that is a stream, with what metering it needs from its request.
+struct Stream<'a> {
+    asked: Asked,
+    route: &'a Route,
+    received: Instant,
+    span: Option<crate::trace_context::SpanContext>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    framing: Framing,
+    clock: Arc<EgressClock>,
+    /// The request's timer, which becomes the stream's idle timer.
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Stream<'_> {
+    /// The client's response: the head with the stream's ID and beacon key, the body metered.
+    fn metered<B>(
+        self,
+        state: &Arc<ProxyState>,
+        mut parts: http::response::Parts,
+        body: B,
+    ) -> Response<ProxyBody>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+        B::Error: Into<super::BoxError>,
+    {
+        let config = &state.config;
+        let Stream { asked, route, .. } = self;
+        let id = state.stream_ids.next();
+        if let Some(name) = &config.metering.stream_id_header {
+            if let Ok(value) = HeaderValue::from_str(&id) {
+                parts.headers.insert(name.clone(), value);
+            }
+        }
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .chars()
+            .take(MAX_LOGGED_HEADER)
+            .collect();
+        let info = StreamInfo {
+            id: Arc::from(id),
+            route: route.name.clone(),
+            received: Tick::from_instant(self.received),
+            started_unix_ms: asked.started_unix_ms,
+            content_type,
+            traceparent: asked.traceparent,
+            request_id: asked.request_id,
+            line: asked.line,
+            status: parts.status.as_u16(),
+            slo: asked.slo,
+            span: self.span,
+        };
+        let trace_id = info
+            .traceparent
+            .as_deref()
+            .and_then(crate::metrics::trace_id);
+        let probe = state.batch.open(
+            &route.upstream,
+            info.id.clone(),
+            trace_id,
+            route.name.clone(),
+            info.received,
+            asked.declared_body,
+        );
+        let ledger = StreamLedger::open(
+            state.metrics.clone(),
+            state.registry.clone(),
+            info,
+            self.permit,
+        );
+        // The beacon key: only this response's client gets it, so only it can speak for the
+        // stream.
+        let key = crate::timeline::BeaconKey(rand::random::<u128>());
+        state.registry.set_beacon_key(ledger.id(), key);
+        if let Ok(value) = HeaderValue::from_str(&super::beacon::key_text(key)) {
+            parts.headers.insert(super::beacon::KEY_HEADER, value);
+        }
+        let settings = MeterSettings {
+            framing: self.framing,
+            max_event_bytes: config.metering.max_event_bytes,
+            buffer_bytes: config.metering.buffer_bytes,
+            buffer_frames: config.metering.buffer_frames,
+            idle_timeout: config.timeouts.idle,
+            client_http1: asked.client_http1,
+            live: config.flush_interval.map(|_| state.live_streams.clone()),
+            backpressure: Some(state.backpressure.clone()),
+        };
+        let accounting = Accounting::select(route.format, self.framing, asked.path_format);
+        let think = ThinkState::new(&route.think);
+        let body = meter(
+            body, &settings, accounting, think, ledger, self.clock, self.timer,
+        );
+        if let Some(probe) = probe {
+            body.attach_probe(probe);
+        }
+        Response::from_parts(parts, ProxyBody::Metered { body })
     }
-    let settings = MeterSettings {
-        framing,
-        max_event_bytes: config.metering.max_event_bytes,
-        buffer_bytes: config.metering.buffer_bytes,
-        buffer_frames: config.metering.buffer_frames,
-        idle_timeout: config.timeouts.idle,
-        client_http1,
-        live: config.flush_interval.map(|_| state.live_streams.clone()),
-        backpressure: Some(state.backpressure.clone()),
-    };
-    let body = meter(
-        body,
-        &settings,
-        Accounting::select(route.format, framing, path_format),
-        ThinkState::new(&route.think),
-        ledger,
-        connection.clock.clone(),
-    );
-    if let Some(probe) = probe {
-        body.attach_probe(probe);
-    }
-    Ok(Response::from_parts(parts, ProxyBody::Metered { body }))
 }
 
 /// The request's `Content-Length`, when it declares one that parses (read as the HTTP/1.1

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -49,50 +50,6 @@ pub async fn serve(
     client: UpstreamClient,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let limits = &state.config.limits;
-    // The same settings for both kinds of builder below. hyper times both the idle wait for the
-    // next request and the reading of its head. One HTTP/2 connection may carry as many streams
-    // as metronome takes requests (hyper's default is 200); `limits.max_requests` still bounds
-    // them all together.
-    let header_read_timeout = state.config.timeouts.client_idle;
-    let max_buf_size = limits.max_header_bytes.max(8192);
-    let max_header_list_size = u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX);
-    let max_concurrent_streams = u32::try_from(limits.max_requests).unwrap_or(u32::MAX);
-    // TLS connections whose client named no protocol in ALPN: hyper-util's auto builder.
-    let mut auto = auto::Builder::new(TokioExecutor::new());
-    auto.http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
-        .max_buf_size(max_buf_size);
-    // RFC 8441: HTTP/2 clients open WebSockets with an extended CONNECT.
-    auto.http2()
-        .enable_connect_protocol()
-        .timer(TokioTimer::new())
-        .max_header_list_size(max_header_list_size)
-        .max_concurrent_streams(max_concurrent_streams);
-    // Every other connection: hyper's HTTP/1 or HTTP/2 connection directly, chosen by ALPN or,
-    // on plain connections, by peeking at the client's first bytes (see `sniff`).
-    let mut h1 = http1::Builder::new();
-    h1.timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
-        .max_buf_size(max_buf_size);
-    let mut h2 = http2::Builder::new(TokioExecutor::new());
-    h2.enable_connect_protocol()
-        .timer(TokioTimer::new())
-        .max_header_list_size(max_header_list_size)
-        .max_concurrent_streams(max_concurrent_streams);
-    let native = h1::Settings {
-        max_head_bytes: limits.max_header_bytes,
-        idle_timeout: header_read_timeout,
-        head_timeout: state.config.timeouts.client_head,
-    };
-    let builders = Arc::new(Builders {
-        http1_server: state.config.server.http1_server,
-        native,
-        h1,
-        h2,
-        auto,
-    });
     let acceptor = match &state.tls {
         Some(cert) => match tls::server_config(cert.clone()) {
             Ok(config) => Some(TlsAcceptor::from(config)),
@@ -103,11 +60,17 @@ pub async fn serve(
         },
         None => None,
     };
-    let drain = Arc::new(Drain::default());
-    let tunnels = Arc::new(Tunnels::default());
+    let accepting = Accepting {
+        builders: Arc::new(Builders::new(&state)),
+        acceptor,
+        drain: Arc::new(Drain::default()),
+        tunnels: Arc::new(Tunnels::default()),
+        state,
+        client,
+    };
     tokio::pin!(shutdown);
     loop {
-        let (mut stream, remote) = tokio::select! {
+        let (stream, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -119,8 +82,29 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        let Ok(permit) = state.connections.clone().try_acquire_owned() else {
-            let plain = acceptor.is_none();
+        accepting.connection(stream, remote);
+    }
+    drop(listener);
+    accepting.drain().await;
+}
+
+/// What the accept loop hands every connection it takes.
+struct Accepting {
+    builders: Arc<Builders>,
+    acceptor: Option<TlsAcceptor>,
+    drain: Arc<Drain>,
+    tunnels: Arc<Tunnels>,
+    state: Arc<ProxyState>,
+    client: UpstreamClient,
+}
+
+impl Accepting {
+    /// Takes one accepted connection: over `limits.max_connections` it is told so (plain) and
+    /// closed; otherwise its protocol is found (sniff or TLS handshake, in a task of its own)
+    /// and it is served.
+    fn connection(&self, mut stream: TcpStream, remote: SocketAddr) {
+        let Ok(permit) = self.state.connections.clone().try_acquire_owned() else {
+            let plain = self.acceptor.is_none();
             tokio::spawn(async move {
                 if plain {
                     let _ =
@@ -128,23 +112,30 @@ pub async fn serve(
                 }
                 let _ = stream.shutdown().await;
             });
-            continue;
+            return;
         };
+        // A token must not wait for Nagle.
         let _ = stream.set_nodelay(true);
         let clock = Arc::new(EgressClock::new());
         let permit = Arc::new(permit);
         let connection = ClientConnection {
             remote,
-            scheme: if acceptor.is_some() { "https" } else { "http" },
+            scheme: if self.acceptor.is_some() {
+                "https"
+            } else {
+                "http"
+            },
             clock: clock.clone(),
-            client: client.clone(),
+            client: self.client.clone(),
             place: permit.clone(),
-            tunnels: tunnels.clone(),
+            tunnels: self.tunnels.clone(),
         };
-        let state = state.clone();
-        let watcher = drain.clone();
-        let Some(acceptor) = acceptor.clone() else {
-            let builders = builders.clone();
+        let (state, watcher, builders) = (
+            self.state.clone(),
+            self.drain.clone(),
+            self.builders.clone(),
+        );
+        let Some(acceptor) = self.acceptor.clone() else {
             tokio::spawn(async move {
                 let within = state
                     .config
@@ -164,10 +155,9 @@ pub async fn serve(
                 let io = EgressIo::new(stream, clock);
                 builders.spawn(Some(protocol), io, watcher, state, connection, permit);
             });
-            continue;
+            return;
         };
         let io = EgressIo::new(stream, clock);
-        let builders = builders.clone();
         tokio::spawn(async move {
             let handshake =
                 tokio::time::timeout(state.config.timeouts.tls_handshake, acceptor.accept(io));
@@ -183,26 +173,30 @@ pub async fn serve(
             }
         });
     }
-    drop(listener);
-    let grace = state.config.server.drain_grace;
-    let drained = async {
-        drain.shutdown().await;
-        tunnels.closed().await;
-    };
-    tokio::select! {
-        _ = drained => tracing::debug!("all connections drained"),
-        _ = tokio::time::sleep(grace) => {
-            let (streams, requests) = cut_by_drain(&state);
-            tracing::warn!(
-                ?grace,
-                streams_cut = streams,
-                requests_cut = requests,
-                "drain grace over; closing the remaining connections cuts {streams} streams ({requests} requests in flight on every worker)"
-            );
+
+    /// The listener is closed: waits up to the drain grace for the connections and tunnels to
+    /// finish, then closes the tunnels still open with a close frame.
+    async fn drain(self) {
+        let grace = self.state.config.server.drain_grace;
+        let drained = async {
+            self.drain.shutdown().await;
+            self.tunnels.closed().await;
+        };
+        tokio::select! {
+            _ = drained => tracing::debug!("all connections drained"),
+            _ = tokio::time::sleep(grace) => {
+                let (streams, requests) = cut_by_drain(&self.state);
+                tracing::warn!(
+                    ?grace,
+                    streams_cut = streams,
+                    requests_cut = requests,
+                    "drain grace over; closing the remaining connections cuts {streams} streams ({requests} requests in flight on every worker)"
+                );
+            }
         }
+        // WebSocket tunnels get a `1001` close frame to both ends rather than a cut.
+        self.tunnels.close_all(TUNNEL_CLOSE_WITHIN).await;
     }
-    // WebSocket tunnels get a `1001` close frame to both ends rather than a cut.
-    tunnels.close_all(TUNNEL_CLOSE_WITHIN).await;
 }
 
 /// How long the tunnels still open after the drain grace may take to send their close frames.
@@ -241,6 +235,53 @@ struct Builders {
 }
 
 impl Builders {
+    /// The builders, configured from `state`. hyper times both the idle wait for the next
+    /// request and the reading of its head. One HTTP/2 connection may carry as many streams as
+    /// metronome takes requests (hyper's default is 200); `limits.max_requests` still bounds
+    /// them all together.
+    fn new(state: &ProxyState) -> Self {
+        let limits = &state.config.limits;
+        let header_read_timeout = state.config.timeouts.client_idle;
+        let max_buf_size = limits.max_header_bytes.max(8192);
+        let max_header_list_size = u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX);
+        let max_concurrent_streams = u32::try_from(limits.max_requests).unwrap_or(u32::MAX);
+        // TLS connections whose client named no protocol in ALPN: hyper-util's auto builder.
+        let mut auto = auto::Builder::new(TokioExecutor::new());
+        auto.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_read_timeout)
+            .max_buf_size(max_buf_size);
+        // RFC 8441: HTTP/2 clients open WebSockets with an extended CONNECT.
+        auto.http2()
+            .enable_connect_protocol()
+            .timer(TokioTimer::new())
+            .max_header_list_size(max_header_list_size)
+            .max_concurrent_streams(max_concurrent_streams);
+        // Every other connection: hyper's HTTP/1 or HTTP/2 connection directly, chosen by ALPN
+        // or, on plain connections, by peeking at the client's first bytes (see `sniff`).
+        let mut h1 = http1::Builder::new();
+        h1.timer(TokioTimer::new())
+            .header_read_timeout(header_read_timeout)
+            .max_buf_size(max_buf_size);
+        let mut h2 = http2::Builder::new(TokioExecutor::new());
+        h2.enable_connect_protocol()
+            .timer(TokioTimer::new())
+            .max_header_list_size(max_header_list_size)
+            .max_concurrent_streams(max_concurrent_streams);
+        let native = h1::Settings {
+            max_head_bytes: limits.max_header_bytes,
+            idle_timeout: header_read_timeout,
+            head_timeout: state.config.timeouts.client_head,
+        };
+        Builders {
+            http1_server: state.config.server.http1_server,
+            native,
+            h1,
+            h2,
+            auto,
+        }
+    }
+
     /// Serves HTTP on one connection in a task of its own per protocol, so that a connection
     /// holds only its protocol's state (an HTTP/1 connection does not carry an HTTP/2 one's
     /// size, nor the handshake's or the sniff's). `None`: a TLS client that named no protocol

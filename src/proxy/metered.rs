@@ -181,7 +181,11 @@ impl std::fmt::Debug for StreamShared {
 }
 
 /// Starts metering an upstream body and returns the egress body that the client's response
-/// carries.
+/// carries. `idle` becomes the stream's idle timer: the request's own timer, already armed
+/// while the response head was awaited (a timer armed anew here, before the first frame is
+/// written, would be earlier than the event loop's next wake-up, which costs a write to its
+/// eventfd and a spurious return of its wait on the first token's path). Moved here to no
+/// later than the idle timeout from now, if it was later.
 pub fn meter<B>(
     upstream: B,
     settings: &MeterSettings,
@@ -189,6 +193,7 @@ pub fn meter<B>(
     think: ThinkState,
     ledger: Arc<StreamLedger>,
     clock: Arc<EgressClock>,
+    mut idle: Pin<Box<Sleep>>,
 ) -> EgressBody
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
@@ -203,6 +208,10 @@ where
     );
     let inline = settings.client_http1;
     let now = Instant::now();
+    let latest = tokio::time::Instant::from_std(now + settings.idle_timeout);
+    if idle.deadline() > latest {
+        idle.as_mut().reset(latest);
+    }
     let shared = Arc::new(StreamShared {
         state: Mutex::new(State {
             upstream: Some(Box::pin(upstream.map_err(Into::into))),
@@ -217,9 +226,7 @@ where
             ending: None,
             last_read: Tick::from_instant(now),
             metering_warm: false,
-            idle: Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
-                now + settings.idle_timeout,
-            ))),
+            idle,
             idle_waker: None,
             egress_waker: None,
             reader_waker: None,

@@ -277,7 +277,16 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
         // The handler runs until the response head; meanwhile the request body is fed to it and
         // a client that goes away drops it (and with it the upstream request).
         self.body_whole = self.feeder.is_none();
+        // Body bytes that came with the head are handed over before the handler first runs, so
+        // that it finds them there: the upstream client then writes head and body in one write,
+        // and the upstream reads the request whole in one wake-up.
+        let mut primed = self.feeder.is_none() || self.buf.is_empty();
         let response = poll_fn(|cx| {
+            if !std::mem::replace(&mut primed, true) {
+                if let Poll::Ready(error) = self.poll_client(cx) {
+                    return Poll::Ready(Err(error));
+                }
+            }
             if let Poll::Ready(Ok(response)) = Pin::new(&mut handling).poll(cx) {
                 return Poll::Ready(Ok(response));
             }
@@ -347,6 +356,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
         // Bytes already read (a pipelined request) began the head.
         let mut head_begun = !self.buf.is_empty();
         let deadline = tokio::time::sleep(if head_begun { head_timeout } else { idle });
+        // The deadline already counts from the head's first byte when bytes were there.
+        let mut deadline_moved = head_begun;
+        let mut first_byte = None;
         tokio::pin!(deadline);
         let max_head_bytes = self.settings.max_head_bytes;
         // How much of `buf` is known to hold no head's end. A head that trickles in is parsed
@@ -369,6 +381,14 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
                     Err(e) => return Poll::Ready(Err(HeadRead::Refused(e))),
                 }
             }
+            if head_begun && !deadline_moved {
+                // Only now that the head is known to be unfinished: a head that came whole in
+                // its first read arms no timer (moving one earlier than the event loop's next
+                // wake-up costs a write to its eventfd and a spurious return of its wait).
+                deadline_moved = true;
+                let at = first_byte.unwrap_or_else(tokio::time::Instant::now) + head_timeout;
+                deadline.as_mut().reset(at);
+            }
             if self.stop.load(Ordering::Acquire) && buf.is_empty() {
                 return Poll::Ready(Ok(None));
             }
@@ -381,8 +401,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> ConnectionState<I> {
                     buf.extend_from_slice(read.filled());
                     if !head_begun {
                         head_begun = true;
-                        let at = tokio::time::Instant::now() + head_timeout;
-                        deadline.as_mut().reset(at);
+                        first_byte = Some(tokio::time::Instant::now());
                     }
                     continue;
                 }
@@ -577,6 +596,42 @@ mod tests {
         ] {
             assert!(!head_may_end(open), "{open:?}");
         }
+    }
+
+    /// A request whose body came in the same read as its head is handed to the handler with
+    /// its body already there and ended, so the handler's first poll can send both in one
+    /// write (the proxy's upstream client does).
+    #[tokio::test]
+    async fn a_body_that_came_with_its_head_is_there_at_the_first_poll() {
+        use futures_util::FutureExt;
+        use http_body_util::{BodyExt, Empty};
+        let (mut peer, io) = tokio::io::duplex(4096);
+        peer.write_all(b"POST /v1/chat HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}")
+            .await
+            .unwrap();
+        let settings = Settings {
+            max_head_bytes: 8192,
+            idle_timeout: Duration::from_secs(10),
+            head_timeout: Duration::from_secs(10),
+        };
+        let (seen_by_service, seen) = tokio::sync::oneshot::channel();
+        let mut seen_by_service = Some(seen_by_service);
+        let service = move |request: Request<Http1RequestBody>| {
+            let seen = seen_by_service.take();
+            Box::pin(async move {
+                let mut body = request.into_body();
+                let first = body.frame().now_or_never();
+                let data = first.flatten().and_then(|f| f.ok()?.into_data().ok());
+                let _ = seen.map(|s| s.send((data, body.is_end_stream())));
+                Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
+            })
+        };
+        let connection = tokio::spawn(serve(io, settings, service));
+        let (data, ended) = seen.await.unwrap();
+        assert_eq!(data.as_deref(), Some(&b"{}"[..]));
+        assert!(ended);
+        drop(peer);
+        let _ = connection.await;
     }
 
     /// A head sent a byte at a time is read whole (the search for its end misses no ending);

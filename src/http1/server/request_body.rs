@@ -233,7 +233,16 @@ impl Feeder {
                 }
             }
             match self.decoder.decode(buf) {
-                Ok(Decoded::Data(data)) => self.give(Ok(data)),
+                Ok(Decoded::Data(data)) => {
+                    // A body of declared length is over with its last byte: it ends with that
+                    // piece, so the receiver needs no second wake-up to learn it (and sends the
+                    // body upstream with the head, in one write, when both came in one read).
+                    let last = self.decoder.is_done();
+                    self.give(Ok(data), last);
+                    if last {
+                        return Poll::Ready(Ok(Fed::Complete));
+                    }
+                }
                 Ok(Decoded::End(_trailers)) => {
                     self.end();
                     return Poll::Ready(Ok(Fed::Complete));
@@ -268,13 +277,14 @@ impl Feeder {
         }
     }
 
-    /// Hands the receiver a piece and wakes it.
-    fn give(&mut self, piece: Result<Bytes, RequestBodyError>) {
+    /// Hands the receiver a piece (the body's last when `last`) and wakes it.
+    fn give(&mut self, piece: Result<Bytes, RequestBodyError>, last: bool) {
         let mut slot = lock(&self.shared);
         if let (Some(n), Ok(data)) = (&mut slot.remaining, &piece) {
             *n = n.saturating_sub(data.len() as u64);
         }
         slot.piece = Some(piece);
+        slot.ended |= last;
         let wake = slot.receiver.take();
         drop(slot);
         if let Some(waker) = wake {
@@ -293,7 +303,7 @@ impl Feeder {
     }
 
     fn fail(&mut self, error: RequestBodyError) -> RequestBodyError {
-        self.give(Err(error.clone()));
+        self.give(Err(error.clone()), false);
         error
     }
 }
@@ -373,9 +383,11 @@ mod tests {
     #[tokio::test]
     async fn a_body_dropped_after_its_last_byte_was_read_whole() {
         let (_peer, mut io) = tokio::io::duplex(64);
-        for (length, wire) in [
-            (BodyLength::Length(5), &b"abcde"[..]),
-            (BodyLength::Chunked, &b"5\r\nabcde\r\n0\r\n\r\n"[..]),
+        // A chunked body's end is decoded after its last piece is taken; one of declared
+        // length is whole with its last piece.
+        for (length, wire, whole_with_last_piece) in [
+            (BodyLength::Length(5), &b"abcde"[..], true),
+            (BodyLength::Chunked, &b"5\r\nabcde\r\n0\r\n\r\n"[..], false),
         ] {
             let (mut body, feeder) = channel(length, false);
             let mut feeder = feeder.unwrap();
@@ -383,13 +395,48 @@ mod tests {
             let fed =
                 std::future::poll_fn(|cx| Poll::Ready(feeder.poll_feed(cx, &mut io, &mut buf, 16)))
                     .await;
-            assert!(fed.is_pending());
+            if whole_with_last_piece {
+                assert_eq!(fed, Poll::Ready(Ok(Fed::Complete)));
+            } else {
+                assert!(fed.is_pending());
+            }
             let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx)));
             assert!(matches!(first.await, Poll::Ready(Some(Ok(_)))));
+            assert_eq!(body.is_end_stream(), whole_with_last_piece);
             drop(body);
-            let fed = std::future::poll_fn(|cx| feeder.poll_feed(cx, &mut io, &mut buf, 16)).await;
-            assert_eq!(fed, Ok(Fed::Complete));
+            if !whole_with_last_piece {
+                let fed =
+                    std::future::poll_fn(|cx| feeder.poll_feed(cx, &mut io, &mut buf, 16)).await;
+                assert_eq!(fed, Ok(Fed::Complete));
+            }
         }
+    }
+
+    /// The receiver of a body of declared length learns its end with its last piece: the next
+    /// poll ends the body without the connection feeding it again (so the upstream client
+    /// writes a request that came whole in one write, head and body together).
+    #[tokio::test]
+    async fn a_body_of_declared_length_ends_with_its_last_piece() {
+        let (_peer, mut io) = tokio::io::duplex(64);
+        let (mut body, feeder) = channel(BodyLength::Length(5), false);
+        let mut feeder = feeder.unwrap();
+        let mut buf = BytesMut::from(&b"abcde"[..]);
+        let fed =
+            std::future::poll_fn(|cx| Poll::Ready(feeder.poll_feed(cx, &mut io, &mut buf, 16)))
+                .await;
+        assert_eq!(fed, Poll::Ready(Ok(Fed::Complete)));
+        drop(feeder);
+        let frames = std::future::poll_fn(|cx| {
+            let first = Pin::new(&mut body).poll_frame(cx);
+            let second = Pin::new(&mut body).poll_frame(cx);
+            Poll::Ready((first, second))
+        });
+        let (first, second) = frames.await;
+        let Poll::Ready(Some(Ok(first))) = first else {
+            panic!("the piece: {first:?}");
+        };
+        assert_eq!(first.into_data().unwrap(), &b"abcde"[..]);
+        assert!(matches!(second, Poll::Ready(None)), "{second:?}");
     }
 
     #[tokio::test]
