@@ -163,6 +163,20 @@ fn bench(c: &mut Criterion) {
             b.iter(|| encode(black_box(&metrics)))
         });
     }
+    // What `/metrics` adds when the scraper accepts gzip (Prometheus does): the admin handler's
+    // `flate2` at `Compression::fast()`, over the text body.
+    let text = metrics.encode_as(Format::Text);
+    group.bench_function("gzip-fast/text-0.0.4/10000-series", |b| {
+        b.iter(|| {
+            use std::io::Write as _;
+            let mut gz = flate2::write::GzEncoder::new(
+                Vec::with_capacity(text.len() / 8),
+                flate2::Compression::fast(),
+            );
+            gz.write_all(black_box(&text)).expect("into a Vec");
+            gz.finish().expect("into a Vec").len()
+        })
+    });
     group.bench_function("prometheus-client-openmetrics/10000-series", |b| {
         b.iter(|| black_box(encode_client()).len())
     });
