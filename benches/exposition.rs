@@ -2,6 +2,11 @@
 //! speaks: text 0.0.4 (classic buckets), OpenMetrics text (classic buckets, exemplars) and
 //! Prometheus protobuf (classic and native buckets, exemplars).
 //! Run: `cargo bench --bench exposition` (sizes are printed once, before the timings).
+//! The encoders as they were before they wrote straight from the series
+//! (`metronome::metrics::reference`) are timed in the same run, as `before/…`.
+//! Profile one encode: `EXPOSITION_ONCE=text|openmetrics|protobuf` (or `before-text`, …) runs
+//! only that encode, once, after building the registry (for `valgrind --tool=callgrind
+//! --toggle-collect='*encode_as*'`, or `'*reference*encode*'` for the encoders before).
 //!
 //! For the choice between metronome's own family and encoders and the `prometheus-client` crate
 //! (ARCHITECTURE.md), the same series are also built in a `prometheus-client` histogram family
@@ -10,11 +15,12 @@
 
 use std::time::Duration;
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use criterion::{black_box, criterion_group, Criterion};
 use metronome::metrics::exposition::Format;
+use metronome::metrics::reference;
 use metronome::metrics::{Buckets, Exemplar, LocalHistogram, Metrics, ModelLabels, NativeCounts};
 
-/// Series of the ITL family: 10 routes × 500 models × 2 points.
+/// Series of the ITL family: 10 routes × 500 models × 2 points, phase `content`.
 const SERIES: usize = 10_000;
 
 /// Metrics whose ITL family has [`SERIES`] series, each merged from a stream of 200 gaps around
@@ -53,9 +59,12 @@ fn populated() -> Metrics {
             trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
             value: 0.45,
         };
-        metrics
-            .itl
-            .merge_with(&[&route, &model, point], &local, &native, Some(&exemplar));
+        metrics.itl.merge_with(
+            &[&route, &model, point, "content"],
+            &local,
+            &native,
+            Some(&exemplar),
+        );
     }
     metrics
 }
@@ -66,6 +75,7 @@ struct Labels {
     route: String,
     model: String,
     point: String,
+    phase: String,
 }
 
 type ClientFamily = prometheus_client::metrics::family::Family<
@@ -93,6 +103,7 @@ fn populated_client() -> (prometheus_client::registry::Registry, ClientFamily) {
             route: format!("route-{}", i % 10),
             model: format!("model-{}", (i / 10) % 500),
             point: if i / 5_000 == 0 { "ingress" } else { "egress" }.to_string(),
+            phase: "content".to_string(),
         };
         let histogram = family.get_or_create(&labels);
         for _ in 0..200 {
@@ -105,6 +116,9 @@ fn populated_client() -> (prometheus_client::registry::Registry, ClientFamily) {
     }
     (registry, family)
 }
+
+/// One of the encoders before, returning the exposition's size.
+type Encoder = fn(&Metrics) -> usize;
 
 fn bench(c: &mut Criterion) {
     let metrics = populated();
@@ -135,6 +149,34 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(metrics.encode_as(format)).len())
         });
     }
+    let before: [(&str, Encoder); 3] = [
+        ("text-0.0.4", |m| reference::encode(m).len()),
+        ("openmetrics-1.0.0", |m| {
+            reference::encode_openmetrics(m).len()
+        }),
+        ("protobuf-delimited", |m| {
+            reference::encode_protobuf(m).len()
+        }),
+    ];
+    for (name, encode) in before {
+        group.bench_function(format!("before/{name}/10000-series"), |b| {
+            b.iter(|| encode(black_box(&metrics)))
+        });
+    }
+    // What `/metrics` adds when the scraper accepts gzip (Prometheus does): the admin handler's
+    // `flate2` at `Compression::fast()`, over the text body.
+    let text = metrics.encode_as(Format::Text);
+    group.bench_function("gzip-fast/text-0.0.4/10000-series", |b| {
+        b.iter(|| {
+            use std::io::Write as _;
+            let mut gz = flate2::write::GzEncoder::new(
+                Vec::with_capacity(text.len() / 8),
+                flate2::Compression::fast(),
+            );
+            gz.write_all(black_box(&text)).expect("into a Vec");
+            gz.finish().expect("into a Vec").len()
+        })
+    });
     group.bench_function("prometheus-client-openmetrics/10000-series", |b| {
         b.iter(|| black_box(encode_client()).len())
     });
@@ -147,6 +189,7 @@ fn bench(c: &mut Criterion) {
         route: "route-0".into(),
         model: "model-0".into(),
         point: "ingress".into(),
+        phase: "content".into(),
     });
     let gaps: Vec<f64> = (0..1_000).map(|i| 0.02 + f64::from(i) * 2e-5).collect();
     group.throughput(criterion::Throughput::Elements(gaps.len() as u64));
@@ -173,4 +216,21 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(which) = std::env::var("EXPOSITION_ONCE") {
+        let metrics = populated();
+        let bytes = match which.as_str() {
+            "before-text" => reference::encode(&metrics).len(),
+            "before-openmetrics" => reference::encode_openmetrics(&metrics).len(),
+            "before-protobuf" => reference::encode_protobuf(&metrics).len(),
+            "openmetrics" => metrics.encode_as(Format::OpenMetrics).len(),
+            "protobuf" => metrics.encode_as(Format::Protobuf).len(),
+            _ => metrics.encode_as(Format::Text).len(),
+        };
+        println!("{which}: {} bytes", black_box(bytes));
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

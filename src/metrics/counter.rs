@@ -202,6 +202,23 @@ impl CounterExemplars {
             })
             .map(|(_, exemplar)| exemplar)
     }
+
+    /// The exemplar of the series with these labels as the registry gathered them (in any
+    /// order), if it has one: [`CounterExemplars::of`] without copying the labels.
+    pub fn of_pairs(&self, labels: &[prometheus::proto::LabelPair]) -> Option<&StoredExemplar> {
+        let value_of = |name: &str| labels.iter().find(|l| l.name() == name).map(|l| l.value());
+        self.slots
+            .iter()
+            .find(|(values, _)| {
+                values.len() == self.label_names.len()
+                    && self
+                        .label_names
+                        .iter()
+                        .zip(values)
+                        .all(|(name, value)| value_of(name) == Some(value.as_str()))
+            })
+            .map(|(_, exemplar)| exemplar)
+    }
 }
 
 #[cfg(test)]

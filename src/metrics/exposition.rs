@@ -2,16 +2,17 @@
 //! (classic and native buckets, exemplars), OpenMetrics text 1.0.0 (classic buckets, `# UNIT`,
 //! `_created`, exemplars, `# EOF`), or the text format 0.0.4 exactly as before for anything else.
 //!
-//! The histogram families are read from their own series ([`HistogramFamily::snapshot`]); the
-//! counters and gauges from the `prometheus` crate's registry.
+//! The histogram families are read from their own series, each format written straight into one
+//! buffer (`text`, `openmetrics`, `proto_wire`); the counters and gauges from the `prometheus`
+//! crate's registry. `reference` keeps the encoders as they were, which the tests hold these to
+//! byte for byte.
 
-use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use prometheus::proto as source;
 
-use super::counter::CounterExemplars;
-use super::histogram::{HistogramFamily, SeriesSnapshot, StoredExemplar};
-use super::{proto, Metrics};
+use super::histogram::HistogramFamily;
+use super::{openmetrics, proto, proto_wire, text, Metrics};
 
 /// The content type of the OpenMetrics text exposition.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
@@ -19,6 +20,7 @@ pub const OPENMETRICS_CONTENT_TYPE: &str =
 
 /// A format of the exposition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
 pub enum Format {
     /// Length-delimited `io.prometheus.client.MetricFamily` messages.
     Protobuf,
@@ -93,278 +95,96 @@ impl Format {
     }
 }
 
-/// A gathered family, with its histogram family of ours and that family's snapshot, or the
-/// exemplars of a counter family of ours.
-struct Gathered<'a> {
-    family: source::MetricFamily,
-    histogram: Option<(&'a HistogramFamily, Vec<SeriesSnapshot>)>,
-    exemplars: Option<CounterExemplars>,
+/// A family as the encoders take it: one of ours, read from its series, or one the
+/// `prometheus` crate's registry gathered (counters, gauges, other collectors).
+enum Part<'a> {
+    Ours(&'a HistogramFamily),
+    Gathered(source::MetricFamily),
+}
+
+/// Room for the next exposition of a format: the last one's size, and a little more.
+fn room(last: &AtomicUsize) -> usize {
+    let last = last.load(Ordering::Relaxed);
+    last + last / 16
 }
 
 // === impl Metrics (exposition) ===
 
 impl Metrics {
-    /// Every metric in `format`.
+    /// Every metric in `format`, written into one buffer sized by the last exposition in it.
     pub fn encode_as(&self, format: Format) -> Vec<u8> {
-        match format {
-            Format::Text => self.encode().into_bytes(),
-            Format::Protobuf => self.encode_protobuf(),
-            Format::OpenMetrics => self.encode_openmetrics().into_bytes(),
+        let last = &self.exposition_sizes[format as usize];
+        let mut out = Vec::with_capacity(room(last));
+        for part in self.parts() {
+            match (format, &part) {
+                (Format::Text, Part::Ours(family)) => text::histogram(&mut out, family),
+                (Format::Text, Part::Gathered(family)) => text::gathered(&mut out, family),
+                (Format::OpenMetrics, Part::Ours(family)) => {
+                    openmetrics::histogram(&mut out, family)
+                }
+                (Format::OpenMetrics, Part::Gathered(family)) => {
+                    let exemplars = self
+                        .counter_family(family.name())
+                        .map(|c| c.exemplars(true));
+                    openmetrics::gathered(&mut out, family, exemplars.as_ref());
+                }
+                (Format::Protobuf, Part::Ours(family)) => {
+                    proto_wire::histogram_family(&mut out, family)
+                }
+                (Format::Protobuf, Part::Gathered(family)) => {
+                    let exemplars = self
+                        .counter_family(family.name())
+                        .map(|c| c.exemplars(true));
+                    let message = proto::from_gathered(family, exemplars.as_ref());
+                    proto::write_delimited(&message, &mut out);
+                }
+            }
         }
+        if format == Format::OpenMetrics {
+            out.extend_from_slice(b"# EOF\n");
+        }
+        last.store(out.len(), Ordering::Relaxed);
+        out
     }
 
-    /// The families in the registry's order (sorted by name), each histogram family of ours
-    /// with its snapshot and each counter family of ours with its exemplars (both then count as
-    /// shown).
-    fn families(&self) -> Vec<Gathered<'_>> {
-        self.registry
-            .gather()
-            .into_iter()
-            .map(|family| {
-                let histogram = self
-                    .histograms
-                    .iter()
-                    .find(|h| h.name() == family.name())
-                    .map(|h| (h, h.snapshot(true)));
-                let exemplars = self
-                    .counter_family(family.name())
-                    .map(|c| c.exemplars(true));
-                Gathered {
-                    family,
-                    histogram,
-                    exemplars,
-                }
-            })
-            .collect()
+    /// The families in the order the registry gathers them (by name): its own (our histogram
+    /// families hold only their names there) merged with our histogram families, each of ours
+    /// before a gathered family of the same name.
+    fn parts(&self) -> Vec<Part<'_>> {
+        let mut ours: Vec<&HistogramFamily> = self.histograms.iter().collect();
+        ours.sort_by(|a, b| a.name().cmp(b.name()));
+        let mut ours = ours.into_iter().peekable();
+        let mut parts = Vec::with_capacity(self.histograms.len() + 32);
+        for family in self.registry.gather() {
+            while let Some(mine) = ours.next_if(|h| h.name() <= family.name()) {
+                parts.push(Part::Ours(mine));
+            }
+            parts.push(Part::Gathered(family));
+        }
+        parts.extend(ours.map(Part::Ours));
+        parts
     }
 
     /// The protobuf exposition.
     pub fn encode_protobuf(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        for gathered in self.families() {
-            let message = match &gathered.histogram {
-                Some((histogram, snapshot)) => proto::histogram_family(histogram, snapshot),
-                None => proto::from_gathered(&gathered.family, gathered.exemplars.as_ref()),
-            };
-            proto::write_delimited(&message, &mut out);
-        }
-        out
+        self.encode_as(Format::Protobuf)
     }
 
     /// The OpenMetrics text exposition.
     pub fn encode_openmetrics(&self) -> String {
-        let mut out = String::new();
-        for gathered in self.families() {
-            match &gathered.histogram {
-                Some((histogram, snapshot)) => om_histogram(&mut out, histogram, snapshot),
-                None => om_gathered(&mut out, &gathered.family, gathered.exemplars.as_ref()),
-            }
-        }
-        out.push_str("# EOF\n");
-        out
+        into_string(self.encode_as(Format::OpenMetrics))
+    }
+
+    /// Encodes every metric in the Prometheus text format (version 0.0.4).
+    pub fn encode(&self) -> String {
+        into_string(self.encode_as(Format::Text))
     }
 }
 
-/// The unit a metric's name ends with, for `# UNIT`.
-fn unit_of(name: &str) -> Option<&'static str> {
-    name.ends_with("_seconds").then_some("seconds")
-}
-
-fn om_header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    if let Some(unit) = unit_of(name) {
-        let _ = writeln!(out, "# UNIT {name} {unit}");
-    }
-    let _ = writeln!(out, "# HELP {name} {}", escape(help, false));
-}
-
-/// Escapes a label value (`quote`: `"` too) or help text: `\`, newline and `"`.
-fn escape(text: &str, quote: bool) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '"' if quote => out.push_str("\\\""),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// `{a="1",b="2"}` with `extra` last (`le`), or nothing without labels.
-fn labels(pairs: &[(String, String)], extra: Option<(&str, &str)>) -> String {
-    let mut parts: Vec<String> = pairs
-        .iter()
-        .map(|(n, v)| format!("{n}=\"{}\"", escape(v, true)))
-        .collect();
-    if let Some((n, v)) = extra {
-        parts.push(format!("{n}=\"{v}\""));
-    }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("{{{}}}", parts.join(","))
-    }
-}
-
-/// A number as OpenMetrics writes it: integers with `.0`, `+Inf`, `NaN`.
-fn number(value: f64) -> String {
-    if value.is_infinite() {
-        return if value > 0.0 { "+Inf" } else { "-Inf" }.into();
-    }
-    if value.is_nan() {
-        return "NaN".into();
-    }
-    if value.fract() == 0.0 && value.abs() < 1e15 {
-        format!("{value:.1}")
-    } else {
-        format!("{value}")
-    }
-}
-
-fn om_exemplar(exemplar: &StoredExemplar) -> String {
-    let mut pairs = vec![("stream_id".to_string(), exemplar.stream_id.to_string())];
-    if let Some(trace_id) = &exemplar.trace_id {
-        pairs.push(("trace_id".to_string(), trace_id.to_string()));
-    }
-    // OpenMetrics allows 128 characters of exemplar label names and values.
-    let length: usize = pairs.iter().map(|(n, v)| n.len() + v.chars().count()).sum();
-    if length > 128 {
-        pairs.truncate(1);
-    }
-    format!(
-        " # {} {} {}",
-        labels(&pairs, None),
-        number(exemplar.value),
-        number_ts(exemplar.timestamp)
-    )
-}
-
-/// A timestamp in seconds with millisecond precision.
-fn number_ts(unix_seconds: f64) -> String {
-    format!("{unix_seconds:.3}")
-}
-
-fn om_histogram(out: &mut String, family: &HistogramFamily, snapshot: &[SeriesSnapshot]) {
-    let name = family.name();
-    om_header(out, name, "histogram", family.help());
-    for series in snapshot {
-        let mut cumulative = 0u64;
-        let bounds = family.bounds();
-        for (i, count) in series.counts.iter().enumerate() {
-            cumulative += count;
-            let le = bounds.get(i).map_or("+Inf".to_string(), |b| number(*b));
-            let _ = write!(
-                out,
-                "{name}_bucket{} {cumulative}",
-                labels(&series.labels, Some(("le", &le)))
-            );
-            if let Some(exemplar) = series.exemplars.get(i).and_then(Option::as_ref) {
-                out.push_str(&om_exemplar(exemplar));
-            }
-            out.push('\n');
-        }
-        let plain = labels(&series.labels, None);
-        let _ = writeln!(out, "{name}_count{plain} {}", series.count);
-        let _ = writeln!(out, "{name}_sum{plain} {}", number(series.sum));
-        let _ = writeln!(out, "{name}_created{plain} {}", number_ts(series.created));
-    }
-}
-
-// `Untyped` is deprecated in the crate's proto, which still gathers it for untyped collectors.
-/// A family the `prometheus` crate gathered; a counter's `_total` samples carry `exemplars`.
-#[allow(deprecated)]
-fn om_gathered(
-    out: &mut String,
-    family: &source::MetricFamily,
-    exemplars: Option<&CounterExemplars>,
-) {
-    let pairs = |m: &source::Metric| -> Vec<(String, String)> {
-        m.get_label()
-            .iter()
-            .map(|l| (l.name().to_string(), l.value().to_string()))
-            .collect()
-    };
-    match family.get_field_type() {
-        source::MetricType::COUNTER => {
-            let name = family.name();
-            let base = name.strip_suffix("_total").unwrap_or(name);
-            om_header(out, base, "counter", family.help());
-            for m in family.get_metric() {
-                let l = pairs(m);
-                let _ = write!(
-                    out,
-                    "{base}_total{} {}",
-                    labels(&l, None),
-                    number(m.get_counter().get_value())
-                );
-                if let Some(exemplar) = exemplars.and_then(|e| e.of(&l)) {
-                    out.push_str(&om_exemplar(exemplar));
-                }
-                out.push('\n');
-            }
-        }
-        source::MetricType::GAUGE => {
-            let name = family.name();
-            om_header(out, name, "gauge", family.help());
-            for m in family.get_metric() {
-                let _ = writeln!(
-                    out,
-                    "{name}{} {}",
-                    labels(&pairs(m), None),
-                    number(m.get_gauge().get_value())
-                );
-            }
-        }
-        source::MetricType::HISTOGRAM => {
-            let name = family.name();
-            om_header(out, name, "histogram", family.help());
-            for m in family.get_metric() {
-                let h = m.get_histogram();
-                let l = pairs(m);
-                for b in h.get_bucket() {
-                    let le = number(b.upper_bound());
-                    let _ = writeln!(
-                        out,
-                        "{name}_bucket{} {}",
-                        labels(&l, Some(("le", &le))),
-                        b.cumulative_count()
-                    );
-                }
-                let _ = writeln!(
-                    out,
-                    "{name}_bucket{} {}",
-                    labels(&l, Some(("le", "+Inf"))),
-                    h.get_sample_count()
-                );
-                let _ = writeln!(
-                    out,
-                    "{name}_count{} {}",
-                    labels(&l, None),
-                    h.get_sample_count()
-                );
-                let _ = writeln!(
-                    out,
-                    "{name}_sum{} {}",
-                    labels(&l, None),
-                    number(h.get_sample_sum())
-                );
-            }
-        }
-        source::MetricType::SUMMARY | source::MetricType::UNTYPED => {
-            let name = family.name();
-            om_header(out, name, "unknown", family.help());
-            for m in family.get_metric() {
-                let _ = writeln!(
-                    out,
-                    "{name}{} {}",
-                    labels(&pairs(m), None),
-                    number(m.get_untyped().get_value())
-                );
-            }
-        }
-    }
+/// A text exposition as a `String`; the encoders write only UTF-8 (names, escaped label values
+/// and help texts, ASCII numbers).
+fn into_string(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 #[cfg(test)]
@@ -520,14 +340,5 @@ mod tests {
             .find(|f| f.name == "metronome_build_info")
             .unwrap();
         assert!(build.metric[0].gauge.is_some());
-    }
-
-    #[test]
-    fn numbers_as_openmetrics_writes_them() {
-        assert_eq!(number(1.0), "1.0");
-        assert_eq!(number(0.25), "0.25");
-        assert_eq!(number(0.00001), "0.00001");
-        assert_eq!(number(f64::INFINITY), "+Inf");
-        assert_eq!(escape("a\"b\\c\nd", true), "a\\\"b\\\\c\\nd");
     }
 }

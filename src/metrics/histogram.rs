@@ -7,9 +7,10 @@
 //! is recorded exactly once" literally true of every histogram.
 
 use crate::poison::{LockExt, RwLockExt};
+use std::cmp::Ordering as Compared;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -296,6 +297,57 @@ struct FamilyInner {
     native: Option<NativeIndex>,
     /// Series by a hash of their label values; a bucket holds the rare collisions.
     series: RwLock<SeriesMap>,
+    /// How many series `series` holds, bumped under its write lock: series are never removed,
+    /// so a scrape's cached order is good while this is unchanged.
+    added: AtomicUsize,
+    /// The label indices in the order of their names (the text format's label order).
+    by_name: Box<[usize]>,
+    /// The series in each exposition order, as of `added`.
+    orders: Mutex<Orders>,
+}
+
+/// The series of a family sorted as the encoders write them, made when a scrape finds a series
+/// added since the last one, so a scrape sorts nothing in the common case.
+#[derive(Debug, Default)]
+struct Orders {
+    /// How many series these hold.
+    len: usize,
+    /// By label values in the family's label order (OpenMetrics, protobuf, snapshots).
+    by_values: Arc<[Arc<Series>]>,
+    /// By label values in the order of the label names (the text format 0.0.4, as the
+    /// `prometheus` crate's registry sorts a gathered family).
+    by_names: Arc<[Arc<Series>]>,
+}
+
+/// An order the encoders read a family's series in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SeriesOrder {
+    /// By label values in the family's label order.
+    ByValues,
+    /// By label values in the order of the label names, fewer labels first.
+    ByNames,
+}
+
+/// One series as a scrape reads it, borrowed: its label values (paired with the family's
+/// names, extra values ignored as the snapshots ignore them), classic counts loaded once, and,
+/// when asked for, its native buckets and exemplars under the series' lock.
+#[derive(Debug)]
+pub(crate) struct SeriesView<'a> {
+    /// The label values, in the family's label order.
+    pub label_values: &'a [String],
+    /// Non-cumulative classic counts, `+Inf` last.
+    pub counts: &'a [u64],
+    /// Their sum.
+    pub count: u64,
+    /// The sum of the samples.
+    pub sum: f64,
+    /// When the series was made, seconds since the Unix epoch.
+    pub created: f64,
+    /// The native buckets, when the family has them and they were asked for.
+    pub native: Option<&'a NativeState>,
+    /// Per classic bucket, its exemplar (empty when the family keeps none or they were not
+    /// asked for).
+    pub exemplars: &'a [Option<StoredExemplar>],
 }
 
 // === impl HistogramFamily ===
@@ -332,6 +384,8 @@ impl HistogramFamily {
             label_names.iter().map(|l| l.to_string()).collect(),
             HashMap::new(),
         )?;
+        let mut by_name: Vec<usize> = (0..label_names.len()).collect();
+        by_name.sort_by_key(|i| label_names[*i]);
         Ok(HistogramFamily {
             inner: Arc::new(FamilyInner {
                 desc,
@@ -339,6 +393,9 @@ impl HistogramFamily {
                 options,
                 native: options.native.map(NativeIndex::new),
                 series: RwLock::new(SeriesMap::default()),
+                added: AtomicUsize::new(0),
+                by_name: by_name.into(),
+                orders: Mutex::new(Orders::default()),
             }),
         })
     }
@@ -426,61 +483,34 @@ impl HistogramFamily {
     /// `showing_exemplars` the exemplars returned count as seen (a stall bucket may take a
     /// smaller one from then on).
     pub fn snapshot(&self, showing_exemplars: bool) -> Vec<SeriesSnapshot> {
-        let desc = &self.inner.desc;
-        let map = self.inner.series.read_or_recover();
-        let mut out: Vec<SeriesSnapshot> = map
-            .values()
-            .flatten()
-            .map(|series| {
-                let load = || -> Vec<u64> {
-                    series
-                        .counts
-                        .iter()
-                        .map(|c| c.load(Ordering::Relaxed))
-                        .collect()
-                };
-                let (counts, native, exemplars) = match &series.extra {
-                    Some(extra) => {
-                        let mut extra = extra.lock_or_recover();
-                        let counts = load();
-                        let exemplars = extra
-                            .exemplars
-                            .iter_mut()
-                            .map(|slot| {
-                                let shown = slot.clone();
-                                if let Some(stored) = slot.as_mut().filter(|_| showing_exemplars) {
-                                    stored.scraped = true;
-                                }
-                                shown
-                            })
-                            .collect();
-                        (counts, extra.native.clone(), exemplars)
-                    }
-                    None => (load(), None, Vec::new()),
-                };
-                SeriesSnapshot {
-                    labels: desc
-                        .variable_labels
-                        .iter()
-                        .cloned()
-                        .zip(series.label_values.iter().cloned())
-                        .collect(),
-                    count: counts.iter().sum(),
-                    counts,
-                    sum: f64::from_bits(series.sum_bits.load(Ordering::Relaxed)),
-                    created: series.created,
-                    native,
-                    exemplars,
-                }
-            })
-            .collect();
-        out.sort_by(|a, b| {
-            a.labels
-                .iter()
-                .map(|l| &l.1)
-                .cmp(b.labels.iter().map(|l| &l.1))
+        let names = &self.inner.desc.variable_labels;
+        let mut out = Vec::new();
+        self.scrape(SeriesOrder::ByValues, true, showing_exemplars, |series| {
+            out.push(SeriesSnapshot {
+                labels: names
+                    .iter()
+                    .cloned()
+                    .zip(series.label_values.iter().cloned())
+                    .collect(),
+                counts: series.counts.to_vec(),
+                count: series.count,
+                sum: series.sum,
+                created: series.created,
+                native: series.native.cloned(),
+                exemplars: series.exemplars.to_vec(),
+            });
         });
         out
+    }
+
+    /// What the family registers in a `prometheus` registry in its place: its descriptor, so
+    /// that the registry refuses another metric of its name, and no series. The exposition
+    /// encoders read the family's series themselves ([`HistogramFamily::scrape`]), and a
+    /// registry's gather would copy every series into the crate's messages first.
+    pub(crate) fn reservation(&self) -> Box<dyn Collector> {
+        Box::new(Reservation {
+            desc: self.inner.desc.clone(),
+        })
     }
 
     /// The family's help text.
@@ -591,8 +621,127 @@ impl HistogramFamily {
             extra: self.extra(),
         });
         bucket.push(series.clone());
+        self.inner.added.fetch_add(1, Ordering::Release);
         series
     }
+
+    /// The series in `order`: the cached order while no series was added since it was made.
+    fn ordered(&self, order: SeriesOrder) -> Arc<[Arc<Series>]> {
+        let added = self.inner.added.load(Ordering::Acquire);
+        let mut orders = self.inner.orders.lock_or_recover();
+        if orders.len != added {
+            let all: Vec<Arc<Series>> = {
+                let map = self.inner.series.read_or_recover();
+                map.values().flatten().cloned().collect()
+            };
+            let names = self.inner.desc.variable_labels.len();
+            let mut by_values = all.clone();
+            by_values.sort_by(|a, b| by_values_cmp(a, b, names));
+            let mut by_names = all;
+            by_names.sort_by(|a, b| by_names_cmp(a, b, &self.inner.by_name));
+            *orders = Orders {
+                len: by_values.len(),
+                by_values: by_values.into(),
+                by_names: by_names.into(),
+            };
+        }
+        match order {
+            SeriesOrder::ByValues => orders.by_values.clone(),
+            SeriesOrder::ByNames => orders.by_names.clone(),
+        }
+    }
+
+    /// Calls `each` with every series in `order`, without copying or sorting it (a cached
+    /// order, see [`SeriesOrder`]). With `extra` each is read under its lock with its native
+    /// buckets and exemplars (the classic and native counts of the same merges), and with
+    /// `showing_exemplars` those count as seen, as [`HistogramFamily::snapshot`] does; without,
+    /// only the classic counts are read, lock-free.
+    pub(crate) fn scrape(
+        &self,
+        order: SeriesOrder,
+        extra: bool,
+        showing_exemplars: bool,
+        mut each: impl FnMut(&SeriesView<'_>),
+    ) {
+        let names = self.inner.desc.variable_labels.len();
+        let mut counts = [0u64; MAX_BOUNDS + 1];
+        for series in self.ordered(order).iter() {
+            let n = series.counts.len();
+            let mut load = || {
+                for (to, from) in counts.iter_mut().zip(series.counts.iter()) {
+                    *to = from.load(Ordering::Relaxed);
+                }
+                counts[..n].iter().sum::<u64>()
+            };
+            let label_values = &series.label_values[..series.label_values.len().min(names)];
+            let sum = || f64::from_bits(series.sum_bits.load(Ordering::Relaxed));
+            match series.extra.as_ref().filter(|_| extra) {
+                Some(locked) => {
+                    let mut locked = locked.lock_or_recover();
+                    let count = load();
+                    each(&SeriesView {
+                        label_values,
+                        counts: &counts[..n],
+                        count,
+                        sum: sum(),
+                        created: series.created,
+                        native: locked.native.as_ref(),
+                        exemplars: &locked.exemplars,
+                    });
+                    if showing_exemplars {
+                        for stored in locked.exemplars.iter_mut().flatten() {
+                            stored.scraped = true;
+                        }
+                    }
+                }
+                None => {
+                    let count = load();
+                    each(&SeriesView {
+                        label_values,
+                        counts: &counts[..n],
+                        count,
+                        sum: sum(),
+                        created: series.created,
+                        native: None,
+                        exemplars: &[],
+                    });
+                }
+            }
+        }
+    }
+
+    /// The label names, in the family's order.
+    pub fn label_names(&self) -> &[String] {
+        &self.inner.desc.variable_labels
+    }
+}
+
+/// [`SeriesOrder::ByValues`]: the values paired with the family's `names` names, compared in
+/// order (a shorter list first where it is the other's start).
+fn by_values_cmp(a: &Series, b: &Series, names: usize) -> Compared {
+    let (a, b) = (&a.label_values, &b.label_values);
+    a[..a.len().min(names)].cmp(&b[..b.len().min(names)])
+}
+
+/// [`SeriesOrder::ByNames`], as the `prometheus` crate's registry sorts a gathered family's
+/// metrics: fewer labels first, then the values in the order of the label names.
+fn by_names_cmp(a: &Series, b: &Series, by_name: &[usize]) -> Compared {
+    let (a, b) = (&a.label_values, &b.label_values);
+    let (na, nb) = (a.len().min(by_name.len()), b.len().min(by_name.len()));
+    na.cmp(&nb)
+        .then_with(|| in_name_order(a, na, by_name).cmp(in_name_order(b, nb, by_name)))
+}
+
+/// The first `n` of `values` in the order of their label names.
+fn in_name_order<'a>(
+    values: &'a [String],
+    n: usize,
+    by_name: &'a [usize],
+) -> impl Iterator<Item = &'a str> + 'a {
+    by_name
+        .iter()
+        .filter(move |i| **i < n)
+        .map(move |i| values[*i].as_str())
 }
 
 /// One series as the encoders read it: a consistent copy taken under the series' lock.
@@ -706,6 +855,21 @@ impl Hasher for KeyIsHash {
 
     fn finish(&self) -> u64 {
         self.0
+    }
+}
+
+/// A [`HistogramFamily`]'s place in a `prometheus` registry ([`HistogramFamily::reservation`]).
+struct Reservation {
+    desc: Desc,
+}
+
+impl Collector for Reservation {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        Vec::new()
     }
 }
 

@@ -11,7 +11,13 @@ pub mod histogram;
 pub mod models;
 pub mod native;
 mod native_bounds;
+mod numbers;
+mod openmetrics;
 pub mod proto;
+mod proto_wire;
+#[doc(hidden)]
+pub mod reference;
+mod text;
 
 use crate::poison::RwLockExt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -426,6 +432,9 @@ pub struct Metrics {
     /// The counter families with exemplars, registered after the rest
     /// ([`Metrics::register_counter`]), for the same encoders.
     counters: std::sync::RwLock<Vec<CounterFamily>>,
+    /// The size of the last exposition in each format (by `Format as usize`), to size the next
+    /// one's buffer at once.
+    exposition_sizes: [std::sync::atomic::AtomicUsize; 3],
 }
 
 const RMP: &[&str] = &["route", "model", "point"];
@@ -482,7 +491,7 @@ impl Metrics {
         let rich =
             |name: &str, help: &str, labels: &[&str], bounds: &[f64], options: FamilyOptions| {
                 let family = HistogramFamily::with_options(name, help, labels, bounds, options)?;
-                registry.register(Box::new(family.clone()))?;
+                registry.register(family.reservation())?;
                 families.borrow_mut().push(family.clone());
                 Ok::<_, prometheus::Error>(family)
             };
@@ -697,6 +706,7 @@ impl Metrics {
             registry: registry.clone(),
             histograms: Vec::new(),
             counters: std::sync::RwLock::new(Vec::new()),
+            exposition_sizes: Default::default(),
         };
         let metrics = Metrics {
             histograms: families.into_inner(),
@@ -756,16 +766,6 @@ impl Metrics {
             .iter()
             .find(|c| c.name() == name)
             .cloned()
-    }
-
-    /// Encodes every metric in the Prometheus text format (version 0.0.4).
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        let encoder = prometheus::TextEncoder::new();
-        if let Err(e) = encoder.encode_utf8(&self.registry.gather(), &mut out) {
-            tracing::error!(error = %e, "could not encode metrics");
-        }
-        out
     }
 }
 
