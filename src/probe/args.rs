@@ -553,6 +553,36 @@ impl ProbeConfig {
     }
 }
 
+/// How streams are started (closed or open loop) and when the run stops, from the load flags;
+/// a rate that is not a positive number is a usage error.
+fn load_and_stop(load_args: &LoadArgs) -> Result<(Load, Stop), ConfigError> {
+    if let Some(rate) = load_args
+        .rate_sweep
+        .iter()
+        .find(|r| !(r.is_finite() && **r > 0.0))
+    {
+        return Err(ConfigError::InvalidRate(*rate));
+    }
+    let load = match load_args.rate {
+        None => Load::Closed {
+            concurrency: positive(load_args.concurrency.unwrap_or(1), "--concurrency")?,
+        },
+        Some(rate) if rate.is_finite() && rate > 0.0 => Load::Open {
+            rate,
+            max_in_flight: load_args
+                .concurrency
+                .map(|c| positive(c, "--concurrency"))
+                .transpose()?,
+        },
+        Some(rate) => return Err(ConfigError::InvalidRate(rate)),
+    };
+    let stop = match load_args.duration {
+        Some(duration) => Stop::After(duration),
+        None => Stop::Requests(load_args.requests.unwrap_or(10)),
+    };
+    Ok((load, stop))
+}
+
 impl TryFrom<&ProbeArgs> for ProbeConfig {
     type Error = ConfigError;
 
@@ -565,30 +595,7 @@ impl TryFrom<&ProbeArgs> for ProbeConfig {
         if !(0.0..=1.0).contains(&max_error_rate) {
             return Err(ConfigError::InvalidErrorRate(max_error_rate));
         }
-        if let Some(rate) = load_args
-            .rate_sweep
-            .iter()
-            .find(|r| !(r.is_finite() && **r > 0.0))
-        {
-            return Err(ConfigError::InvalidRate(*rate));
-        }
-        let load = match load_args.rate {
-            None => Load::Closed {
-                concurrency: positive(load_args.concurrency.unwrap_or(1), "--concurrency")?,
-            },
-            Some(rate) if rate.is_finite() && rate > 0.0 => Load::Open {
-                rate,
-                max_in_flight: load_args
-                    .concurrency
-                    .map(|c| positive(c, "--concurrency"))
-                    .transpose()?,
-            },
-            Some(rate) => return Err(ConfigError::InvalidRate(rate)),
-        };
-        let stop = match load_args.duration {
-            Some(duration) => Stop::After(duration),
-            None => Stop::Requests(load_args.requests.unwrap_or(10)),
-        };
+        let (load, stop) = load_and_stop(load_args)?;
         let output = OutputLength {
             max_tokens: request.output_tokens.unwrap_or(request.max_tokens),
             ignore_eos: request.output_tokens.is_some() && !request.no_ignore_eos,

@@ -165,26 +165,44 @@ pub async fn open(
         think: route.think.clone(),
         query_model,
     };
-    let route_name = route.name.clone();
-    let state = state.clone();
-    tokio::spawn(async move {
-        drop(permit);
-        let upstream = match upstream_upgrade.await {
-            Ok(upgraded) => hyper_util::rt::TokioIo::new(upgraded),
-            Err(e) => {
-                tracing::debug!(error = %e, "the upstream's upgraded connection was lost");
-                state.tunnel_metrics.ended(&route_name, Outcome::Error);
-                return;
-            }
-        };
-        let Some(client) = hand_over.await else {
-            tracing::debug!("the client's upgraded connection was lost");
-            state.tunnel_metrics.ended(&route_name, Outcome::Error);
-            return;
-        };
-        relay::run(client, upstream, setup, &peer).await;
-    });
+    drop(permit);
+    tokio::spawn(relay_when_upgraded(
+        upstream_upgrade,
+        hand_over,
+        setup,
+        peer,
+    ));
     client_response
+}
+
+/// Waits for both ends' upgraded connections, then relays between them; either one lost ends
+/// the tunnel as an error before a byte is relayed.
+async fn relay_when_upgraded(
+    upstream_upgrade: hyper::upgrade::OnUpgrade,
+    hand_over: HandOver,
+    setup: metering::Setup,
+    peer: Peer,
+) {
+    let upstream = match upstream_upgrade.await {
+        Ok(upgraded) => hyper_util::rt::TokioIo::new(upgraded),
+        Err(e) => {
+            tracing::debug!(error = %e, "the upstream's upgraded connection was lost");
+            setup
+                .state
+                .tunnel_metrics
+                .ended(&setup.route, Outcome::Error);
+            return;
+        }
+    };
+    let Some(client) = hand_over.await else {
+        tracing::debug!("the client's upgraded connection was lost");
+        setup
+            .state
+            .tunnel_metrics
+            .ended(&setup.route, Outcome::Error);
+        return;
+    };
+    relay::run(client, upstream, setup, &peer).await;
 }
 
 /// Sends the upgrade request to the upstream and waits for its response head, at most
