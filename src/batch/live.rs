@@ -474,22 +474,27 @@ impl StreamProbe {
         if token_events == 0 {
             return;
         }
-        match self.last_token {
+        let first = match self.last_token {
             Some(last) => {
                 let gap = i64::try_from(at.nanos_since(last)).unwrap_or(i64::MAX);
                 if self.rule.gap(gap) {
                     self.report(last, at, mix.first(), model);
                 }
+                false
             }
-            None => self.first(at),
-        }
+            None => true,
+        };
         self.events += u64::from(token_events);
         self.last_token = Some(at);
         self.beat.token(raw(at), self.rule.threshold_nanos());
+        if first {
+            self.first(at);
+        }
     }
 
     /// The stream's first token event came at `at`: the sweep reads it from now on (one lock
-    /// and one wake-up in a stream's life; until now the sweep never read it).
+    /// and one wake-up in a stream's life; until now the sweep never read it). Called after the
+    /// beat holds the token: the sweep, on another thread, may read the beat at once.
     #[cold]
     fn first(&self, at: Tick) {
         self.upstream.lock().tracker.first_token(self.key, raw(at));
@@ -518,12 +523,13 @@ impl StreamProbe {
         if token_events == 0 {
             return;
         }
-        if self.last_token.is_none() {
-            self.first(at);
-        }
+        let first = self.last_token.is_none();
         self.events += u64::from(token_events);
         self.last_token = Some(at);
         self.beat.token(raw(at), self.rule.threshold_nanos());
+        if first {
+            self.first(at);
+        }
     }
 
     #[cold]

@@ -37,6 +37,8 @@ pub const MAX_PENDING: usize = 4096;
 /// The longest a stream waits in the deadline heap before its beat is read again (a stream held
 /// back by its client, or one whose threshold shrank since its deadline was set).
 const MAX_RECHECK: i64 = 1_000_000_000;
+/// How soon a stream whose beat had no token yet is read again.
+const MIN_RECHECK: i64 = 10_000_000;
 
 /// What a stream's ingress side publishes for the sweep: written by the stream alone (a relaxed
 /// store to its own line per token event), read by the sweep. 0 means "no token yet".
@@ -552,7 +554,12 @@ impl<L> EpisodeTracker<L> {
             }
             let (last, threshold) = slot.beat.read();
             if last == 0 {
-                continue; // not yet: its first token puts it back (`first_token`)
+                // Its first token is announced only after its beat holds it; read it again
+                // rather than lose it (a stream out of the heap is never counted past its first
+                // token, and its hitches would then count inside a co-stall it is not part of).
+                self.due
+                    .push(Reverse((now.saturating_add(MIN_RECHECK), key)));
+                continue;
             }
             if !slot.past_first {
                 slot.past_first = true;
@@ -611,6 +618,11 @@ impl<L> EpisodeTracker<L> {
             slot.reported_listed = false;
             if slot.silent {
                 continue; // counted above
+            }
+            // Only streams counted past their first token are judged (`past_first` is the n of
+            // the chance rule): never more streams inside than counted.
+            if !slot.past_first {
+                continue;
             }
             if let Some((start, end)) = slot.reported.filter(|(_, end)| *end > since) {
                 inside.push(key);
