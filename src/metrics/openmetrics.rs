@@ -8,6 +8,7 @@ use prometheus::proto as source;
 use super::counter::CounterExemplars;
 use super::histogram::{HistogramFamily, SeriesOrder, StoredExemplar};
 use super::numbers::{push, push_escaped, push_millis, push_om, push_u64};
+use super::text::bucket_prefix;
 
 /// The unit a metric's name ends with, for `# UNIT`.
 fn unit_of(name: &str) -> Option<&'static str> {
@@ -92,16 +93,7 @@ pub fn histogram(out: &mut Vec<u8>, family: &HistogramFamily) {
             &mut labels,
             pairs.zip(series.label_values.iter().map(String::as_str)),
         );
-        bucket.clear();
-        push(&mut bucket, name);
-        push(&mut bucket, "_bucket");
-        if labels.is_empty() {
-            bucket.push(b'{');
-        } else {
-            bucket.extend_from_slice(&labels);
-            bucket.push(b',');
-        }
-        push(&mut bucket, "le=\"");
+        bucket_prefix(&mut bucket, name, &labels);
         let mut cumulative = 0u64;
         for (i, (count, le)) in series.counts.iter().zip(&les).enumerate() {
             cumulative += count;

@@ -63,16 +63,7 @@ pub fn histogram(out: &mut Vec<u8>, family: &HistogramFamily) {
             push_escaped(&mut labels, &series.label_values[*i], true);
             labels.push(b'"');
         }
-        bucket.clear();
-        push(&mut bucket, name);
-        push(&mut bucket, "_bucket");
-        if labels.is_empty() {
-            bucket.push(b'{');
-        } else {
-            bucket.extend_from_slice(&labels);
-            bucket.push(b',');
-        }
-        push(&mut bucket, "le=\"");
+        bucket_prefix(&mut bucket, name, &labels);
         let mut cumulative = 0u64;
         for (le, count) in les.iter().zip(series.counts) {
             cumulative += count;
@@ -196,4 +187,19 @@ pub fn gathered(out: &mut Vec<u8>, family: &source::MetricFamily) {
             }
         }
     }
+}
+
+/// `NAME_bucket{LABELS,le="` into `bucket` (emptied first): the start of every bucket line of a
+/// series, in both text formats, followed by the bound and the count.
+pub(super) fn bucket_prefix(bucket: &mut Vec<u8>, name: &str, labels: &[u8]) {
+    bucket.clear();
+    push(bucket, name);
+    push(bucket, "_bucket");
+    if labels.is_empty() {
+        bucket.push(b'{');
+    } else {
+        bucket.extend_from_slice(labels);
+        bucket.push(b',');
+    }
+    push(bucket, "le=\"");
 }
