@@ -159,11 +159,28 @@ fn port_is_digits(host: &[u8]) -> bool {
 }
 
 /// Whether a path has a `.` or `..` segment, literal or percent-encoded (`%2e`, `%2E`).
+/// Reads each segment in place: every request passes here, and decoding a copy of each segment
+/// cost two allocations per segment.
 fn has_dot_segment(path: &str) -> bool {
-    path.split('/').any(|segment| {
-        let decoded = segment.replace("%2e", ".").replace("%2E", ".");
-        decoded == "." || decoded == ".."
-    })
+    path.split('/').any(is_dot_segment)
+}
+
+/// Whether `segment` decodes to `.` or `..`: one or two units, each a `.` or `%2e`/`%2E`.
+fn is_dot_segment(segment: &str) -> bool {
+    let mut rest = segment.as_bytes();
+    let mut dots = 0;
+    while !rest.is_empty() {
+        rest = match rest {
+            [b'.', tail @ ..] => tail,
+            [b'%', b'2', b'e' | b'E', tail @ ..] => tail,
+            _ => return false,
+        };
+        dots += 1;
+        if dots > 2 {
+            return false;
+        }
+    }
+    dots > 0
 }
 
 #[cfg(test)]
@@ -336,5 +353,43 @@ mod tests {
             checked("POST", "/", Version::HTTP_11, &fields),
             Err(FormError::TransferEncoding)
         );
+    }
+
+    /// The decoding the in-place reader replaced: a copy of the segment with `%2e`/`%2E` decoded.
+    fn dot_segment_by_copy(segment: &str) -> bool {
+        let decoded = segment.replace("%2e", ".").replace("%2E", ".");
+        decoded == "." || decoded == ".."
+    }
+
+    #[test]
+    fn dot_segments_are_found_in_every_spelling() {
+        for dot in [".", "..", "%2e", "%2E", "%2e%2E", ".%2e", "%2E."] {
+            assert!(is_dot_segment(dot), "{dot}");
+            assert!(has_dot_segment(&format!("/v1/{dot}/chat")), "{dot}");
+        }
+        for not in [
+            "",
+            "...",
+            "%2e%2e%2e",
+            ".a",
+            "%2",
+            "%2f",
+            "%%2e",
+            "%2.e",
+            "%2%2ee",
+            "e",
+        ] {
+            assert!(!is_dot_segment(not), "{not}");
+        }
+        assert!(!has_dot_segment("/v1/chat/completions"));
+    }
+
+    proptest::proptest! {
+        /// The in-place reader decides as the decoding copy did, for any segment made of the
+        /// characters that matter.
+        #[test]
+        fn the_in_place_reader_agrees_with_decoding(segment in "[.%2eEa]{0,8}") {
+            proptest::prop_assert_eq!(is_dot_segment(&segment), dot_segment_by_copy(&segment));
+        }
     }
 }

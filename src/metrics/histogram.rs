@@ -174,10 +174,10 @@ pub enum ExemplarPolicy {
 pub struct StoredExemplar {
     /// The sample.
     pub value: f64,
-    /// The stream's ID.
-    pub stream_id: Box<str>,
+    /// The stream's ID (a `String`, so that the next stream's ID reuses its buffer).
+    pub stream_id: String,
     /// Its trace ID, if known.
-    pub trace_id: Option<Box<str>>,
+    pub trace_id: Option<String>,
     /// When it was offered, seconds since the Unix epoch.
     pub timestamp: f64,
     /// A scrape has shown it.
@@ -197,6 +197,28 @@ impl StoredExemplar {
             timestamp: unix_now(),
             scraped: false,
         }
+    }
+
+    /// Puts `exemplar` in this one's place, in its buffers: a bucket's exemplar changes streams
+    /// on most requests, and two new strings per offer were most of the allocations a request's
+    /// histograms made. The same stream offering again (each live flush does) writes no text.
+    fn take_over(&mut self, exemplar: &Exemplar<'_>) {
+        self.value = exemplar.value;
+        if self.stream_id != exemplar.stream_id {
+            self.stream_id.clear();
+            self.stream_id.push_str(exemplar.stream_id);
+        }
+        match (exemplar.trace_id, &mut self.trace_id) {
+            (Some(new), Some(kept)) => {
+                if kept != new {
+                    kept.clear();
+                    kept.push_str(new);
+                }
+            }
+            (new, kept) => *kept = new.map(Into::into),
+        }
+        self.timestamp = unix_now();
+        self.scraped = false;
     }
 }
 
@@ -230,25 +252,18 @@ impl Extra {
                 old.scraped || exemplar.value >= old.value
             }
         };
-        if replace {
-            // The same stream offering again (each live flush does): kept in place, so a flush
-            // allocates nothing for its exemplars.
-            if let Some(old) = slot
-                .as_mut()
-                .filter(|old| *old.stream_id == *exemplar.stream_id)
-            {
-                old.value = exemplar.value;
-                old.timestamp = unix_now();
-                old.scraped = false;
-                return;
+        if !replace {
+            return;
+        }
+        match slot {
+            Some(old) => old.take_over(exemplar),
+            None => {
+                *slot = Some(StoredExemplar::now(
+                    exemplar.value,
+                    exemplar.stream_id,
+                    exemplar.trace_id,
+                ))
             }
-            *slot = Some(StoredExemplar {
-                value: exemplar.value,
-                stream_id: exemplar.stream_id.into(),
-                trace_id: exemplar.trace_id.map(Into::into),
-                timestamp: unix_now(),
-                scraped: false,
-            });
         }
     }
 }
@@ -265,9 +280,21 @@ impl Series {
                 shared.fetch_add(u64::from(*add), Ordering::Relaxed);
             }
         }
+        self.add_to_sum(local.sum);
+        self.count.fetch_add(local.count, Ordering::Relaxed);
+    }
+
+    /// Adds one sample in classic bucket `bucket` (the number of bounds below `value`).
+    fn add_one(&self, bucket: usize, value: f64) {
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        self.add_to_sum(value);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn add_to_sum(&self, value: f64) {
         let mut current = self.sum_bits.load(Ordering::Relaxed);
         loop {
-            let next = (f64::from_bits(current) + local.sum).to_bits();
+            let next = (f64::from_bits(current) + value).to_bits();
             match self.sum_bits.compare_exchange_weak(
                 current,
                 next,
@@ -278,7 +305,6 @@ impl Series {
                 Err(seen) => current = seen,
             }
         }
-        self.count.fetch_add(local.count, Ordering::Relaxed);
     }
 }
 
@@ -468,15 +494,25 @@ impl HistogramFamily {
 
     /// Adds a single sample, with the stream it came from as its exemplar (`exemplar.value` is
     /// taken to be `value`).
+    /// Counts the one sample in place: a [`LocalHistogram`] and [`NativeCounts`] built to merge
+    /// it cost an allocation (the native counts' list) on every request's TTFT and duration.
     pub fn observe_with(&self, label_values: &[&str], value: f64, exemplar: Option<&Exemplar<'_>>) {
-        let mut local = LocalHistogram::default();
-        local.observe(&self.inner.bounds, value);
-        let mut native = NativeCounts::default();
-        if let Some(index) = &self.inner.native {
-            native.observe(index, value);
+        let bucket = self.inner.bounds.partition_point(|b| *b < value);
+        let series = self.series(label_values);
+        let Some(extra) = &series.extra else {
+            series.add_one(bucket, value);
+            return;
+        };
+        // Under the lock, as `merge_with` does.
+        let mut extra = extra.lock_or_recover();
+        series.add_one(bucket, value);
+        if let (Some(state), Some(index)) = (&mut extra.native, &self.inner.native) {
+            state.add(index.bucket(value), index.schema());
         }
-        let exemplar = exemplar.map(|e| Exemplar { value, ..*e });
-        self.merge_with(label_values, &local, &native, exemplar.as_ref());
+        if let Some(exemplar) = exemplar {
+            let exemplar = Exemplar { value, ..*exemplar };
+            extra.offer(bucket, &exemplar, self.inner.options.exemplars);
+        }
     }
 
     /// Every series as the exposition encoders read it, sorted by label values. With
@@ -1044,6 +1080,53 @@ mod tests {
             value,
         };
         family.observe_with(&["a"], value, Some(&exemplar));
+    }
+
+    /// One sample observed in place, as a stream's flush would merge it: what a snapshot shows
+    /// but the times.
+    fn merged_one(family: &HistogramFamily, value: f64, exemplar: &Exemplar<'_>) {
+        let mut local = LocalHistogram::default();
+        local.observe(family.bounds(), value);
+        let mut native = NativeCounts::default();
+        native.observe(family.native().unwrap(), value);
+        let exemplar = Exemplar { value, ..*exemplar };
+        family.merge_with(&["a"], &local, &native, Some(&exemplar));
+    }
+
+    fn without_times(mut series: SeriesSnapshot) -> SeriesSnapshot {
+        series.created = 0.0;
+        for exemplar in series.exemplars.iter_mut().flatten() {
+            exemplar.timestamp = 0.0;
+        }
+        series
+    }
+
+    proptest::proptest! {
+        /// `observe_with` counts a sample in place exactly as merging a one-sample flush does:
+        /// classic counts, sum, count, native buckets (through a schema reduction) and exemplars.
+        #[test]
+        fn observing_in_place_equals_merging_one_sample(
+            values in proptest::collection::vec(
+                proptest::prop_oneof![
+                    -1.0..1e4f64,
+                    proptest::sample::select(vec![0.0, 0.5, 1.0, 2.0, f64::NAN, f64::INFINITY]),
+                ],
+                0..300,
+            )
+        ) {
+            let in_place = family_with(ExemplarPolicy::LargestSinceScrape);
+            let merged = family_with(ExemplarPolicy::LargestSinceScrape);
+            for (i, value) in values.iter().enumerate() {
+                let id = format!("{i:032x}");
+                let exemplar = Exemplar { stream_id: &id, trace_id: None, value: 0.0 };
+                in_place.observe_with(&["a"], *value, Some(&exemplar));
+                merged_one(&merged, *value, &exemplar);
+            }
+            let a: Vec<_> = in_place.snapshot(false).into_iter().map(without_times).collect();
+            let b: Vec<_> = merged.snapshot(false).into_iter().map(without_times).collect();
+            // NaN sums compare by their bits.
+            proptest::prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        }
     }
 
     fn shown(family: &HistogramFamily, bucket: usize, scrape: bool) -> Option<(String, f64)> {

@@ -75,11 +75,14 @@ pub fn remove_hop_by_hop_from_response(headers: &mut HeaderMap) {
 
 /// Appends `value` to a comma-separated forwarding header (`X-Forwarded-For: a, b`).
 pub fn append_forwarded(headers: &mut HeaderMap, name: &'static str, value: &str) {
-    let combined = match headers.get(name).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.trim().is_empty() => format!("{existing}, {value}"),
-        _ => value.to_string(),
+    // The value is copied once, into the field; a first hop's value is not formatted first.
+    let field = match headers.get(name).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.trim().is_empty() => {
+            HeaderValue::from_str(&format!("{existing}, {value}"))
+        }
+        _ => HeaderValue::from_str(value),
     };
-    if let Ok(v) = HeaderValue::from_str(&combined) {
+    if let Ok(v) = field {
         headers.insert(name, v);
     }
 }
