@@ -486,10 +486,20 @@ impl StreamProbe {
         };
         self.events += u64::from(token_events);
         self.last_token = Some(at);
-        self.beat.token(raw(at), self.rule.threshold_nanos());
+        if self.beat.token(raw(at), self.rule.threshold_nanos()) {
+            self.woke();
+        }
         if first {
             self.first(at);
         }
+    }
+
+    /// The sweep counted the stream silent and its beat changed (not by a hitch, whose report
+    /// says as much): the next sweep reads it again. Rare: a stop that begins or ends, a gap
+    /// that overlapped one, or a token whose frame was read before a sweep and stored after it.
+    #[cold]
+    fn woke(&self) {
+        self.upstream.lock().tracker.woke(self.key);
     }
 
     /// The stream's first token event came at `at`: the sweep reads it from now on (one lock
@@ -505,14 +515,16 @@ impl StreamProbe {
     /// the sweep must not count it inside a hitch until it is read again.
     #[cold]
     pub fn hold(&self) {
-        self.beat.hold();
+        if self.beat.hold() {
+            self.woke();
+        }
     }
 
     /// The stop ended at `at`: the stream is read again, and its silence counts from now.
     #[cold]
     pub fn release(&self, at: Tick) {
-        if self.last_token.is_some() {
-            self.beat.token(raw(at), self.rule.threshold_nanos());
+        if self.last_token.is_some() && self.beat.token(raw(at), self.rule.threshold_nanos()) {
+            self.woke();
         }
     }
 
@@ -526,7 +538,9 @@ impl StreamProbe {
         let first = self.last_token.is_none();
         self.events += u64::from(token_events);
         self.last_token = Some(at);
-        self.beat.token(raw(at), self.rule.threshold_nanos());
+        if self.beat.token(raw(at), self.rule.threshold_nanos()) {
+            self.woke();
+        }
         if first {
             self.first(at);
         }

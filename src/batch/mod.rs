@@ -9,6 +9,7 @@
 //! - [`live`]: the glue to the proxy: one tracker per upstream behind a lock taken per hitch and
 //!   per stream start and end (never per frame), a sweep task per upstream while it has
 //!   streams, the metrics, and the episodes `/episodes` shows.
+//! - [`silent`]: the tracker's ordered list of streams silent past their threshold.
 //! - [`json`]: the JSON of `/episodes`.
 //!
 //! The definitions are in docs/batch.md ("Is it my stream or the batch?").
@@ -17,6 +18,7 @@ pub mod chance;
 pub mod hitch;
 pub mod json;
 pub mod live;
+pub mod silent;
 pub mod tracker;
 
 pub use live::{BatchDetector, HitchMark, StreamProbe};

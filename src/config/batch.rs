@@ -57,9 +57,10 @@ impl BatchSettings {
     }
 
     /// How often an upstream's streams are swept: half of `min_gap`, between 5 and 25 ms, so a
-    /// silence past a threshold is seen within half the shortest hitch. Each sweep reads every
-    /// active stream's beat (two loads from a line another core writes), so it is not made
-    /// finer: at 1,000 streams, 100 sweeps a second are 100,000 such reads.
+    /// silence past a threshold is seen within half the shortest hitch. A sweep reads only the
+    /// beats of streams whose deadline came or whose silence may have ended (docs/batch.md, "How
+    /// it is measured"), but each sweep has a fixed cost (a lock, a timer, the task's poll), so
+    /// it is not made finer.
     pub fn sweep_interval(&self) -> Duration {
         (self.min_gap / 2).clamp(Duration::from_millis(5), Duration::from_millis(25))
     }
