@@ -2,8 +2,7 @@
 //! the request ID, method, path (no query), model, output tokens and finish reason, in whole
 //! milliseconds; an upstream that fails mid-stream gets a warning naming both IDs.
 
-#[path = "support/child.rs"]
-mod child;
+use crate::support::child;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -2,7 +2,7 @@
 //! follows the upstream check and draining, and a drain lets a stream in flight finish while new
 //! connections are refused.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

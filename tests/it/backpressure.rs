@@ -2,7 +2,7 @@
 //! holds its stream back, and the gaps that follow at ingress are neither stalls nor hitches and
 //! make no batch episode; they are counted as backpressure and marked in `/streams/{id}`.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -12,7 +12,7 @@
 //! The stall (300 ms, about 200 ms in) and the hold (300 ms, from 700 ms) are far apart, and a
 //! stall is the longest gap of its scope by far, so the named streams are exact.
 
-mod support;
+use crate::support;
 
 use bytes::{Buf, Bytes};
 use http_body_util::{BodyExt, Full};

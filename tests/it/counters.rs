@@ -2,7 +2,7 @@
 //! usage that shrinks is refused (counted in `metronome_unparsed_events_total` by reason), and
 //! every counter of `/metrics` is compared scrape by scrape.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 

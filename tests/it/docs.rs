@@ -14,7 +14,7 @@
 //! Each failure names what is missing, so a change that adds a family, moves a file or renames a
 //! heading is told exactly which line to write.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -433,7 +433,7 @@ interval = "1s"
 timeout = "1s"
 traces = true
 # Two streams stalled at once are an episode by the floors alone (the chance rule, which would
-# want more streams, is docs/batch.md's and tested in tests/batch_chance.rs).
+# want more streams, is docs/batch.md's and tested in tests/it/batch_chance.rs).
 [batch]
 false_positive = 1.0
 "#,

@@ -4,7 +4,7 @@
 //! prometheus_client parser and carries the stall's exemplar, and no Accept header still gets the
 //! text format 0.0.4.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

@@ -2,8 +2,8 @@
 //! instead of HTTP, sends bytes no accountant can read, answers a stream request with an error,
 //! compresses its stream, or keeps idle connections open for ever; a client that opens 200
 //! streams on one HTTP/2 connection. (Refused connections, a failed body, silent upstreams and
-//! clients that go away are in tests/proxy.rs; memory bounds in tests/memory.rs; a panicking
-//! stream task in tests/panics.rs. RELIABILITY.md lists them all.)
+//! clients that go away are in tests/it/proxy.rs; memory bounds in tests/memory.rs; a panicking
+//! stream task in tests/it/panics.rs. RELIABILITY.md lists them all.)
 //!
 //! Every test ends with the same checks ([`Harness::finish`]): the stream gauge is back at 0, the
 //! proxy still serves a healthy stream afterwards, no task panicked, and the runtime's count of
@@ -11,7 +11,7 @@
 //! connection after its response, so no pooled connection keeps a task alive; an ingress reader,
 //! a connection or an upstream socket left behind would keep that count up and fail the test.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,8 +30,9 @@ use tokio::net::TcpListener;
 // === panics ===
 
 /// Panics outside the tests' own code since the process started: a spawned task's panic is
-/// caught by tokio and would otherwise go unnoticed. (A failed assertion in one test must not
-/// fail the others, so panics located in `tests/` are not counted.)
+/// caught by tokio and would otherwise go unnoticed. The process is every test of tests/it/, and
+/// a failed assertion in one test must not fail the others, so panics located in `tests/` (the
+/// injected one of tests/it/panics.rs too) are not counted.
 static PANICS: AtomicUsize = AtomicUsize::new(0);
 
 fn count_panics() {
@@ -385,7 +386,7 @@ async fn an_upstream_body_cut_before_the_terminal_chunk_aborts_the_client_respon
 
 #[tokio::test]
 async fn an_upstream_tcp_reset_mid_stream_is_counted_as_a_reset() {
-    // tests/proxy.rs has a scripted upstream failing its body (hyper closes the connection);
+    // tests/it/proxy.rs has a scripted upstream failing its body (hyper closes the connection);
     // this one aborts it with an RST, as a crashed or killed inference server's kernel does.
     let (e1, e2) = (token_event("a"), token_event("b"));
     let upstream = raw_upstream(vec![

@@ -5,7 +5,7 @@
 //! `metronome_request_tokens{type}` holds one input sample per stream whose usage reported one and
 //! one output sample per stream, in the semconv buckets.
 
-mod support;
+use crate::support;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;

@@ -5,7 +5,7 @@
 //! taken at the first token event, outcome, finish reason, input tokens, the per-request token
 //! histogram, model and detected format. Counts are exact; durations have generous margins.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

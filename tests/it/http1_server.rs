@@ -6,7 +6,7 @@
 //! line to HTTP/1.0, an error's body), the check holds both to what they share. Every network
 //! wait is bounded; durations are asserted with generous margins.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -4,7 +4,7 @@
 //! The first test builds client records by hand, so every figure is exact; the others run real
 //! streams (the library and the binary) and assert directions and rough sizes.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -4,7 +4,7 @@
 //! exposition, read by prometheus_client's parsers (text 0.0.4 and OpenMetrics), by promtool (text), and
 //! decoded from protobuf, and in `/streams`; a clean name beside them keeps its label.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::io::Write;

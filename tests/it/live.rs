@@ -3,7 +3,7 @@
 //! with a 400 ms stall before token 10: the stall and the gaps before it show within 1.5 s of the
 //! stall's end, seconds before the stream ends. Counts exact; durations with wide margins.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,8 +1,7 @@
 //! The binary's logging as an operator meets it: JSON lines on request, no colour codes off a
 //! terminal, and a warning at startup when an https:// upstream meets an empty trust store.
 
-#[path = "support/child.rs"]
-mod child;
+use crate::support::child;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

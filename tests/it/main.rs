@@ -1,11 +1,16 @@
 //! The integration tests that can share a process, linked as one test binary: each file here was
-//! a binary of its own, and each link of the whole crate and its dependencies took longer than
-//! most of the tests it ran. Run one file's tests with `cargo test --test it labels::`.
+//! a binary of its own, and linking the crate and its dependencies into each took longer than
+//! most of them run. One file's tests: `cargo test --test it labels::`.
 //!
-//! The tests that need the process to themselves stay binaries of their own in tests/: those
-//! with a counting global allocator (allocations, batch_memory), those that count the process's
-//! resident set, descriptors or threads (memory, hostile_clients, otlp_limits), the one that
-//! installs the global log subscriber (hostile_upstreams), and reload and signals.
+//! A file joins only if nothing it asserts reads or changes state of the whole process. The
+//! files that do stay binaries of their own in tests/: a counting global allocator
+//! (allocations.rs, batch_memory.rs); the process's resident set (memory.rs), descriptors and CPU
+//! time (hostile_clients.rs) or threads (otlp_limits.rs), which tests running beside them would
+//! change; the global log subscriber, set once, whose captured lines any proxy of the process
+//! would write into (hostile_upstreams.rs). The panic hook of faults.rs is process-wide too, but
+//! it counts only panics located outside tests/, which no test here provokes on purpose (the
+//! injected panic of panics.rs is located in tests/). signals.rs signals only its child's pid,
+//! and reload.rs reloads only its own proxy's state.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -38,9 +43,11 @@ mod probe_ci;
 mod probe_cli;
 mod probe_reports;
 mod proxy;
+mod reload;
 mod replay;
 mod response_usage;
 mod serve_messages;
+mod signals;
 mod sim;
 mod sim_phases;
 mod slo;

@@ -9,7 +9,7 @@
 //! prefill and not yet decoding, must not.
 #![cfg(feature = "otlp")]
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

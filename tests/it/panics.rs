@@ -4,8 +4,9 @@
 //! metered body is driven through the same public `meter` entry point the proxy uses.
 //!
 //! This relies on panics unwinding (tokio catches a task's panic and drops the task); a build
-//! with `panic = "abort"` would lose every stream of the process instead. This test lives in its
-//! own binary because its panic is deliberate.
+//! with `panic = "abort"` would lose every stream of the process instead. The panic is
+//! deliberate and located in tests/, so the panic count of tests/it/faults.rs, in the same binary,
+//! leaves it out.
 
 use std::collections::VecDeque;
 use std::future::Future;

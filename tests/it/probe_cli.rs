@@ -2,7 +2,7 @@
 //! exit codes (0 pass, 1 gate failed, 2 usage error, 3 the run failed), the gate lines and the
 //! report files.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::path::Path;

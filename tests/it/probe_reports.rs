@@ -5,7 +5,7 @@
 //! checked, and stdout and stderr interleave line by line. The built binary against the scripted
 //! upstream of tests/support/upstream.rs and small raw servers of this file.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

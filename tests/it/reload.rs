@@ -1,7 +1,7 @@
 //! Reloading the configuration under running streams, by calling the reload functions directly
-//! (tests/signals.rs sends the real SIGHUP to the binary).
+//! (tests/it/signals.rs sends the real SIGHUP to the binary).
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

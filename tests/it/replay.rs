@@ -1,7 +1,7 @@
 //! `metronome sim --replay`: a captured `/streams/{id}` timeline played back with its cadence and
 //! framing, measured by the probe and by metronome itself. Counts exact, times within margins.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! `metering.max_usage_body_bytes`, a malformed one, an error status, a compressed body, a body
 //! cut short and a client gone mid-body add nothing.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

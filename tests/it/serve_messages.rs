@@ -3,8 +3,7 @@
 //! "address in use" names the listener and its address, `--admin` takes a host name, and
 //! `/metrics` is gzipped when the scraper asks.
 
-#[path = "support/child.rs"]
-mod child;
+use crate::support::child;
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};

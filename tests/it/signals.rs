@@ -3,7 +3,7 @@
 //! new connections and exits 0.
 #![cfg(unix)]
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

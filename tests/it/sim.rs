@@ -2,7 +2,7 @@
 //! body frame as it arrives, and assertions on exact counts and generous time margins (CI
 //! machines are loaded; a flaky test is a failing test).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

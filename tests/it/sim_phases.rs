@@ -5,7 +5,7 @@
 //! pause is checked with generous margins. The last tests put the proxy in front and check what
 //! it measures of the same streams.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

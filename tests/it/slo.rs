@@ -3,7 +3,7 @@
 //! objective in `metronome_slo_streams_total`. Counts exact; the cadence leaves wide margins
 //! (20 ms between tokens against objectives of 5 ms and 1 s).
 
-mod support;
+use crate::support;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -1,7 +1,7 @@
 //! `/streams?request_id=…&outcome=…&stalled=…&limit=…` against the real proxy: finding one
 //! user's stream, and a 400 that names a bad parameter.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

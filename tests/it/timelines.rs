@@ -1,6 +1,6 @@
 //! `/streams`, `/streams/{id}` and the browser beacon, against the real proxy.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 
@@ -455,7 +455,7 @@ async fn the_admin_listener_serves_the_beacon_module() {
         "text/javascript; charset=utf-8"
     );
     let body = String::from_utf8(got.bytes()).unwrap();
-    assert_eq!(body, include_str!("../assets/metronome-beacon.js"));
+    assert_eq!(body, include_str!("../../assets/metronome-beacon.js"));
     assert!(body.contains("metronomeFetch"));
     proxy.shutdown().await;
 }

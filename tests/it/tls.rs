@@ -1,7 +1,7 @@
 //! TLS on the listener (ALPN h2 and http/1.1), https and mTLS upstreams, certificate reload, and
 //! the overload limits. Certificates are generated at test time.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -4,7 +4,7 @@
 //! the recorded stream of every supported API (tests/fixtures/): bytes unchanged, and token
 //! events, tokens, outcome and detected format whatever the framing.
 
-mod support;
+use crate::support;
 
 use bytes::Bytes;
 use metronome::format::Accounting;

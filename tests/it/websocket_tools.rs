@@ -3,7 +3,7 @@
 //! own bits. Counts are exact: token events by phase, messages per response, the sim's served
 //! counters; times only bound how long a cancelled generation may go on.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //!
 //! Every check runs on both HTTP/1.1 servers (`server.http1_server`).
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
