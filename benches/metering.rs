@@ -13,7 +13,6 @@ use metronome::metering::meter::IngressMeter;
 use metronome::metrics::{Buckets, Metrics, ModelLabels};
 use metronome::scan::{Framing, Scanner, DEFAULT_MAX_EVENT_BYTES};
 
-#[path = "common.rs"]
 mod common;
 
 fn bench(c: &mut Criterion) {

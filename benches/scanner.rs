@@ -6,7 +6,6 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughpu
 use metronome::format::Accounting;
 use metronome::scan::{Event, EventSink, Framing, Scanner, DEFAULT_MAX_EVENT_BYTES};
 
-#[path = "common.rs"]
 mod common;
 
 struct Count(u64);

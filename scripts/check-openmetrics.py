@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Parses an OpenMetrics text exposition (stdin) with prometheus_client's own parser and prints
-what tests/exposition.rs checks, as JSON: per family its type and unit, per histogram sample
+what tests/it/exposition.rs checks, as JSON: per family its type and unit, per histogram sample
 (name, labels, value) and the exemplars (labels, value) of the buckets that carry one.
 
 The parser raises on anything not OpenMetrics 1.0.0 (a missing `# EOF`, a bad exemplar, buckets

@@ -62,7 +62,7 @@ def check_vllm(where, expr):
 # Where the metric names come from. The documented tables are the contract: docs/metrics.md
 # (every family, with its type) when the tree has it, README's table and docs/batch.md's; the
 # registrations in src/ add what a table may lag. A name documented but not yet registered here
-# (another branch's family) passes this check; tests/docs.rs holds the tables to the binary.
+# (another branch's family) passes this check; tests/it/docs.rs holds the tables to the binary.
 DOC_TABLES = [ROOT / "docs" / "metrics.md", ROOT / "README.md", ROOT / "docs" / "batch.md"]
 REGISTRATIONS = [METRICS_RS, ROOT / "src" / "batch" / "live.rs"]
 # Families without a route label (the queries on them cannot keep to $route).

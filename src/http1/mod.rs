@@ -13,7 +13,7 @@
 //! with its own [`server::request_body::Http1RequestBody`] and writes whatever `Body` the
 //! service answers with; the client sends any `Body` and hands back its own response body. So
 //! this layer depends on std, `http`, `httparse`, `bytes`, tokio and small leaf crates only,
-//! never on `crate::proxy` or any other module of the crate (tests/layers.rs checks it).
+//! never on `crate::proxy` or any other module of the crate (tests/it/layers.rs checks it).
 
 pub mod client;
 pub mod decode;

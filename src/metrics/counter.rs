@@ -184,29 +184,23 @@ impl CounterExemplars {
     /// The exemplar of the series with these `(name, value)` labels (in any order, as the
     /// registry gathers them), if it has one.
     pub fn of(&self, labels: &[(String, String)]) -> Option<&StoredExemplar> {
-        let value_of = |name: &str| {
+        self.of_series(|name| {
             labels
                 .iter()
                 .find(|(n, _)| n == name)
                 .map(|(_, v)| v.as_str())
-        };
-        self.slots
-            .iter()
-            .find(|(values, _)| {
-                values.len() == self.label_names.len()
-                    && self
-                        .label_names
-                        .iter()
-                        .zip(values)
-                        .all(|(name, value)| value_of(name) == Some(value.as_str()))
-            })
-            .map(|(_, exemplar)| exemplar)
+        })
     }
 
     /// The exemplar of the series with these labels as the registry gathered them (in any
     /// order), if it has one: [`CounterExemplars::of`] without copying the labels.
     pub fn of_pairs(&self, labels: &[prometheus::proto::LabelPair]) -> Option<&StoredExemplar> {
-        let value_of = |name: &str| labels.iter().find(|l| l.name() == name).map(|l| l.value());
+        self.of_series(|name| labels.iter().find(|l| l.name() == name).map(|l| l.value()))
+    }
+
+    /// The exemplar of the series whose every label `value_of` gives as the slot holds it: the
+    /// one lookup behind both label forms (read at a scrape, never per event).
+    fn of_series<'l>(&self, value_of: impl Fn(&str) -> Option<&'l str>) -> Option<&StoredExemplar> {
         self.slots
             .iter()
             .find(|(values, _)| {

@@ -711,36 +711,30 @@ impl HistogramFamily {
             };
             let label_values = &series.label_values[..series.label_values.len().min(names)];
             let sum = || f64::from_bits(series.sum_bits.load(Ordering::Relaxed));
-            match series.extra.as_ref().filter(|_| extra) {
-                Some(locked) => {
-                    let mut locked = locked.lock_or_recover();
-                    let count = load();
-                    each(&SeriesView {
-                        label_values,
-                        counts: &counts[..n],
-                        count,
-                        sum: sum(),
-                        created: series.created,
-                        native: locked.native.as_ref(),
-                        exemplars: &locked.exemplars,
-                    });
-                    if showing_exemplars {
-                        for stored in locked.exemplars.iter_mut().flatten() {
-                            stored.scraped = true;
-                        }
-                    }
-                }
-                None => {
-                    let count = load();
-                    each(&SeriesView {
-                        label_values,
-                        counts: &counts[..n],
-                        count,
-                        sum: sum(),
-                        created: series.created,
-                        native: None,
-                        exemplars: &[],
-                    });
+            // The lock (when the extras are read) before the counts: a merge adds to the classic
+            // and the native counts under it, so the view shows both of the same merges.
+            let mut locked = series
+                .extra
+                .as_ref()
+                .filter(|_| extra)
+                .map(|locked| locked.lock_or_recover());
+            let count = load();
+            let (native, exemplars) = match &locked {
+                Some(locked) => (locked.native.as_ref(), &locked.exemplars[..]),
+                None => (None, &[][..]),
+            };
+            each(&SeriesView {
+                label_values,
+                counts: &counts[..n],
+                count,
+                sum: sum(),
+                created: series.created,
+                native,
+                exemplars,
+            });
+            if let Some(locked) = locked.as_mut().filter(|_| showing_exemplars) {
+                for stored in locked.exemplars.iter_mut().flatten() {
+                    stored.scraped = true;
                 }
             }
         }

@@ -387,7 +387,7 @@ pub(crate) fn one_line(text: &str, max: usize) -> Option<String> {
 /// Whether hyper-util gave the connect up without a reason of its own (its pool's
 /// `CheckoutNoLongerWanted`, when another stream's attempt to the same server failed first): a
 /// connect error with no I/O error behind it, since every failure to connect, resolve or
-/// handshake carries the `std::io::Error` that says why. tests/tls.rs (the probe against an
+/// handshake carries the `std::io::Error` that says why. tests/it/tls.rs (the probe against an
 /// unknown CA) checks both sides of that line.
 fn is_canceled(error: &hyper_util::client::legacy::Error) -> bool {
     error.is_connect() && !crate::error::is_caused_by::<std::io::Error>(error)

@@ -1,5 +1,5 @@
 //! The recorded-shape streams of tests/fixtures/ and what metronome must make of each: the table
-//! that tests/formats.rs replays through the proxy and tests/transparency.rs cuts at random.
+//! that tests/it/formats.rs replays through the proxy and tests/it/transparency.rs cuts at random.
 //! Where each shape comes from is in tests/fixtures/README.md.
 
 use std::path::PathBuf;
