@@ -10,12 +10,16 @@ Two checks that only a real engine settles, each against its own vLLM:
   batch   Six streams decoding; two requests with long prompts arrive mid-decode. Continuous
           batching stalls all six at once while the prompts' prefill runs: `/episodes` must hold
           exactly one episode, with all six streams and both long prompts among its arrivals.
+          The default tiny model's prefill is too short to stall the batch: use the larger one
+          below (docs/real-vllm.md).
 
     ../shared/real-vllm/setup.sh
     $REAL_UPSTREAM_DIR/venv/bin/python ../shared/real-vllm/make_tiny_model.py --hf /tmp/real-upstream/tiny-think --think
     MODEL_DIR=/tmp/real-upstream/tiny-think ../shared/real-vllm/serve.sh 8001 --reasoning-parser deepseek_r1
     python3 scripts/real-vllm.py phases --bin target/release/metronome --upstream http://127.0.0.1:8001
-    ../shared/real-vllm/serve.sh 8000
+    $REAL_UPSTREAM_DIR/venv/bin/python ../shared/real-vllm/make_tiny_model.py --hf /tmp/real-upstream/tiny-512 \\
+        --hidden 512 --layers 4 --ffn 1536
+    MODEL_DIR=/tmp/real-upstream/tiny-512 ../shared/real-vllm/serve.sh 8000
     python3 scripts/real-vllm.py batch --bin target/release/metronome --upstream http://127.0.0.1:8000
 
 Exits 1 when a check fails. Everything talks to 127.0.0.1 only; the proxy it starts is stopped.
