@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/phases/: one stream per API with R reasoning token events, C answer
-token events and T tool-call token events (tests/it/phases.rs replays them with a think pause before
+token events and T tool-call token events (tests/phases.rs replays them with a think pause before
 the first answer event). The shapes are those of tests/fixtures (see its README) with each API's
 reasoning and tool-call fields; `<think>` shapes carry the tags as token events of their own, the
 opening one split across two events."""

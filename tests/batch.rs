@@ -6,7 +6,7 @@
 //! stalls); time margins are generous (the batch's holds are 300 ms against 20 ms steps, and
 //! each stall is placed 100 ms or more from any hold).
 
-use crate::support;
+mod support;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! random, make no episode however often two of them overlap; one cause that stalls four fresh
 //! streams at once is still one episode, with all of them and the request that arrived before it.
 
-use crate::support;
+mod support;
 
 use metronome::sim::SimConfig;
 use support::*;

@@ -7,7 +7,7 @@
 //! scripts/gen-phase-fixtures.py) replayed by the scripted upstream, and from `metronome sim`
 //! in every API shape it serves. Counts are exact; times have generous margins.
 
-use crate::support;
+mod support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The probe against a scripted streaming server on 127.0.0.1: cadence, stalls, clumps, errors,
 //! open loop. Durations are asserted with generous margins, counts exactly.
 
-use crate::support;
+mod support;
 
 use std::time::Duration;
 

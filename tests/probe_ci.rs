@@ -2,7 +2,7 @@
 //! baselines and `probe compare`, the JUnit and Markdown reports, the workload's shape and the
 //! rate sweep. The built binary against the scripted upstream of tests/support/upstream.rs.
 
-use crate::support;
+mod support;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

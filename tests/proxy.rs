@@ -1,7 +1,7 @@
 //! The metering proxy against scripted upstreams on loopback: what the client gets, and what the
 //! metrics say. Counts are asserted exactly; durations with generous margins.
 
-use crate::support;
+mod support;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -433,7 +433,7 @@ interval = "1s"
 timeout = "1s"
 traces = true
 # Two streams stalled at once are an episode by the floors alone (the chance rule, which would
-# want more streams, is docs/batch.md's and tested in tests/it/batch_chance.rs).
+# want more streams, is docs/batch.md's and tested in tests/batch_chance.rs).
 [batch]
 false_positive = 1.0
 "#,

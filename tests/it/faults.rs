@@ -2,7 +2,7 @@
 //! instead of HTTP, sends bytes no accountant can read, answers a stream request with an error,
 //! compresses its stream, or keeps idle connections open for ever; a client that opens 200
 //! streams on one HTTP/2 connection. (Refused connections, a failed body, silent upstreams and
-//! clients that go away are in tests/it/proxy.rs; memory bounds in tests/memory.rs; a panicking
+//! clients that go away are in tests/proxy.rs; memory bounds in tests/memory.rs; a panicking
 //! stream task in tests/it/panics.rs. RELIABILITY.md lists them all.)
 //!
 //! Every test ends with the same checks ([`Harness::finish`]): the stream gauge is back at 0, the
@@ -386,7 +386,7 @@ async fn an_upstream_body_cut_before_the_terminal_chunk_aborts_the_client_respon
 
 #[tokio::test]
 async fn an_upstream_tcp_reset_mid_stream_is_counted_as_a_reset() {
-    // tests/it/proxy.rs has a scripted upstream failing its body (hyper closes the connection);
+    // tests/proxy.rs has a scripted upstream failing its body (hyper closes the connection);
     // this one aborts it with an RST, as a crashed or killed inference server's kernel does.
     let (e1, e2) = (token_event("a"), token_event("b"));
     let upstream = raw_upstream(vec![

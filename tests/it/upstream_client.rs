@@ -3,7 +3,7 @@
 //! request bodies streamed with and without a length, interim answers, bodies without a body
 //! (HEAD, 204, 304), bodies until close, and which connections go back to the pool and which must
 //! not. The other behaviours (cut bodies, resets, garbage, idle expiry, cancellation) are in
-//! tests/it/faults.rs and tests/it/proxy.rs, which run through this client too.
+//! tests/it/faults.rs and tests/proxy.rs, which run through this client too.
 
 use crate::support;
 
