@@ -17,9 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-command -v valgrind >/dev/null 2>&1 || {
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-}
+. scripts/lib/valgrind.sh
 [ $# -gt 0 ] || { cargo build --profile profiling --quiet --bin metronome; set -- target/profiling/metronome; }
 
 . scripts/lib/loopback.sh

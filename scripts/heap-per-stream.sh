@@ -19,9 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-command -v valgrind >/dev/null 2>&1 || {
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-}
+. scripts/lib/valgrind.sh
 streams=${STREAMS:-300}
 bin=${1:-}
 [ -n "$bin" ] || { cargo build --profile profiling --quiet --bin metronome; bin=target/profiling/metronome; }

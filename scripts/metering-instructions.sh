@@ -11,9 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-command -v valgrind >/dev/null 2>&1 || {
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-}
+. scripts/lib/valgrind.sh
 FRAMES=1000 # common::vllm_chat_events(1_000) in benches/metering.rs
 work=$(mktemp -d)
 trap 'rm -rf "$work"; git worktree prune' EXIT
