@@ -621,16 +621,13 @@ async fn the_probes_ttfo_and_gaps_per_phase_agree_with_the_proxys() {
         "TTFT is the first thought"
     );
     // Stream by stream, against `/streams`.
-    let list = request(proxy.admin_addr, "GET", "/streams", "", false).await;
-    let list: serde_json::Value = serde_json::from_slice(&list.bytes()).unwrap();
+    let ids: Vec<&str> = (run.streams.iter())
+        .filter_map(|s| s.stream_id.as_deref())
+        .collect();
+    let list = listed_streams(proxy.admin_addr, &ids).await;
     for stream in &run.streams {
         let id = stream.stream_id.as_deref().unwrap();
-        let entry = list["streams"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["id"] == id)
-            .unwrap();
+        let entry = list.iter().find(|s| s["id"] == id).unwrap();
         let proxy_ms = entry["ttfo_us"]["egress"].as_u64().unwrap() as f64 / 1e3;
         let first_output = stream
             .phased_tokens()
@@ -648,6 +645,23 @@ async fn the_probes_ttfo_and_gaps_per_phase_agree_with_the_proxys() {
     sim.shutdown().await.unwrap();
 }
 
+/// `/streams`' entries once every stream in `ids` is among them: a stream joins the list when the
+/// proxy has finished with it, which can come a moment after the probe read its last byte
+/// (waits at most 10 s, then returns the list as it is).
+async fn listed_streams(admin: std::net::SocketAddr, ids: &[&str]) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let list = request(admin, "GET", "/streams", "", false).await;
+        let list: serde_json::Value = serde_json::from_slice(&list.bytes()).unwrap();
+        let list = list["streams"].as_array().unwrap().clone();
+        let listed = |id: &&str| list.iter().any(|s| s["id"] == *id);
+        if ids.iter().all(listed) || std::time::Instant::now() > deadline {
+            return list;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Probes `proxy` with `think` (the probe's `--think-tags` and `--think-starts-open`) for
 /// `streams` streams; each stream's TTFO in ms at the probe (from sending) and at the proxy's
 /// egress (from `/streams`, from receiving).
@@ -663,9 +677,10 @@ async fn probe_and_proxy_ttfo(
     config.timeout = Duration::from_secs(10);
     config.think = think;
     let run = measure(&config).await.unwrap();
-    let list = request(proxy.admin_addr, "GET", "/streams", "", false).await;
-    let list: serde_json::Value = serde_json::from_slice(&list.bytes()).unwrap();
-    let list = list["streams"].as_array().unwrap().clone();
+    let ids: Vec<&str> = (run.streams.iter())
+        .filter_map(|s| s.stream_id.as_deref())
+        .collect();
+    let list = listed_streams(proxy.admin_addr, &ids).await;
     run.streams
         .iter()
         .map(|stream| {
