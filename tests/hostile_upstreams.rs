@@ -82,32 +82,14 @@ impl Pki {
 /// Reads one request (its head, and a body by `content-length`), writes `answer`, and closes
 /// the writing side; reads on until the proxy closes, so nothing unread resets the answer.
 async fn answer_once(mut io: impl AsyncRead + AsyncWrite + Unpin, answer: &[u8]) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
-        }
-        match io.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .map_or(0, |v| v.trim().parse().unwrap());
-    while buf.len() < head_end + length {
-        match io.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
+    if !support::read_request(&mut io).await {
+        return;
     }
     if io.write_all(answer).await.is_err() {
         return;
     }
     let _ = io.shutdown().await;
+    let mut chunk = [0u8; 4096];
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         while let Ok(n) = io.read(&mut chunk).await {
             if n == 0 {
