@@ -5,7 +5,7 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use support::{ms, RunningUpstream, Upstream};
 
@@ -14,19 +14,7 @@ fn probe(args: &[&str]) -> Output {
 }
 
 fn probe_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_metronome"));
-    command
-        .arg("probe")
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env_remove("GITHUB_STEP_SUMMARY")
-        // stdout and stderr are pipes, as on a CI runner.
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    command.output().unwrap()
+    support::run_probe(args, env)
 }
 
 fn stdout(output: &Output) -> String {

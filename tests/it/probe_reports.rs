@@ -10,7 +10,7 @@ use crate::support;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,19 +21,7 @@ use support::{ms, RunningUpstream, Upstream};
 const KEY: &str = "sk-test-never-shown-4711";
 
 fn probe(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_metronome"));
-    command
-        .arg("probe")
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env_remove("GITHUB_STEP_SUMMARY")
-        .env_remove("OPENAI_API_KEY")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    command.output().unwrap()
+    support::run_probe(args, env)
 }
 
 /// Asserts that `text` holds `needle`, showing the whole text when it does not.

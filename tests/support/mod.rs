@@ -388,3 +388,22 @@ pub async fn read_request(io: &mut (impl tokio::io::AsyncRead + Unpin)) -> bool 
     }
     true
 }
+
+/// Runs `metronome probe` with `args` and `env` as a CI job would (stdout and stderr piped, no
+/// step summary, no API key but the one `env` gives), and waits for it.
+pub fn run_probe(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    use std::process::{Command, Stdio};
+    let mut command = Command::new(env!("CARGO_BIN_EXE_metronome"));
+    command
+        .arg("probe")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("GITHUB_STEP_SUMMARY")
+        .env_remove("OPENAI_API_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.output().unwrap()
+}
