@@ -47,6 +47,14 @@ fn from_git(manifest_dir: &Path) -> Option<String> {
     if std::env::var("PROFILE").ok()? != "release" {
         return None;
     }
+    // Watched before git is asked anything: a git that failed once (a lock, a transient error)
+    // must not leave `unknown` cached until build.rs itself changes.
+    for name in ["HEAD", "logs/HEAD"] {
+        let path = manifest_dir.join(".git").join(name);
+        if path.is_file() {
+            println!("cargo::rerun-if-changed={}", path.display());
+        }
+    }
     let top = git(manifest_dir, &["rev-parse", "--show-toplevel"])?;
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
