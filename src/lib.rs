@@ -41,6 +41,7 @@ pub mod config_spans;
 pub mod demo;
 pub mod error;
 pub mod format;
+pub mod hex;
 pub mod http1;
 pub mod live;
 pub mod logging;

@@ -86,7 +86,7 @@ fn lower_hex<const N: usize>(text: &[u8]) -> Option<[u8; N]> {
 
 /// Lowercase hex of `bytes`.
 pub fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex::bytes_text(bytes)
 }
 
 // === impl SpanContext ===

@@ -91,10 +91,20 @@ pub fn refusal(name: &str) -> Option<&'static str> {
         Some("is reserved: metronome labels models it does not show `other`, and streams that name none `unknown`")
     } else if name.starts_with(' ') || name.ends_with(' ') {
         Some("begins or ends with a space")
-    } else if name.chars().any(misreadable) {
+    } else if has_misreadable(name) {
         Some("has a control, format, invisible, private-use or separator character")
     } else {
         None
+    }
+}
+
+/// Whether `name` has a [`misreadable`] character. An ASCII name (nearly every model's) is
+/// checked a byte at a time: of ASCII, only the controls are misreadable.
+fn has_misreadable(name: &str) -> bool {
+    if name.is_ascii() {
+        name.bytes().any(|b| b.is_ascii_control())
+    } else {
+        name.chars().any(misreadable)
     }
 }
 
@@ -224,5 +234,24 @@ mod tests {
         let labels = ModelLabels::new(&["llama".to_string()], 100);
         assert_eq!(&*labels.resolve(Some("llama")), "llama");
         assert_eq!(&*labels.resolve(Some("mistral")), OTHER);
+    }
+
+    #[test]
+    fn every_ascii_character_is_judged_as_the_table_judges_it() {
+        for b in 0u8..=127 {
+            let name = format!("m{}", char::from(b));
+            assert_eq!(
+                has_misreadable(&name),
+                name.chars().any(misreadable),
+                "{b:#04x}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn property_the_ascii_reading_agrees_with_the_table(name in "\\PC{0,12}|[\\x00-\\x7f]{0,12}") {
+            proptest::prop_assert_eq!(has_misreadable(&name), name.chars().any(misreadable));
+        }
     }
 }

@@ -54,7 +54,7 @@ pub struct Beacon {
 
 /// A key as the response header writes it: 32 lowercase hex digits.
 pub fn key_text(key: BeaconKey) -> String {
-    format!("{:032x}", key.0)
+    crate::hex::u128_text(key.0)
 }
 
 /// Reads a key written by [`key_text`]; `None` for anything else. Public so that the fuzzer

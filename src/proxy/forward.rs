@@ -349,10 +349,8 @@ impl Stream<'_> {
             .headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .chars()
-            .take(MAX_LOGGED_HEADER)
-            .collect();
+            .map(bounded)
+            .unwrap_or_default();
         let info = StreamInfo {
             id: Arc::from(id),
             route: route.name.clone(),
@@ -445,8 +443,17 @@ const MAX_LOGGED_HEADER: usize = 256;
 
 /// A header's value, cut to a bound, when it is text.
 fn bounded_header(headers: &http::HeaderMap, name: &str) -> Option<String> {
-    let value = headers.get(name)?.to_str().ok()?;
-    Some(value.chars().take(MAX_LOGGED_HEADER).collect())
+    headers.get(name)?.to_str().ok().map(bounded)
+}
+
+/// `value` cut to [`MAX_LOGGED_HEADER`] bytes, at a character's start (`HeaderValue::to_str`
+/// holds visible ASCII only, so there a byte is a character).
+fn bounded(value: &str) -> String {
+    let mut end = value.len().min(MAX_LOGGED_HEADER);
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    value[..end].to_string()
 }
 
 /// Wall-clock milliseconds since the Unix epoch (for people reading `/streams`).

@@ -88,7 +88,7 @@ impl StreamIds {
 
     /// The next ID: [`Self::LEN`] lowercase hex digits of fresh random bits.
     pub fn next(&self) -> String {
-        format!("{:032x}", rand::random::<u128>())
+        crate::hex::u128_text(rand::random::<u128>())
     }
 }
 

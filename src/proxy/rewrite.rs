@@ -8,6 +8,7 @@ use http::{header, HeaderValue, Request, Uri};
 use super::body::{ClientBody, RequestBody};
 use super::headers::{
     append_forwarded, collapse_content_length, remove_hop_by_hop, remove_underscored,
+    X_FORWARDED_FOR, X_FORWARDED_PROTO,
 };
 use super::refusal::Refusal;
 
@@ -45,10 +46,10 @@ pub fn upstream_request(
     collapse_content_length(&mut parts.headers);
     append_forwarded(
         &mut parts.headers,
-        "x-forwarded-for",
+        X_FORWARDED_FOR,
         &remote.ip().to_string(),
     );
-    append_forwarded(&mut parts.headers, "x-forwarded-proto", scheme);
+    append_forwarded(&mut parts.headers, X_FORWARDED_PROTO, scheme);
     parts.uri = uri;
     parts.version = http::Version::HTTP_11;
     Ok(Request::from_parts(
