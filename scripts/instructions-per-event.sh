@@ -19,6 +19,9 @@
 #                                                  # coalesce by chance
 #   KEEP=DIR scripts/instructions-per-event.sh     # keep the callgrind outputs in DIR, for
 #                                                  # callgrind_annotate (one per run, named by it)
+#   CONCURRENCY=1 TOKENS=2 scripts/instructions-per-event.sh A B   # what a request costs: one
+#                                                  # stream at a time of two token events (defaults
+#                                                  # 20 and 100); read the per-request column
 #
 # For each binary: the sim (native, not measured) streams at a 2 ms cadence; the proxy runs under
 # callgrind; the probe (native) runs two loads of different sizes through it, and the difference
@@ -33,7 +36,8 @@ cd "$(dirname "$0")/.."
 
 . scripts/lib/loopback.sh
 
-# One proxy under callgrind, `requests` streams of 100 token events through it, 20 at a time.
+# One proxy under callgrind, `requests` streams of $TOKENS token events through it, $CONCURRENCY
+# at a time.
 # Prints "<instructions> <token events>".
 measure() {
   local bin=$1 metering=$2 requests=$3 sim_port=$4 threading=$5 client=$6
@@ -46,8 +50,9 @@ measure() {
     "$bin" serve --config "$work/m.toml" >"$work/proxy.log" 2>&1 &
   local proxy=$!
   wait_port "$port"
-  "$bin" probe --url "http://127.0.0.1:$port" --concurrency 20 --requests "$requests" \
-    --max-tokens 100 --timeout 120s --detail "$work/probe.json" >/dev/null 2>&1 || true
+  "$bin" probe --url "http://127.0.0.1:$port" --concurrency "${CONCURRENCY:-20}" \
+    --requests "$requests" --max-tokens "${TOKENS:-100}" --timeout 120s \
+    --detail "$work/probe.json" >/dev/null 2>&1 || true
   kill -TERM "$proxy"
   wait "$proxy" || true
   if [ -n "${KEEP:-}" ]; then
@@ -60,8 +65,8 @@ measure() {
   echo "$ir $events"
 }
 
-printf '| binary | threading | upstream client | metering | instructions per token event | token events (large - small run) |\n'
-printf '|---|---|---|---|---|---|\n'
+printf '| binary | threading | upstream client | metering | instructions per token event | instructions per request | token events (large - small run) |\n'
+printf '|---|---|---|---|---|---|---|\n'
 for bin in "$@"; do
   start_sim "$bin" --gap "${GAP:-2ms}" --ttft 5ms
   for threading in ${THREADING:-per_core}; do
@@ -74,7 +79,8 @@ import sys
 bin_, threading, client, metering, ir_s, ev_s, ir_l, ev_l = sys.argv[1:]
 d_ir, d_ev = int(ir_l) - int(ir_s), int(ev_l) - int(ev_s)
 per = d_ir / d_ev if d_ev else float("nan")
-print(f"| {bin_} | {threading} | {client} | {'on' if metering == 'true' else 'off'} | {per:,.0f} | {d_ev:,} |")
+per_request = d_ir / (120 - 20)
+print(f"| {bin_} | {threading} | {client} | {'on' if metering == 'true' else 'off'} | {per:,.0f} | {per_request:,.0f} | {d_ev:,} |")
 EOF
     done
    done
