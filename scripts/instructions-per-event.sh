@@ -65,6 +65,10 @@ measure() {
   echo "$ir $events"
 }
 
+# The two runs' sizes, in requests: their difference is what the figures are per.
+SMALL=20
+LARGE=120
+
 printf '| binary | threading | upstream client | metering | instructions per token event | instructions per request | token events (large - small run) |\n'
 printf '|---|---|---|---|---|---|---|\n'
 for bin in "$@"; do
@@ -72,14 +76,14 @@ for bin in "$@"; do
   for threading in ${THREADING:-per_core}; do
    for client in ${CLIENTS:-default}; do
     for metering in true false; do
-      read -r ir_small ev_small < <(measure "$bin" "$metering" 20 "$sim_port" "$threading" "$client")
-      read -r ir_large ev_large < <(measure "$bin" "$metering" 120 "$sim_port" "$threading" "$client")
-      python3 - "$bin" "$threading" "$client" "$metering" "$ir_small" "$ev_small" "$ir_large" "$ev_large" <<'EOF'
+      read -r ir_small ev_small < <(measure "$bin" "$metering" "$SMALL" "$sim_port" "$threading" "$client")
+      read -r ir_large ev_large < <(measure "$bin" "$metering" "$LARGE" "$sim_port" "$threading" "$client")
+      python3 - "$bin" "$threading" "$client" "$metering" "$ir_small" "$ev_small" "$ir_large" "$ev_large" "$((LARGE - SMALL))" <<'EOF'
 import sys
-bin_, threading, client, metering, ir_s, ev_s, ir_l, ev_l = sys.argv[1:]
+bin_, threading, client, metering, ir_s, ev_s, ir_l, ev_l, requests = sys.argv[1:]
 d_ir, d_ev = int(ir_l) - int(ir_s), int(ev_l) - int(ev_s)
 per = d_ir / d_ev if d_ev else float("nan")
-per_request = d_ir / (120 - 20)
+per_request = d_ir / int(requests)
 print(f"| {bin_} | {threading} | {client} | {'on' if metering == 'true' else 'off'} | {per:,.0f} | {per_request:,.0f} | {d_ev:,} |")
 EOF
     done

@@ -84,11 +84,6 @@ fn lower_hex<const N: usize>(text: &[u8]) -> Option<[u8; N]> {
     Some(out)
 }
 
-/// Lowercase hex of `bytes`.
-pub fn to_hex(bytes: &[u8]) -> String {
-    crate::hex::bytes_text(bytes)
-}
-
 // === impl SpanContext ===
 
 impl SpanContext {
@@ -126,8 +121,8 @@ impl SpanContext {
     pub fn traceparent(&self) -> String {
         format!(
             "00-{}-{}-{:02x}",
-            to_hex(&self.trace_id),
-            to_hex(&self.span_id),
+            crate::hex::bytes_text(&self.trace_id),
+            crate::hex::bytes_text(&self.span_id),
             u8::from(self.sampled)
         )
     }
@@ -153,9 +148,12 @@ mod tests {
     fn a_client_traceparent_is_continued_with_a_new_span() {
         let incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let c = SpanContext::continue_from(Some(incoming));
-        assert_eq!(to_hex(&c.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(
-            c.parent.map(|p| to_hex(&p)).as_deref(),
+            crate::hex::bytes_text(&c.trace_id),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(
+            c.parent.map(|p| crate::hex::bytes_text(&p)).as_deref(),
             Some("00f067aa0ba902b7")
         );
         assert!(c.sampled);
@@ -303,7 +301,11 @@ mod tests {
         for (value, continued) in W3C_CASES {
             let c = SpanContext::continue_from(Some(value));
             assert_eq!(c.parent.is_some(), *continued, "{value:?}");
-            assert_eq!(to_hex(&c.trace_id) == ID, *continued, "{value:?}");
+            assert_eq!(
+                crate::hex::bytes_text(&c.trace_id) == ID,
+                *continued,
+                "{value:?}"
+            );
             assert_eq!(TraceParent::parse(value).is_some(), *continued, "{value:?}");
         }
     }

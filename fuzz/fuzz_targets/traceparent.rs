@@ -5,7 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use metronome::trace_context::{to_hex, TraceParent};
+use metronome::hex::bytes_text as to_hex;
+use metronome::trace_context::TraceParent;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -469,22 +469,12 @@ impl HistogramFamily {
         if local.count == 0 && native.is_empty() {
             return;
         }
-        let series = self.series(label_values);
-        let Some(extra) = &series.extra else {
-            series.merge(local);
-            return;
-        };
-        // Under the lock, so that a snapshot sees the classic and native counts of the same
-        // merges.
-        let mut extra = extra.lock_or_recover();
-        series.merge(local);
-        if let (Some(state), Some(index)) = (&mut extra.native, &self.inner.native) {
-            state.merge(native, index.schema());
-        }
-        if let Some(exemplar) = exemplar {
-            let bucket = self.inner.bounds.partition_point(|b| *b < exemplar.value);
-            extra.offer(bucket, exemplar, self.inner.options.exemplars);
-        }
+        self.count_into(
+            label_values,
+            |series| series.merge(local),
+            |state, index| state.merge(native, index.schema()),
+            exemplar,
+        );
     }
 
     /// Adds a single sample (for figures that are not per stream), to the native buckets too.
@@ -498,20 +488,38 @@ impl HistogramFamily {
     /// it cost an allocation (the native counts' list) on every request's TTFT and duration.
     pub fn observe_with(&self, label_values: &[&str], value: f64, exemplar: Option<&Exemplar<'_>>) {
         let bucket = self.inner.bounds.partition_point(|b| *b < value);
+        let exemplar = exemplar.map(|e| Exemplar { value, ..*e });
+        self.count_into(
+            label_values,
+            |series| series.add_one(bucket, value),
+            |state, index| state.add(index.bucket(value), index.schema()),
+            exemplar.as_ref(),
+        );
+    }
+
+    /// Counts into the series of `label_values`: `classic` adds to its classic counts and
+    /// `native` to its native buckets, under the series' lock when it has extras (so that a
+    /// snapshot sees the classic and native counts of the same merges), then offers `exemplar`.
+    fn count_into(
+        &self,
+        label_values: &[&str],
+        classic: impl FnOnce(&Series),
+        native: impl FnOnce(&mut NativeState, &NativeIndex),
+        exemplar: Option<&Exemplar<'_>>,
+    ) {
         let series = self.series(label_values);
         let Some(extra) = &series.extra else {
-            series.add_one(bucket, value);
+            classic(&series);
             return;
         };
-        // Under the lock, as `merge_with` does.
         let mut extra = extra.lock_or_recover();
-        series.add_one(bucket, value);
+        classic(&series);
         if let (Some(state), Some(index)) = (&mut extra.native, &self.inner.native) {
-            state.add(index.bucket(value), index.schema());
+            native(state, index);
         }
         if let Some(exemplar) = exemplar {
-            let exemplar = Exemplar { value, ..*exemplar };
-            extra.offer(bucket, &exemplar, self.inner.options.exemplars);
+            let bucket = self.inner.bounds.partition_point(|b| *b < exemplar.value);
+            extra.offer(bucket, exemplar, self.inner.options.exemplars);
         }
     }
 
