@@ -100,6 +100,19 @@ pub struct FrameStamp {
     pub seq: Option<u32>,
 }
 
+impl FrameStamp {
+    /// The stamp of a frame read at `ingress` and not metered yet: no counts.
+    pub fn unmetered(ingress: Tick) -> FrameStamp {
+        FrameStamp {
+            ingress,
+            events: 0,
+            token_events: 0,
+            mix: crate::format::PhaseMix::default(),
+            seq: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,12 +14,18 @@
 //! The clock also tells the connection's metered streams when the socket refuses a write: the
 //! connection stops polling their bodies until it drains, so their reader tasks must read the upstream
 //! meanwhile (see `metered`).
+//!
+//! A frame the egress body read itself is handed over before it is metered ([`Deferred`]): its
+//! events are classified after the write that carries it, so the scan and the classification
+//! are not between the upstream's bytes and the client's socket. The clock asks the stream for
+//! the frame's counts once the frame is out, with its own lock released (the stream's lock is
+//! taken before the clock's when a frame is handed over).
 
 use crate::poison::LockExt;
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 
@@ -29,12 +35,31 @@ use crate::metering::clock::{FrameStamp, Tick};
 use crate::metering::ledger::StreamLedger;
 
 /// A frame handed to the serving connection, waiting for its bytes to reach the socket.
-#[derive(Debug)]
 struct PendingFrame {
     /// Socket byte count at which the frame is out.
     threshold: u64,
     ledger: Arc<StreamLedger>,
     stamp: FrameStamp,
+    /// The stream that meters the frame once it is out; `None`: `stamp` has its counts.
+    deferred: Option<Arc<dyn Deferred>>,
+}
+
+impl std::fmt::Debug for PendingFrame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingFrame")
+            .field("threshold", &self.threshold)
+            .field("stamp", &self.stamp)
+            .field("deferred", &self.deferred.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A metered stream whose frames are handed to the connection before they are metered.
+pub trait Deferred: Send + Sync {
+    /// The oldest of the stream's frames handed over unmetered is out: meter it (unless the
+    /// stream already had to) and return its stamp, `ingress` being its ingress stamp without
+    /// counts. Frames come out in the order they were handed over.
+    fn metered_out(&self, ingress: FrameStamp) -> FrameStamp;
 }
 
 /// A metered stream that reads its upstream from its egress body while the client keeps up and
@@ -55,6 +80,8 @@ pub struct EgressClock {
     pending: Mutex<VecDeque<PendingFrame>>,
     /// `pending.len()`, readable without the lock: most writes find nothing to stamp.
     pending_len: AtomicUsize,
+    /// The connection's IO is gone: no frame handed over now will ever be out.
+    closed: AtomicBool,
     /// Streams to tell when the socket refuses a write (HTTP/1.x: at most a few, mostly ended).
     standby: Mutex<Vec<Weak<dyn Standby>>>,
 }
@@ -77,14 +104,43 @@ impl EgressClock {
         Self::default()
     }
 
-    /// The egress body handed the connection a frame of `len` bytes.
+    /// The egress body handed the connection a frame of `len` bytes, metered (`stamp` has its
+    /// counts).
     pub fn handoff(&self, len: usize, ledger: &Arc<StreamLedger>, stamp: FrameStamp) {
+        self.push(len, ledger, stamp, None);
+    }
+
+    /// The egress body handed the connection a frame of `len` bytes that `stream` meters once
+    /// it is out (HTTP/1.x only: its frames come out in hand-off order).
+    pub fn handoff_deferred(
+        &self,
+        len: usize,
+        ledger: &Arc<StreamLedger>,
+        ingress: FrameStamp,
+        stream: Arc<dyn Deferred>,
+    ) {
+        self.push(len, ledger, ingress, Some(stream));
+    }
+
+    fn push(
+        &self,
+        len: usize,
+        ledger: &Arc<StreamLedger>,
+        stamp: FrameStamp,
+        deferred: Option<Arc<dyn Deferred>>,
+    ) {
+        // A deferred frame's stream holds this clock: one queued after the IO is gone would
+        // keep both alive.
+        if deferred.is_some() && self.closed.load(Ordering::Acquire) {
+            return;
+        }
         let threshold = self.written.load(Ordering::Acquire) + len as u64;
         let mut pending = self.pending.lock_or_recover();
         pending.push_back(PendingFrame {
             threshold,
             ledger: ledger.clone(),
             stamp,
+            deferred,
         });
         self.pending_len.store(pending.len(), Ordering::Release);
     }
@@ -98,17 +154,49 @@ impl EgressClock {
         let write_seq = self.writes.fetch_add(1, Ordering::Relaxed);
         let now = Tick::now();
         let mut pending = self.pending.lock_or_recover();
-        // Thresholds rise in hand-off order on HTTP/1.1; on HTTP/2 streams interleave, so look at
-        // every waiting frame rather than stopping at the first that is not out.
-        pending.retain(|frame| {
-            if frame.threshold <= total {
-                frame.ledger.egress_frame(now, write_seq, &frame.stamp);
-                false
-            } else {
-                true
+        // Thresholds rise in hand-off order on HTTP/1.1: the frames out are at the front.
+        while pending.front().is_some_and(|f| f.threshold <= total) {
+            let Some(frame) = pending.pop_front() else {
+                break;
+            };
+            match &frame.deferred {
+                None => frame.ledger.egress_frame(now, write_seq, &frame.stamp),
+                Some(stream) => {
+                    // Metering takes the stream's lock, which is taken before this one when a
+                    // frame is handed over: let go of this one meanwhile.
+                    drop(pending);
+                    let stamp = stream.metered_out(frame.stamp);
+                    frame.ledger.egress_frame(now, write_seq, &stamp);
+                    drop(frame);
+                    pending = self.pending.lock_or_recover();
+                }
             }
-        });
+        }
+        // On HTTP/2 streams interleave: a frame behind one that is not out may be (never a
+        // deferred one, which only HTTP/1.x hands over).
+        if pending.iter().any(|f| f.threshold <= total) {
+            pending.retain(|frame| {
+                if frame.threshold <= total && frame.deferred.is_none() {
+                    frame.ledger.egress_frame(now, write_seq, &frame.stamp);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
         self.pending_len.store(pending.len(), Ordering::Release);
+    }
+
+    /// The connection's IO is gone: the frames still waiting will never be out. Lets go of
+    /// them, and of the streams their metering would have needed.
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let frames = {
+            let mut pending = self.pending.lock_or_recover();
+            self.pending_len.store(0, Ordering::Release);
+            std::mem::take(&mut *pending)
+        };
+        drop(frames);
     }
 
     /// Asks for the clock's own cache lines, which the frame's hand-off and stamp will touch
@@ -149,6 +237,12 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: T,
         clock: Arc<EgressClock>,
+    }
+
+    impl<T> PinnedDrop for EgressIo<T> {
+        fn drop(this: Pin<&mut Self>) {
+            this.project().clock.close();
+        }
     }
 }
 

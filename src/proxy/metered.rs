@@ -37,7 +37,7 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tokio::time::Sleep;
 
-use super::egress_clock::{EgressClock, Standby};
+use super::egress_clock::{Deferred, EgressClock, Standby};
 use super::upstream::UpstreamFailure;
 use super::BoxError;
 use crate::batch::StreamProbe;
@@ -49,10 +49,22 @@ use crate::metering::ledger::{IngressEnd, StreamLedger};
 use crate::metering::meter::IngressMeter;
 use crate::scan::{Framing, Scanner};
 
-/// A frame read from the upstream, stamped and scanned.
+/// A frame read from the upstream, stamped and scanned (or, when `deferred`, stamped and to be
+/// scanned once it is out).
 #[derive(Debug)]
 struct MeteredFrame {
     bytes: Bytes,
+    stamp: FrameStamp,
+    /// Handed over unmetered: its counts come from [`State::unmetered`] once it is out.
+    deferred: bool,
+}
+
+/// A frame the egress body handed over before metering it, in hand-off order.
+#[derive(Debug)]
+struct Unmetered {
+    /// The frame's bytes, until it is metered.
+    bytes: Option<Bytes>,
+    /// Its ingress stamp: the read's time, and its counts once metered.
     stamp: FrameStamp,
 }
 
@@ -145,6 +157,10 @@ struct State {
     reading: Reading,
     /// Frames the reader task read while the client could not take them, in order.
     queue: VecDeque<Queued>,
+    /// Frames the egress body handed over unmetered, until they are out: metered when they
+    /// are, or earlier when the next frame must be metered at once, the client blocks or the
+    /// upstream side ends (so frames are always metered in order).
+    unmetered: VecDeque<Unmetered>,
     /// Their bytes, against `buffer_bytes`.
     queued_bytes: usize,
     /// How the upstream ended, once it did; delivered after the queue.
@@ -222,6 +238,7 @@ where
                 Reading::Reader
             },
             queue: VecDeque::new(),
+            unmetered: VecDeque::new(),
             queued_bytes: 0,
             ending: None,
             last_read: Tick::from_instant(now),
@@ -317,35 +334,71 @@ impl StreamShared {
             }
             let at = Tick::now();
             state.last_read = at;
-            let Some(meter) = state.meter.as_mut() else {
-                continue; // cannot happen: the meter outlives the upstream
-            };
-            let counts = meter.frame(&bytes, at, self.ledger.metrics());
-            // A gap that overlapped a stop (the client held the stream back) is not judged.
-            let held = state.held.gap_held() && counts.token_events > 0;
-            if held {
-                meter.ledger_mut().point.hold_gap(false);
-                state.held.gap_taken();
-            }
-            if let Some(probe) = state.probe.as_mut() {
-                if held {
-                    probe.resume(at, counts.token_events);
-                } else {
-                    let model = meter.ledger().model.as_ref();
-                    probe.token_events(at, counts.token_events, counts.mix, model);
-                }
-            }
             state.metering_warm = true;
+            let unmetered = FrameStamp::unmetered(at);
+            if state.reading == Reading::Egress {
+                // The egress body hands the frame over now and meters it once it is out.
+                state.unmetered.push_back(Unmetered {
+                    bytes: Some(bytes.clone()),
+                    stamp: unmetered,
+                });
+                return Poll::Ready(Read::Data(MeteredFrame {
+                    bytes,
+                    stamp: unmetered,
+                    deferred: true,
+                }));
+            }
+            self.meter_unmetered(state);
+            let stamp = self.meter_frame(state, &bytes, unmetered);
             return Poll::Ready(Read::Data(MeteredFrame {
                 bytes,
-                stamp: FrameStamp {
-                    ingress: at,
-                    events: counts.events,
-                    token_events: counts.token_events,
-                    mix: counts.mix,
-                    seq: counts.seq,
-                },
+                stamp,
+                deferred: false,
             }));
+        }
+    }
+
+    /// Meters one frame read at `stamp.ingress` (scan, classification, ledger, batch probe) and
+    /// returns its stamp with its counts. Frames are metered in the order they were read.
+    fn meter_frame(&self, state: &mut State, bytes: &[u8], stamp: FrameStamp) -> FrameStamp {
+        let at = stamp.ingress;
+        let Some(meter) = state.meter.as_mut() else {
+            return stamp; // cannot happen: the meter outlives every frame read
+        };
+        let counts = meter.frame(bytes, at, self.ledger.metrics());
+        // A gap that overlapped a stop (the client held the stream back) is not judged.
+        let held = state.held.gap_held() && counts.token_events > 0;
+        if held {
+            meter.ledger_mut().point.hold_gap(false);
+            state.held.gap_taken();
+        }
+        if let Some(probe) = state.probe.as_mut() {
+            if held {
+                probe.resume(at, counts.token_events);
+            } else {
+                let model = meter.ledger().model.as_ref();
+                probe.token_events(at, counts.token_events, counts.mix, model);
+            }
+        }
+        FrameStamp {
+            ingress: at,
+            events: counts.events,
+            token_events: counts.token_events,
+            mix: counts.mix,
+            seq: counts.seq,
+        }
+    }
+
+    /// Meters every frame handed over unmetered that is not yet: before a later frame is, and
+    /// before anything else reads the ingress side as it stands (a stop, the client blocked, the
+    /// end). They stay queued for their egress stamps.
+    fn meter_unmetered(&self, state: &mut State) {
+        for i in 0..state.unmetered.len() {
+            let Some(bytes) = state.unmetered[i].bytes.take() else {
+                continue;
+            };
+            let stamp = state.unmetered[i].stamp;
+            state.unmetered[i].stamp = self.meter_frame(state, &bytes, stamp);
         }
     }
 
@@ -398,6 +451,7 @@ impl StreamShared {
         if state.ending.is_none() && end != IngressEnd::ClientGone {
             state.ending = Some(ending);
         }
+        self.meter_unmetered(state);
         if let Some(meter) = state.meter.take() {
             let ledger = meter.finish(Tick::now(), self.ledger.metrics());
             if let Some(mut probe) = state.probe.take() {
@@ -417,6 +471,7 @@ impl StreamShared {
         if self.backpressure.is_none() {
             return;
         }
+        self.meter_unmetered(state);
         if state.held.park(Tick::now) == Change::Held {
             if let Some(meter) = state.meter.as_mut() {
                 meter.ledger_mut().point.hold_gap(true);
@@ -449,10 +504,17 @@ impl StreamShared {
         }
     }
 
-    /// The frame goes to the serving connection now: register it with the connection's egress clock.
-    fn handoff(&self, frame: &MeteredFrame) {
-        self.clock
-            .handoff(frame.bytes.len(), &self.ledger, frame.stamp);
+    /// The frame goes to the serving connection now: register it with the connection's egress
+    /// clock (an unmetered one with the stream, which meters it once it is out).
+    fn handoff(self: &Arc<Self>, frame: &MeteredFrame) {
+        let len = frame.bytes.len();
+        if frame.deferred {
+            let stream: Arc<dyn Deferred> = self.clone();
+            self.clock
+                .handoff_deferred(len, &self.ledger, frame.stamp, stream);
+        } else {
+            self.clock.handoff(len, &self.ledger, frame.stamp);
+        }
     }
 
     fn count_upstream_error(&self, kind: &str) {
@@ -475,6 +537,25 @@ impl crate::live::Flush for StreamShared {
     }
 }
 
+impl Deferred for StreamShared {
+    /// The oldest frame handed over unmetered is out: meter it now (after the write that
+    /// carried it) unless something before had to, and give the clock its stamp.
+    fn metered_out(&self, ingress: FrameStamp) -> FrameStamp {
+        let Some(mut guard) = self.lock() else {
+            return ingress;
+        };
+        let state = &mut *guard;
+        let Some(frame) = state.unmetered.pop_front() else {
+            debug_assert!(false, "a deferred frame out that the stream does not hold");
+            return ingress;
+        };
+        match frame.bytes {
+            Some(bytes) => self.meter_frame(state, &bytes, frame.stamp),
+            None => frame.stamp,
+        }
+    }
+}
+
 impl Standby for StreamShared {
     /// The client's socket refused a write: the connection will not poll the egress body until
     /// it drains,
@@ -486,6 +567,9 @@ impl Standby for StreamShared {
         if state.closed || state.upstream.is_none() || state.reading == Reading::Reader {
             return;
         }
+        // The frames handed over wait for the socket now: meter them, as the reader task will
+        // meter what it reads next.
+        self.meter_unmetered(&mut state);
         state.reading = Reading::Reader;
         if state.reader_spawned {
             if let Some(waker) = state.reader_waker.take() {
@@ -589,7 +673,7 @@ impl Body for EgressBody {
         if this.ended {
             return Poll::Ready(None);
         }
-        let shared = &*this.shared;
+        let shared = &this.shared;
         let Some(mut guard) = shared.lock() else {
             return end(&mut this.ended, Ending::Failed(StreamError::ReaderGone));
         };

@@ -1388,6 +1388,38 @@ async fn a_client_gone_mid_stream_cancels_the_upstream(kind: ServerKind) {
     proxy.shutdown().await;
 }
 
+/// A client that stops reading and then goes away while frames wait for its socket: the frames
+/// handed over are let go of with the connection, and the stream is recorded, cancelled. (A
+/// frame handed over unmetered keeps its stream until it is out; were it kept past the
+/// connection, the stream would never end.)
+async fn a_client_gone_with_frames_waiting_for_its_socket_is_recorded(kind: ServerKind) {
+    let content = "x".repeat(60 * 1024);
+    let event = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{content}\"}}}}]}}\n\n");
+    let frames = vec![Bytes::from(event); 96];
+    let upstream = Upstream::sse_frames(&frames, ms(0))
+        .then(Step::Hang)
+        .start()
+        .await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
+    let mut wire = Wire::connect(proxy.proxy_addr).await;
+    wire.send(post(CHAT, "{}", "")).await;
+    while find(&wire.buf, b"\r\n\r\n").is_none() {
+        assert!(wire.fill("the stream's head").await > 0, "closed early");
+    }
+    // Read nothing more: the proxy's writes fill the socket's buffers and then wait.
+    tokio::time::sleep(ms(500)).await;
+    drop(wire);
+    upstream
+        .wait_for_a_cancel("the upstream never saw the client's close")
+        .await;
+    let m = one_chat_stream_ended_as(&proxy, "client_cancelled").await;
+    assert_eq!(
+        m.value("metronome_streams_active", &[("route", "chat")]),
+        0.0
+    );
+    proxy.shutdown().await;
+}
+
 /// An upstream that fails mid-stream cuts the response: the frames before the failure, then
 /// the close, with no last chunk, so the client cannot take the stream as complete.
 async fn an_upstream_failure_mid_stream_cuts_the_response(kind: ServerKind) {
@@ -1635,6 +1667,7 @@ on_both_servers!(
     a_head_past_the_limit_gets_431_and_a_close,
     a_head_within_the_limit_is_served,
     a_client_gone_mid_stream_cancels_the_upstream,
+    a_client_gone_with_frames_waiting_for_its_socket_is_recorded,
     an_idle_connection_is_closed_after_the_timeout,
     a_long_pipelined_burst_is_answered_in_order,
     a_head_written_in_pieces_is_read_whole,
