@@ -38,10 +38,17 @@ use crate::metering::ledger::StreamLedger;
 struct PendingFrame {
     /// Socket byte count at which the frame is out.
     threshold: u64,
-    ledger: Arc<StreamLedger>,
+    /// The frame's ingress stamp (without counts when `Deferred`).
     stamp: FrameStamp,
-    /// The stream that meters the frame once it is out; `None`: `stamp` has its counts.
-    deferred: Option<Arc<dyn Deferred>>,
+    stream: Stamped,
+}
+
+/// Who takes a frame's egress stamp.
+enum Stamped {
+    /// The stream's ledger: the frame was metered before it was handed over.
+    Metered(Arc<StreamLedger>),
+    /// The stream, which meters the frame once it is out, then stamps it.
+    Deferred(Arc<dyn Deferred>),
 }
 
 impl std::fmt::Debug for PendingFrame {
@@ -49,17 +56,18 @@ impl std::fmt::Debug for PendingFrame {
         f.debug_struct("PendingFrame")
             .field("threshold", &self.threshold)
             .field("stamp", &self.stamp)
-            .field("deferred", &self.deferred.is_some())
+            .field("deferred", &matches!(self.stream, Stamped::Deferred(_)))
             .finish_non_exhaustive()
     }
 }
 
 /// A metered stream whose frames are handed to the connection before they are metered.
 pub trait Deferred: Send + Sync {
-    /// The oldest of the stream's frames handed over unmetered is out: meter it (unless the
-    /// stream already had to) and return its stamp, `ingress` being its ingress stamp without
-    /// counts. Frames come out in the order they were handed over.
-    fn metered_out(&self, ingress: FrameStamp) -> FrameStamp;
+    /// The oldest of the stream's frames handed over unmetered is out, at `at` in socket write
+    /// `write_seq`: meter it (unless the stream already had to) and give its ledger the egress
+    /// stamp. `ingress` is its ingress stamp without counts. Frames come out in the order they
+    /// were handed over.
+    fn metered_out(&self, ingress: FrameStamp, at: Tick, write_seq: u64);
 }
 
 /// A metered stream that reads its upstream from its egress body while the client keeps up and
@@ -107,40 +115,26 @@ impl EgressClock {
     /// The egress body handed the connection a frame of `len` bytes, metered (`stamp` has its
     /// counts).
     pub fn handoff(&self, len: usize, ledger: &Arc<StreamLedger>, stamp: FrameStamp) {
-        self.push(len, ledger, stamp, None);
+        self.push(len, stamp, Stamped::Metered(ledger.clone()));
     }
 
     /// The egress body handed the connection a frame of `len` bytes that `stream` meters once
     /// it is out (HTTP/1.x only: its frames come out in hand-off order).
-    pub fn handoff_deferred(
-        &self,
-        len: usize,
-        ledger: &Arc<StreamLedger>,
-        ingress: FrameStamp,
-        stream: Arc<dyn Deferred>,
-    ) {
-        self.push(len, ledger, ingress, Some(stream));
-    }
-
-    fn push(
-        &self,
-        len: usize,
-        ledger: &Arc<StreamLedger>,
-        stamp: FrameStamp,
-        deferred: Option<Arc<dyn Deferred>>,
-    ) {
-        // A deferred frame's stream holds this clock: one queued after the IO is gone would
-        // keep both alive.
-        if deferred.is_some() && self.closed.load(Ordering::Acquire) {
+    pub fn handoff_deferred(&self, len: usize, ingress: FrameStamp, stream: Arc<dyn Deferred>) {
+        // The stream holds this clock: a frame queued after the IO is gone would keep both alive.
+        if self.closed.load(Ordering::Acquire) {
             return;
         }
+        self.push(len, ingress, Stamped::Deferred(stream));
+    }
+
+    fn push(&self, len: usize, stamp: FrameStamp, stream: Stamped) {
         let threshold = self.written.load(Ordering::Acquire) + len as u64;
         let mut pending = self.pending.lock_or_recover();
         pending.push_back(PendingFrame {
             threshold,
-            ledger: ledger.clone(),
             stamp,
-            deferred,
+            stream,
         });
         self.pending_len.store(pending.len(), Ordering::Release);
     }
@@ -159,15 +153,14 @@ impl EgressClock {
             let Some(frame) = pending.pop_front() else {
                 break;
             };
-            match &frame.deferred {
-                None => frame.ledger.egress_frame(now, write_seq, &frame.stamp),
-                Some(stream) => {
+            match frame.stream {
+                Stamped::Metered(ledger) => ledger.egress_frame(now, write_seq, &frame.stamp),
+                Stamped::Deferred(stream) => {
                     // Metering takes the stream's lock, which is taken before this one when a
                     // frame is handed over: let go of this one meanwhile.
                     drop(pending);
-                    let stamp = stream.metered_out(frame.stamp);
-                    frame.ledger.egress_frame(now, write_seq, &stamp);
-                    drop(frame);
+                    stream.metered_out(frame.stamp, now, write_seq);
+                    drop(stream);
                     pending = self.pending.lock_or_recover();
                 }
             }
@@ -175,13 +168,12 @@ impl EgressClock {
         // On HTTP/2 streams interleave: a frame behind one that is not out may be (never a
         // deferred one, which only HTTP/1.x hands over).
         if pending.iter().any(|f| f.threshold <= total) {
-            pending.retain(|frame| {
-                if frame.threshold <= total && frame.deferred.is_none() {
-                    frame.ledger.egress_frame(now, write_seq, &frame.stamp);
+            pending.retain(|frame| match &frame.stream {
+                Stamped::Metered(ledger) if frame.threshold <= total => {
+                    ledger.egress_frame(now, write_seq, &frame.stamp);
                     false
-                } else {
-                    true
                 }
+                _ => true,
             });
         }
         self.pending_len.store(pending.len(), Ordering::Release);
@@ -306,5 +298,74 @@ impl<T: AsyncWrite> AsyncWrite for EgressIo<T> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.project().inner.poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream that records when each of its frames is out.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(Tick, u64)>>);
+
+    impl Deferred for Recorder {
+        fn metered_out(&self, ingress: FrameStamp, _at: Tick, write_seq: u64) {
+            self.0.lock_or_recover().push((ingress.ingress, write_seq));
+        }
+    }
+
+    fn read_at(nanos: i64) -> FrameStamp {
+        FrameStamp::unmetered(
+            Tick::default().saturating_add(std::time::Duration::from_nanos(nanos as u64)),
+        )
+    }
+
+    #[test]
+    fn a_deferred_frame_is_metered_once_its_last_byte_is_out_in_hand_off_order() {
+        let clock = EgressClock::new();
+        let stream = Arc::new(Recorder::default());
+        let (first, second, third) = (read_at(1), read_at(2), read_at(3));
+        clock.handoff_deferred(10, first, stream.clone());
+        clock.wrote(9);
+        assert!(
+            stream.0.lock_or_recover().is_empty(),
+            "one byte still waits"
+        );
+        clock.wrote(1);
+        clock.handoff_deferred(5, second, stream.clone());
+        clock.handoff_deferred(4, third, stream.clone());
+        clock.wrote(4);
+        assert_eq!(stream.0.lock_or_recover().len(), 1, "the second is not out");
+        clock.wrote(5); // the second and the third frame in one write
+        let out = stream.0.lock_or_recover().clone();
+        assert_eq!(
+            out,
+            vec![(first.ingress, 1), (second.ingress, 3), (third.ingress, 3)],
+            "each in the write that carried its last byte, in order"
+        );
+        assert_eq!(Arc::strong_count(&stream), 1, "no frame keeps the stream");
+    }
+
+    #[test]
+    fn a_closed_clock_lets_go_of_waiting_frames_and_takes_no_more() {
+        let clock = EgressClock::new();
+        let stream = Arc::new(Recorder::default());
+        clock.handoff_deferred(10, read_at(1), stream.clone());
+        assert_eq!(Arc::strong_count(&stream), 2);
+        clock.close();
+        assert_eq!(
+            Arc::strong_count(&stream),
+            1,
+            "the waiting frame let go of it"
+        );
+        clock.handoff_deferred(10, read_at(2), stream.clone());
+        assert_eq!(
+            Arc::strong_count(&stream),
+            1,
+            "nothing queued after the close"
+        );
+        clock.wrote(20);
+        assert!(stream.0.lock_or_recover().is_empty(), "never out");
     }
 }

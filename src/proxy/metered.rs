@@ -4,9 +4,12 @@
 //! While the client keeps up, the serving connection (the native HTTP/1.1 server by default,
 //! hyper's for HTTP/2 and `server.http1_server = "hyper"`) polls the egress body as soon as it can
 //! take more, so the body reads the upstream itself: a frame that arrives wakes the client
-//! connection's task directly, which stamps it (one clock read), scans it and hands the connection
-//! the very same `Bytes`, as a plain proxy would, with no task or channel in between. The connection's
-//! egress clock then stamps the frame when its bytes reach the socket.
+//! connection's task directly, which stamps it (one clock read) and hands the connection the very
+//! same `Bytes`, as a plain proxy would, with no task or channel in between. The connection's
+//! egress clock then stamps the frame when its bytes reach the socket and has the stream meter it
+//! (scan, classification, ledger) right after that write, so metering is not on the way from the
+//! upstream to the client. Frames are metered in the order they were read: those handed over
+//! unmetered are metered first whenever something must read the ingress side as it stands.
 //!
 //! A client that reads slowly makes the socket refuse a write; the connection then stops polling
 //! the body.
@@ -510,8 +513,7 @@ impl StreamShared {
         let len = frame.bytes.len();
         if frame.deferred {
             let stream: Arc<dyn Deferred> = self.clone();
-            self.clock
-                .handoff_deferred(len, &self.ledger, frame.stamp, stream);
+            self.clock.handoff_deferred(len, frame.stamp, stream);
         } else {
             self.clock.handoff(len, &self.ledger, frame.stamp);
         }
@@ -539,20 +541,26 @@ impl crate::live::Flush for StreamShared {
 
 impl Deferred for StreamShared {
     /// The oldest frame handed over unmetered is out: meter it now (after the write that
-    /// carried it) unless something before had to, and give the clock its stamp.
-    fn metered_out(&self, ingress: FrameStamp) -> FrameStamp {
-        let Some(mut guard) = self.lock() else {
-            return ingress;
+    /// carried it) unless something before had to, then stamp it out.
+    fn metered_out(&self, ingress: FrameStamp, at: Tick, write_seq: u64) {
+        let stamp = match self.lock() {
+            Some(mut guard) => {
+                let state = &mut *guard;
+                match state.unmetered.pop_front() {
+                    Some(Unmetered {
+                        bytes: Some(bytes),
+                        stamp,
+                    }) => self.meter_frame(state, &bytes, stamp),
+                    Some(Unmetered { bytes: None, stamp }) => stamp,
+                    None => {
+                        debug_assert!(false, "a deferred frame out that the stream does not hold");
+                        ingress
+                    }
+                }
+            }
+            None => ingress, // a reader task panicked: the frame is out all the same
         };
-        let state = &mut *guard;
-        let Some(frame) = state.unmetered.pop_front() else {
-            debug_assert!(false, "a deferred frame out that the stream does not hold");
-            return ingress;
-        };
-        match frame.bytes {
-            Some(bytes) => self.meter_frame(state, &bytes, frame.stamp),
-            None => frame.stamp,
-        }
+        self.ledger.egress_frame(at, write_seq, &stamp);
     }
 }
 
