@@ -4,12 +4,15 @@
 //! delivery: the connection buffers, and a slow client leaves bytes waiting in it and the kernel.
 //! So the accepted connection's IO is wrapped in [`EgressIo`], which counts the bytes each write
 //! puts into the socket. When the egress body hands the connection a frame of
-//! `len` bytes, it registers it with the connection's [`EgressClock`] at threshold
-//! `written + len`: the frame cannot have reached the socket before that many more bytes were
-//! written. The first write that crosses the threshold stamps it. For HTTP/1.1 the stamp falls in
-//! the very write that carries the frame's last bytes (the few bytes of chunk framing make it at
-//! most that much early on a partial write); on HTTP/2, bytes of other streams on the connection
-//! count too, so a stamp can only be early, never late. One clock read per socket write.
+//! `len` bytes, it registers it with the connection's [`EgressClock`] at a threshold of bytes
+//! written: the first write that crosses it stamps the frame. On HTTP/1.x frames go out in
+//! hand-off order, so a frame's threshold is the previous frame's (or the bytes written so far,
+//! if more) plus `len`: a frame handed over behind others still waiting is out only once their
+//! bytes are too, and the stamp falls in the very write that carries the frame's last bytes (the
+//! few bytes of the head and the chunk framing make it at most that much early on a partial
+//! write). On HTTP/2 streams interleave, so the threshold is the bytes written so far plus `len`,
+//! and bytes of other streams count too: a stamp can only be early, never late. One clock read
+//! per socket write.
 //!
 //! The clock also tells the connection's metered streams when the socket refuses a write: the
 //! connection stops polling their bodies until it drains, so their reader tasks must read the upstream
@@ -90,6 +93,8 @@ pub struct EgressClock {
     pending_len: AtomicUsize,
     /// The connection's IO is gone: no frame handed over now will ever be out.
     closed: AtomicBool,
+    /// The threshold of the last frame handed over in order (HTTP/1.x).
+    last_in_order: AtomicU64,
     /// Streams to tell when the socket refuses a write (HTTP/1.x: at most a few, mostly ended).
     standby: Mutex<Vec<Weak<dyn Standby>>>,
 }
@@ -113,9 +118,15 @@ impl EgressClock {
     }
 
     /// The egress body handed the connection a frame of `len` bytes, metered (`stamp` has its
-    /// counts).
-    pub fn handoff(&self, len: usize, ledger: &Arc<StreamLedger>, stamp: FrameStamp) {
-        self.push(len, stamp, Stamped::Metered(ledger.clone()));
+    /// counts); `in_order`: the connection writes its frames in hand-off order (HTTP/1.x).
+    pub fn handoff(
+        &self,
+        len: usize,
+        ledger: &Arc<StreamLedger>,
+        stamp: FrameStamp,
+        in_order: bool,
+    ) {
+        self.push(len, stamp, Stamped::Metered(ledger.clone()), in_order);
     }
 
     /// The egress body handed the connection a frame of `len` bytes that `stream` meters once
@@ -125,11 +136,19 @@ impl EgressClock {
         if self.closed.load(Ordering::Acquire) {
             return;
         }
-        self.push(len, ingress, Stamped::Deferred(stream));
+        self.push(len, ingress, Stamped::Deferred(stream), true);
     }
 
-    fn push(&self, len: usize, stamp: FrameStamp, stream: Stamped) {
-        let threshold = self.written.load(Ordering::Acquire) + len as u64;
+    fn push(&self, len: usize, stamp: FrameStamp, stream: Stamped, in_order: bool) {
+        let written = self.written.load(Ordering::Acquire);
+        let threshold = if in_order {
+            // Only the connection's own task hands frames over on HTTP/1.x.
+            let after = self.last_in_order.load(Ordering::Relaxed).max(written) + len as u64;
+            self.last_in_order.store(after, Ordering::Relaxed);
+            after
+        } else {
+            written + len as u64
+        };
         let mut pending = self.pending.lock_or_recover();
         pending.push_back(PendingFrame {
             threshold,
@@ -345,6 +364,24 @@ mod tests {
             "each in the write that carried its last byte, in order"
         );
         assert_eq!(Arc::strong_count(&stream), 1, "no frame keeps the stream");
+    }
+
+    #[test]
+    fn on_http1_a_frame_behind_others_is_out_only_after_their_bytes() {
+        let clock = EgressClock::new();
+        let stream = Arc::new(Recorder::default());
+        let (first, second) = (read_at(1), read_at(2));
+        // Both handed over before any write, as a batch of frames is.
+        clock.handoff_deferred(10, first, stream.clone());
+        clock.handoff_deferred(5, second, stream.clone());
+        clock.wrote(12);
+        assert_eq!(
+            *stream.0.lock_or_recover(),
+            vec![(first.ingress, 0)],
+            "the second frame's bytes are not all out after 12 of 15"
+        );
+        clock.wrote(3);
+        assert_eq!(stream.0.lock_or_recover().len(), 2);
     }
 
     #[test]

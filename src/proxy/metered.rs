@@ -6,10 +6,13 @@
 //! take more, so the body reads the upstream itself: a frame that arrives wakes the client
 //! connection's task directly, which stamps it (one clock read) and hands the connection the very
 //! same `Bytes`, as a plain proxy would, with no task or channel in between. The connection's
-//! egress clock then stamps the frame when its bytes reach the socket and has the stream meter it
-//! (scan, classification, ledger) right after that write, so metering is not on the way from the
-//! upstream to the client. Frames are metered in the order they were read: those handed over
-//! unmetered are metered first whenever something must read the ingress side as it stands.
+//! egress clock then stamps the frame when its bytes reach the socket. Until a token event has
+//! been metered, the body hands a frame over unmetered and the clock has the stream meter it
+//! (scan, classification, ledger) right after that write, so a stream's costliest metering
+//! (format detection, the walker's first walks) is not on its first token's way to the client;
+//! after that the body meters each frame before handing it over. Frames are metered in the order
+//! they were read: those handed over unmetered are metered first whenever something must read
+//! the ingress side as it stands.
 //!
 //! A client that reads slowly makes the socket refuse a write; the connection then stops polling
 //! the body.
@@ -164,6 +167,12 @@ struct State {
     /// are, or earlier when the next frame must be metered at once, the client blocks or the
     /// upstream side ends (so frames are always metered in order).
     unmetered: VecDeque<Unmetered>,
+    /// A token event has been metered: from then on the egress body meters each frame before
+    /// handing it over, as the reader task does. Before it, the first token's path, frames are
+    /// metered after their write (format detection and the walker's first walks are the
+    /// costliest metering a stream has); after it, per-frame metering is cheaper before the
+    /// write than a hand-off to be metered later.
+    token_metered: bool,
     /// Their bytes, against `buffer_bytes`.
     queued_bytes: usize,
     /// How the upstream ended, once it did; delivered after the queue.
@@ -242,6 +251,7 @@ where
             },
             queue: VecDeque::new(),
             unmetered: VecDeque::new(),
+            token_metered: false,
             queued_bytes: 0,
             ending: None,
             last_read: Tick::from_instant(now),
@@ -339,7 +349,7 @@ impl StreamShared {
             state.last_read = at;
             state.metering_warm = true;
             let unmetered = FrameStamp::unmetered(at);
-            if state.reading == Reading::Egress {
+            if state.reading == Reading::Egress && !state.token_metered {
                 // The egress body hands the frame over now and meters it once it is out.
                 state.unmetered.push_back(Unmetered {
                     bytes: Some(bytes.clone()),
@@ -369,6 +379,7 @@ impl StreamShared {
             return stamp; // cannot happen: the meter outlives every frame read
         };
         let counts = meter.frame(bytes, at, self.ledger.metrics());
+        state.token_metered |= counts.token_events > 0;
         // A gap that overlapped a stop (the client held the stream back) is not judged.
         let held = state.held.gap_held() && counts.token_events > 0;
         if held {
@@ -515,7 +526,8 @@ impl StreamShared {
             let stream: Arc<dyn Deferred> = self.clone();
             self.clock.handoff_deferred(len, frame.stamp, stream);
         } else {
-            self.clock.handoff(len, &self.ledger, frame.stamp);
+            self.clock
+                .handoff(len, &self.ledger, frame.stamp, self.inline);
         }
     }
 

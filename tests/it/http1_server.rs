@@ -1389,13 +1389,13 @@ async fn a_client_gone_mid_stream_cancels_the_upstream(kind: ServerKind) {
 }
 
 /// A client that stops reading and then goes away while frames wait for its socket: the frames
-/// handed over are let go of with the connection, and the stream is recorded, cancelled. (A
-/// frame handed over unmetered keeps its stream until it is out; were it kept past the
-/// connection, the stream would never end.)
+/// handed over are let go of with the connection, and the stream is recorded, cancelled. (Until
+/// its first token event, a stream's frames are handed over unmetered, and such a frame keeps its
+/// stream until it is out; were it kept past the connection, the stream would never end. So the
+/// frames here are large SSE comments, which carry no token.)
 async fn a_client_gone_with_frames_waiting_for_its_socket_is_recorded(kind: ServerKind) {
-    let content = "x".repeat(60 * 1024);
-    let event = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{content}\"}}}}]}}\n\n");
-    let frames = vec![Bytes::from(event); 96];
+    let comment = format!(": {}\n\n", "x".repeat(60 * 1024));
+    let frames = vec![Bytes::from(comment); 96];
     let upstream = Upstream::sse_frames(&frames, ms(0))
         .then(Step::Hang)
         .start()
