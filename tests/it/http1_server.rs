@@ -1350,16 +1350,26 @@ async fn chunked_with_content_length_gets_400_and_a_close(kind: ServerKind) {
 // ---------------------------------------------------------------------------------------------
 // 8. A client that goes away.
 
-/// A client that closes its socket mid-stream makes the upstream see its connection close.
-async fn a_client_gone_mid_stream_cancels_the_upstream(kind: ServerKind) {
-    let first = Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n");
-    let upstream = Upstream::sse_frames(std::slice::from_ref(&first), ms(0))
+/// A chat request on a new connection, through a proxy whose upstream streams `frames` at once
+/// and then sends nothing more.
+async fn chat_then_hang(
+    kind: ServerKind,
+    frames: &[Bytes],
+) -> (RunningUpstream, ProxyHandle, Wire) {
+    let upstream = Upstream::sse_frames(frames, ms(0))
         .then(Step::Hang)
         .start()
         .await;
     let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
     let mut wire = Wire::connect(proxy.proxy_addr).await;
     wire.send(post(CHAT, "{}", "")).await;
+    (upstream, proxy, wire)
+}
+
+/// A client that closes its socket mid-stream makes the upstream see its connection close.
+async fn a_client_gone_mid_stream_cancels_the_upstream(kind: ServerKind) {
+    let first = Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n");
+    let (upstream, proxy, mut wire) = chat_then_hang(kind, std::slice::from_ref(&first)).await;
     let head_len = loop {
         if let Some(i) = find(&wire.buf, b"\r\n\r\n") {
             break i + 4;
@@ -1396,13 +1406,7 @@ async fn a_client_gone_mid_stream_cancels_the_upstream(kind: ServerKind) {
 async fn a_client_gone_with_frames_waiting_for_its_socket_is_recorded(kind: ServerKind) {
     let comment = format!(": {}\n\n", "x".repeat(60 * 1024));
     let frames = vec![Bytes::from(comment); 96];
-    let upstream = Upstream::sse_frames(&frames, ms(0))
-        .then(Step::Hang)
-        .start()
-        .await;
-    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
-    let mut wire = Wire::connect(proxy.proxy_addr).await;
-    wire.send(post(CHAT, "{}", "")).await;
+    let (upstream, proxy, mut wire) = chat_then_hang(kind, &frames).await;
     while find(&wire.buf, b"\r\n\r\n").is_none() {
         assert!(wire.fill("the stream's head").await > 0, "closed early");
     }
