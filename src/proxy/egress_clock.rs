@@ -18,11 +18,11 @@
 //! connection stops polling their bodies until it drains, so their reader tasks must read the upstream
 //! meanwhile (see `metered`).
 //!
-//! A frame the egress body read itself is handed over before it is metered ([`Deferred`]): its
-//! events are classified after the write that carries it, so the scan and the classification
-//! are not between the upstream's bytes and the client's socket. The clock asks the stream for
-//! the frame's counts once the frame is out, with its own lock released (the stream's lock is
-//! taken before the clock's when a frame is handed over).
+//! Until a stream's first token event, a frame its egress body read itself is handed over before
+//! it is metered ([`Deferred`]): its events are classified after the write that carries it, so
+//! the scan and the classification are not between the upstream's bytes and the client's socket.
+//! Once the frame is out, the clock has the stream meter and stamp it, with the clock's own lock
+//! released (the stream's lock is taken before the clock's when a frame is handed over).
 
 use crate::poison::LockExt;
 use std::collections::VecDeque;

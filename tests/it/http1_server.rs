@@ -1424,6 +1424,44 @@ async fn a_client_gone_with_frames_waiting_for_its_socket_is_recorded(kind: Serv
     proxy.shutdown().await;
 }
 
+/// A client that stops reading before the stream's first token, while frames handed over
+/// unmetered wait for its socket, and then reads to the end: every frame is metered once and in
+/// order at both points (the unmetered ones, the reader task's and the rest), so each gap is
+/// counted once, and the stream is complete.
+async fn a_client_blocked_before_the_first_token_has_each_gap_counted_once(kind: ServerKind) {
+    let comment = Bytes::from(format!(": {}\n\n", "x".repeat(60 * 1024)));
+    let mut frames = vec![comment; 48];
+    for n in 0..5 {
+        let event = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"t{n}\"}}}}]}}\n\n");
+        frames.push(Bytes::from(event));
+    }
+    frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    let upstream = Upstream::sse_frames(&frames, ms(0)).start().await;
+    let proxy = proxy_on(kind, upstream.addr, |_| {}).await;
+    let mut wire = Wire::connect(proxy.proxy_addr).await;
+    wire.send(post(CHAT, "{}", "")).await;
+    // Read nothing yet: the proxy's writes fill the socket's buffers and wait.
+    tokio::time::sleep(ms(300)).await;
+    let reply = wire.reply("POST").await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    assert_eq!(reply.body, frames.concat(), "every byte, in order");
+    let m = one_chat_stream_ended_as(&proxy, "complete").await;
+    for point in ["ingress", "egress"] {
+        let labels = [("route", "chat"), ("point", point)];
+        assert_eq!(
+            m.value("metronome_inter_token_latency_seconds_count", &labels),
+            4.0,
+            "five token events at {point}"
+        );
+        assert_eq!(
+            m.value("metronome_time_to_first_token_seconds_count", &labels),
+            1.0,
+            "{point}"
+        );
+    }
+    proxy.shutdown().await;
+}
+
 /// An upstream that fails mid-stream cuts the response: the frames before the failure, then
 /// the close, with no last chunk, so the client cannot take the stream as complete.
 async fn an_upstream_failure_mid_stream_cuts_the_response(kind: ServerKind) {
@@ -1672,6 +1710,7 @@ on_both_servers!(
     a_head_within_the_limit_is_served,
     a_client_gone_mid_stream_cancels_the_upstream,
     a_client_gone_with_frames_waiting_for_its_socket_is_recorded,
+    a_client_blocked_before_the_first_token_has_each_gap_counted_once,
     an_idle_connection_is_closed_after_the_timeout,
     a_long_pipelined_burst_is_answered_in_order,
     a_head_written_in_pieces_is_read_whole,
