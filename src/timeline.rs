@@ -632,8 +632,10 @@ impl StreamRegistry {
         self.max_frames
     }
 
-    /// A stream started: it may send one beacon while it stays in the window.
-    pub fn started(&self, id: &Arc<str>, route: &Arc<str>) {
+    /// A stream started: it may send one beacon while it stays in the window, with `key` when
+    /// it has one (only a beacon with it may speak for the stream; a stream given none, a
+    /// WebSocket tunnel's, cannot be spoken for).
+    pub fn started(&self, id: &Arc<str>, route: &Arc<str>, key: Option<BeaconKey>) {
         let mut inner = self.lock();
         if inner.slot_order.len() >= self.beacon_window {
             if let Some(old) = inner.slot_order.pop_front() {
@@ -646,11 +648,31 @@ impl StreamRegistry {
                 route: route.clone(),
                 model: None,
                 used: false,
-                key: None,
+                key,
                 seen: None,
             },
         );
         inner.slot_order.push_back(id.clone());
+    }
+
+    /// The window's slots and its order's length (which must agree).
+    #[cfg(test)]
+    pub(crate) fn window_len(&self) -> (usize, usize) {
+        let inner = self.lock();
+        (inner.slots.len(), inner.slot_order.len())
+    }
+
+    /// Stream `id`, started before its response was known, is not a stream after all (the
+    /// answer was not one, or there was none): its slot leaves the window. Its place in the
+    /// window's order is looked for from the newest end, where it is.
+    pub fn withdraw(&self, id: &str) {
+        let mut inner = self.lock();
+        if inner.slots.remove(id).is_none() {
+            return;
+        }
+        if let Some(at) = inner.slot_order.iter().rposition(|s| &**s == id) {
+            inner.slot_order.remove(at);
+        }
     }
 
     /// A stream finished: keep it for `/streams`, and give its beacon slot the model label.
@@ -673,13 +695,6 @@ impl StreamRegistry {
             inner.finished.pop_front();
         }
         inner.finished.push_back(Arc::new(stream));
-    }
-
-    /// Gives stream `id` its beacon key: only a beacon with it may speak for the stream.
-    pub fn set_beacon_key(&self, id: &str, key: BeaconKey) {
-        if let Some(slot) = self.lock().slots.get_mut(id) {
-            slot.key = Some(key);
-        }
     }
 
     /// The beacon slot of stream `id` if `key` is its key, without taking it: a refused beacon
@@ -860,7 +875,7 @@ pub(crate) mod tests {
     fn a_beacon_is_claimed_once_and_only_for_a_known_stream() {
         let registry = StreamRegistry::new(2, 16);
         let id: Arc<str> = Arc::from("s1");
-        registry.started(&id, &Arc::from("chat"));
+        registry.started(&id, &Arc::from("chat"), None);
         assert_eq!(
             registry.claim_beacon("nope").unwrap_err(),
             BeaconClaim::Unknown
@@ -879,14 +894,14 @@ pub(crate) mod tests {
         let registry = StreamRegistry::new(256, 1);
         let route: Arc<str> = Arc::from("chat");
         for i in 0..4096 {
-            registry.started(&Arc::from(format!("s{i}")), &route);
+            registry.started(&Arc::from(format!("s{i}")), &route, None);
         }
         let full = {
             let inner = registry.lock();
             (inner.slots.capacity(), inner.slot_order.capacity())
         };
         for i in 4096..100_000 {
-            registry.started(&Arc::from(format!("s{i}")), &route);
+            registry.started(&Arc::from(format!("s{i}")), &route, None);
         }
         let inner = registry.lock();
         assert_eq!(inner.slots.len(), 4096);
@@ -906,7 +921,7 @@ pub(crate) mod tests {
         let registry = StreamRegistry::new(1, 1);
         let route: Arc<str> = Arc::from("chat");
         for i in 0..5000 {
-            registry.started(&Arc::from(format!("s{i}")), &route);
+            registry.started(&Arc::from(format!("s{i}")), &route, None);
         }
         assert_eq!(registry.lock().slots.len(), 4096);
         assert_eq!(

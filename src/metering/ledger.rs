@@ -846,7 +846,8 @@ pub struct StreamLedger {
 // === impl StreamLedger ===
 
 impl StreamLedger {
-    /// Opens the ledger of a new stream, counts it as active and lets it send a beacon.
+    /// Opens the ledger of a new stream and counts it as active. Its beacon slot is the
+    /// caller's to take ([`StreamRegistry::started`]), before the stream's head is written.
     pub fn open(
         metrics: Arc<Metrics>,
         registry: Arc<StreamRegistry>,
@@ -857,7 +858,6 @@ impl StreamLedger {
             .streams_active
             .with_label_values(&[&info.route])
             .inc();
-        registry.started(&info.id, &info.route);
         Arc::new(StreamLedger {
             metrics,
             registry,

@@ -19,6 +19,7 @@ use super::headers::{
     collapse_content_length, content_type_essence, remove_hop_by_hop_from_response,
 };
 use super::metered::{meter, MeterSettings};
+use super::opening::Opening;
 use super::refusal::Refusal;
 use super::rewrite::upstream_request;
 use super::router::Route;
@@ -194,7 +195,15 @@ async fn forward(
         start + timeouts.first_byte.min(timeouts.idle),
     ));
     let sent = connection.client.request(upstream_request);
-    let Some(sent) = within(sent, &mut timer, start + timeouts.first_byte).await else {
+    // While the upstream works on the request, the stream's opening is made (if it is one).
+    let open = || {
+        config
+            .metering
+            .enabled
+            .then(|| Opening::new(&state.stream_ids, &state.registry, &route.name))
+    };
+    let (sent, opening) = within(sent, &mut timer, start + timeouts.first_byte, open).await;
+    let Some(sent) = sent else {
         return Err(Refusal::NoHead {
             upstream: route.upstream.clone(),
             timeout: timeouts.first_byte,
@@ -235,6 +244,7 @@ async fn forward(
         return Ok(Response::from_parts(parts, body));
     };
     let stream = Stream {
+        opening: opening.flatten(),
         asked,
         route,
         received,
@@ -288,16 +298,22 @@ impl Asked {
 
 /// `request`'s output, or `None` once `until` has passed: on `timer`, whose deadline may be
 /// earlier (it is then moved on, which costs no re-registration) and which is first polled
-/// after the request's first poll, once the request has been written upstream.
-async fn within<F: Future>(
+/// after the request's first poll, once the request has been written upstream. `meanwhile`
+/// runs once, then too (while the upstream works), and its output is returned beside.
+async fn within<F: Future, M>(
     request: F,
     timer: &mut Pin<Box<tokio::time::Sleep>>,
     until: tokio::time::Instant,
-) -> Option<F::Output> {
+    meanwhile: impl FnOnce() -> M,
+) -> (Option<F::Output>, Option<M>) {
     let mut request = std::pin::pin!(request);
-    poll_fn(|cx| {
+    let (mut meanwhile, mut made) = (Some(meanwhile), None);
+    let output = poll_fn(|cx| {
         if let Poll::Ready(output) = request.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
+        }
+        if let Some(make) = meanwhile.take() {
+            made = Some(make());
         }
         loop {
             if timer.as_mut().poll(cx).is_pending() {
@@ -309,11 +325,14 @@ async fn within<F: Future>(
             timer.as_mut().reset(until);
         }
     })
-    .await
+    .await;
+    (output, made)
 }
 
 /// A response that is a stream, with what metering it needs from its request.
 struct Stream<'a> {
+    /// Made while the upstream worked, unless it answered at the request's first poll.
+    opening: Option<Opening>,
     asked: Asked,
     route: &'a Route,
     received: Instant,
@@ -339,7 +358,10 @@ impl Stream<'_> {
     {
         let config = &state.config;
         let Stream { asked, route, .. } = self;
-        let id = state.stream_ids.next();
+        let opening = self
+            .opening
+            .unwrap_or_else(|| Opening::new(&state.stream_ids, &state.registry, &route.name));
+        let (id, key) = opening.keep();
         if let Some(name) = &config.metering.stream_id_header {
             if let Ok(value) = HeaderValue::from_str(&id) {
                 parts.headers.insert(name.clone(), value);
@@ -352,7 +374,7 @@ impl Stream<'_> {
             .map(bounded)
             .unwrap_or_default();
         let info = StreamInfo {
-            id: Arc::from(id),
+            id,
             route: route.name.clone(),
             received: Tick::from_instant(self.received),
             started_unix_ms: asked.started_unix_ms,
@@ -382,10 +404,7 @@ impl Stream<'_> {
             info,
             self.permit,
         );
-        // The beacon key: only this response's client gets it, so only it can speak for the
-        // stream.
-        let key = crate::timeline::BeaconKey(rand::random::<u128>());
-        state.registry.set_beacon_key(ledger.id(), key);
+        // The beacon key: only this response's client gets it.
         if let Ok(value) = HeaderValue::from_str(&super::beacon::key_text(key)) {
             parts.headers.insert(super::beacon::KEY_HEADER, value);
         }

@@ -19,6 +19,7 @@ pub mod headers;
 pub mod joined_writes;
 pub mod listener;
 pub mod metered;
+pub mod opening;
 pub mod refusal;
 pub mod reload;
 pub mod rewrite;

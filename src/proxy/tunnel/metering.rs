@@ -335,6 +335,8 @@ impl Streams {
             slo: None,
             span: None,
         };
+        // In the beacon window without a key: no client can speak for a tunnel's stream.
+        state.registry.started(&info.id, &info.route, None);
         let ledger = StreamLedger::open(state.metrics.clone(), state.registry.clone(), info, None);
         let meter = IngressMeter::new(
             Scanner::new(Framing::Opaque, 0),
