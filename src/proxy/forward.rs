@@ -361,11 +361,9 @@ impl Stream<'_> {
         let opening = self
             .opening
             .unwrap_or_else(|| Opening::new(&state.stream_ids, &state.registry, &route.name));
-        let (id, key) = opening.keep();
-        if let Some(name) = &config.metering.stream_id_header {
-            if let Ok(value) = HeaderValue::from_str(&id) {
-                parts.headers.insert(name.clone(), value);
-            }
+        let opened = opening.keep();
+        if let (Some(name), Some(value)) = (&config.metering.stream_id_header, opened.id_value) {
+            parts.headers.insert(name.clone(), value);
         }
         let content_type = parts
             .headers
@@ -374,7 +372,7 @@ impl Stream<'_> {
             .map(bounded)
             .unwrap_or_default();
         let info = StreamInfo {
-            id,
+            id: opened.id,
             route: route.name.clone(),
             received: Tick::from_instant(self.received),
             started_unix_ms: asked.started_unix_ms,
@@ -404,8 +402,7 @@ impl Stream<'_> {
             info,
             self.permit,
         );
-        // The beacon key: only this response's client gets it.
-        if let Ok(value) = HeaderValue::from_str(&super::beacon::key_text(key)) {
+        if let Some(value) = opened.key_value {
             parts.headers.insert(super::beacon::KEY_HEADER, value);
         }
         let settings = MeterSettings {

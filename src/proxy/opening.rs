@@ -1,5 +1,6 @@
-//! A stream's opening: its ID, its beacon key and its place in the beacon window, made while
-//! the upstream works on the request rather than after its answer arrived.
+//! A stream's opening: its ID, its beacon key and its place in the beacon window, and the two
+//! response header values that carry them, made while the upstream works on the request rather
+//! than after its answer arrived.
 //!
 //! Between the request's upstream write and the response head the proxy has nothing to do for
 //! the request; everything done after the head, up to the client's first write, adds to the
@@ -14,6 +15,8 @@
 
 use std::sync::Arc;
 
+use http::HeaderValue;
+
 use super::StreamIds;
 use crate::timeline::{BeaconKey, StreamRegistry};
 
@@ -21,10 +24,21 @@ use crate::timeline::{BeaconKey, StreamRegistry};
 /// before [`Opening::keep`].
 #[derive(Debug)]
 pub struct Opening {
-    id: Arc<str>,
-    key: BeaconKey,
+    opened: Opened,
     /// Where the slot was taken; `None` once kept.
     registry: Option<Arc<StreamRegistry>>,
+}
+
+/// What a kept opening gives the stream.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    /// The stream's ID.
+    pub id: Arc<str>,
+    /// The ID as the response header's value.
+    pub id_value: Option<HeaderValue>,
+    /// The beacon key as the response header's value: only this response's client gets it, so
+    /// only it can speak for the stream.
+    pub key_value: Option<HeaderValue>,
 }
 
 // === impl Opening ===
@@ -33,20 +47,22 @@ impl Opening {
     /// Draws the ID and the key and takes the slot for a stream on `route`.
     pub fn new(ids: &StreamIds, registry: &Arc<StreamRegistry>, route: &Arc<str>) -> Self {
         let id: Arc<str> = Arc::from(ids.next());
-        // Only this response's client gets the key, so only it can speak for the stream.
         let key = BeaconKey(rand::random::<u128>());
         registry.started(&id, route, Some(key));
         Opening {
-            id,
-            key,
+            opened: Opened {
+                id_value: HeaderValue::from_str(&id).ok(),
+                key_value: HeaderValue::from_str(&super::beacon::key_text(key)).ok(),
+                id,
+            },
             registry: Some(registry.clone()),
         }
     }
 
-    /// The answer is a stream: its slot stays for its beacon. Gives its ID and key.
-    pub fn keep(mut self) -> (Arc<str>, BeaconKey) {
+    /// The answer is a stream: its slot stays for its beacon.
+    pub fn keep(mut self) -> Opened {
         self.registry = None;
-        (self.id.clone(), self.key)
+        self.opened.clone()
     }
 }
 
@@ -54,7 +70,7 @@ impl Drop for Opening {
     /// Not kept: the answer was no stream, so nothing may speak for it.
     fn drop(&mut self) {
         if let Some(registry) = self.registry.take() {
-            registry.withdraw(&self.id);
+            registry.withdraw(&self.opened.id);
         }
     }
 }
@@ -68,14 +84,23 @@ mod tests {
         Arc::new(StreamRegistry::new(8, 8))
     }
 
+    /// The key a kept opening's header carries, read back as a beacon reads it.
+    fn key_of(opened: &Opened) -> BeaconKey {
+        let text = opened.key_value.as_ref().and_then(|v| v.to_str().ok());
+        text.and_then(super::super::beacon::read_key)
+            .expect("a key header")
+    }
+
     #[test]
     fn a_kept_opening_lets_only_its_key_speak_for_the_stream() {
         let registry = registry();
-        let (id, key) = Opening::new(&StreamIds, &registry, &Arc::from("chat")).keep();
-        assert!(registry.beacon_slot(&id, Some(key)).is_ok());
+        let opened = Opening::new(&StreamIds, &registry, &Arc::from("chat")).keep();
+        let key = key_of(&opened);
+        assert_eq!(opened.id_value.as_ref().unwrap(), &*opened.id);
+        assert!(registry.beacon_slot(&opened.id, Some(key)).is_ok());
         let wrong = BeaconKey(key.0 ^ 1);
         assert_eq!(
-            registry.beacon_slot(&id, Some(wrong)).unwrap_err(),
+            registry.beacon_slot(&opened.id, Some(wrong)).unwrap_err(),
             BeaconClaim::WrongKey
         );
     }
@@ -84,9 +109,9 @@ mod tests {
     fn an_opening_dropped_unkept_leaves_the_window() {
         let registry = registry();
         let route: Arc<str> = Arc::from("chat");
-        let (kept, _) = Opening::new(&StreamIds, &registry, &route).keep();
+        let kept = Opening::new(&StreamIds, &registry, &route).keep();
         let dropped = Opening::new(&StreamIds, &registry, &route);
-        let (id, key) = (dropped.id.clone(), dropped.key);
+        let (id, key) = (dropped.opened.id.clone(), key_of(&dropped.opened));
         assert!(registry.beacon_slot(&id, Some(key)).is_ok());
         drop(dropped);
         assert_eq!(
@@ -94,6 +119,6 @@ mod tests {
             BeaconClaim::Unknown
         );
         assert_eq!(registry.window_len(), (1, 1));
-        assert!(registry.claim_beacon(&kept).is_ok());
+        assert!(registry.claim_beacon(&kept.id).is_ok());
     }
 }
