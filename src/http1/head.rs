@@ -18,9 +18,15 @@ pub enum InvalidField<'a> {
     Value(&'a str),
 }
 
+/// Fields the proxy adds to a head it forwards (`X-Forwarded-For` and `-Proto` and a
+/// `traceparent` to a request; the stream ID and the beacon key to a response): the map is made
+/// with room for them, so that adding them does not grow it (a reallocation and a rehash on the
+/// first token's path).
+const ADDED_FIELDS: usize = 4;
+
 /// The header fields of a parsed head as a [`HeaderMap`], repeated fields kept in order.
 pub fn header_map<'a>(fields: &[httparse::Header<'a>]) -> Result<HeaderMap, InvalidField<'a>> {
-    let mut headers = HeaderMap::with_capacity(fields.len());
+    let mut headers = HeaderMap::with_capacity(fields.len() + ADDED_FIELDS);
     for field in fields {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| InvalidField::Name(field.name))?;
@@ -88,6 +94,42 @@ pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, &'static str> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_parsed_head_takes_the_proxys_fields_without_growing() {
+        let fields = [
+            httparse::Header {
+                name: "content-type",
+                value: b"text/event-stream",
+            },
+            httparse::Header {
+                name: "cache-control",
+                value: b"no-cache",
+            },
+            httparse::Header {
+                name: "transfer-encoding",
+                value: b"chunked",
+            },
+            httparse::Header {
+                name: "date",
+                value: b"Sun, 06 Dec 2026 21:00:00 GMT",
+            },
+            httparse::Header {
+                name: "server",
+                value: b"uvicorn",
+            },
+        ];
+        let mut map = header_map(&fields).unwrap();
+        let room = map.capacity();
+        for i in 0..ADDED_FIELDS {
+            map.insert(
+                HeaderName::from_bytes(format!("x-added-{i}").as_bytes()).unwrap(),
+                HeaderValue::from_static("v"),
+            );
+        }
+        assert_eq!(map.len(), fields.len() + ADDED_FIELDS);
+        assert_eq!(map.capacity(), room);
+    }
 
     fn headers(fields: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
