@@ -664,13 +664,14 @@ impl StreamRegistry {
 
     /// Stream `id`, started before its response was known, is not a stream after all (the
     /// answer was not one, or there was none): its slot leaves the window. Its place in the
-    /// window's order is looked for from the newest end, where it is.
-    pub fn withdraw(&self, id: &str) {
+    /// window's order is looked for from the newest end, where it is, by the `Arc` it was started
+    /// with (a pointer compared, not the text).
+    pub fn withdraw(&self, id: &Arc<str>) {
         let mut inner = self.lock();
         if inner.slots.remove(id).is_none() {
             return;
         }
-        if let Some(at) = inner.slot_order.iter().rposition(|s| &**s == id) {
+        if let Some(at) = inner.slot_order.iter().rposition(|s| Arc::ptr_eq(s, id)) {
             inner.slot_order.remove(at);
         }
     }
