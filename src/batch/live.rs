@@ -410,9 +410,10 @@ impl UpstreamEpisodes {
 pub const SWEEP_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The sweep of one upstream while it has streams, hitches waiting or an episode open, then for
-/// [`SWEEP_LINGER`] more; then it ends (the next stream starts it again). It sleeps until the next stream's deadline or hitch's
-/// settling (every interval only while streams are silent or an episode is open), or until a
-/// stream begins or reports a hitch, so its cost follows the streams that are due. Deadlines
+/// [`SWEEP_LINGER`] more; then it ends (the next stream starts it again). It sleeps until the
+/// next stream's deadline or hitch's settling (every interval only while streams are silent or
+/// an episode is open), or until a stream begins or reports a hitch, so its cost follows the
+/// streams that are due. Deadlines
 /// closer than one sweep interval wait for the interval: streams streaming steadily are due
 /// every threshold or so each, and a wake-up per stream due (a timer, a task poll) cost about
 /// 500 instructions per token event at 20 streams of 20 ms gaps; a silence is noticed at most an
