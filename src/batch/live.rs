@@ -405,8 +405,8 @@ impl UpstreamEpisodes {
 
 /// How long an upstream's sweep outlives its last stream. At one stream at a time the next
 /// stream then wakes it (a task wake-up, after the stream's first write) instead of spawning it
-/// anew before its head is written (2.7 µs on the first token's path, marked in a profiling
-/// build at the c=1 leg).
+/// anew before its head is written (2.7 µs on the first token's path by
+/// `scripts/first-token-marks.sh`).
 pub const SWEEP_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The sweep of one upstream while it has streams, hitches waiting or an episode open, then for
