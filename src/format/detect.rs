@@ -15,7 +15,6 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::json::{is_literal, present};
 use super::{Classified, Format};
 use crate::scan::{Event, Framing};
 
@@ -69,10 +68,7 @@ impl AutoAccounting {
         }
         let fallback = self.hint.unwrap_or(Format::Unknown);
         // Only an object has a shape (serde would also fill a struct from an array).
-        let shape = data
-            .starts_with(b"{")
-            .then(|| serde_json::from_slice::<Shape<'_>>(data).ok())
-            .flatten();
+        let shape = data.starts_with(b"{").then(|| Shape::read(data)).flatten();
         let Some(shape) = shape else {
             return Ok(fallback);
         };
@@ -117,9 +113,46 @@ const ANTHROPIC_TYPES: [&str; 7] = [
     "ping",
 ];
 
-/// The top-level fields that tell the APIs apart, borrowed and unparsed.
-#[derive(Deserialize)]
+/// The top-level fields that tell the APIs apart, as their raw JSON text (`None` where absent or
+/// `null`), borrowed and unparsed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Shape<'a> {
+    kind: Option<&'a str>,
+    object: Option<&'a str>,
+    choices: Option<&'a str>,
+    token: Option<&'a str>,
+    candidates: Option<&'a str>,
+    usage_metadata: Option<&'a str>,
+    prompt_feedback: Option<&'a str>,
+    meta_info: Option<&'a str>,
+    done: Option<&'a str>,
+    stop: Option<&'a str>,
+    content: Option<&'a str>,
+    error: Option<&'a str>,
+}
+
+/// The place in [`Shape`]'s order of the field named `name` in the event.
+fn shape_field(name: &[u8]) -> Option<usize> {
+    Some(match name {
+        b"type" => 0,
+        b"object" => 1,
+        b"choices" => 2,
+        b"token" => 3,
+        b"candidates" => 4,
+        b"usageMetadata" => 5,
+        b"promptFeedback" => 6,
+        b"meta_info" => 7,
+        b"done" => 8,
+        b"stop" => 9,
+        b"content" => 10,
+        b"error" => 11,
+        _ => return None,
+    })
+}
+
+/// The reference reader of [`Shape`]: serde, borrowing every field.
+#[derive(Deserialize)]
+struct SerdeShape<'a> {
     #[serde(borrow, default, rename = "type")]
     kind: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -148,16 +181,58 @@ struct Shape<'a> {
 
 // === impl Shape ===
 
-impl Shape<'_> {
-    /// An error report (`{"error": ...}`, `{"type": "error"}`, `event: error`), which every API
-    /// can send before its first output and which therefore tells nothing about the API.
-    fn is_error(&self, event_kind: &[u8]) -> bool {
-        present(self.error) || is_literal(self.kind, r#""error""#) || event_kind == b"error"
+impl<'a> Shape<'a> {
+    /// The shape of the object `data`, read in one pass by the OpenAI walker's grammar (a
+    /// stream's first event costs serde about 5,000 instructions), or by serde where the walker
+    /// is not sure to read it as serde does; `None` when `data` is not an object serde reads.
+    fn read(data: &'a [u8]) -> Option<Self> {
+        Self::by_walker(data).or_else(|| Self::by_serde(data))
     }
 
-    /// The API whose events look like this, when only one does.
+    fn by_walker(data: &'a [u8]) -> Option<Self> {
+        let [kind, object, choices, token, candidates, usage_metadata, prompt_feedback, meta_info, done, stop, content, error] =
+            super::openai::top_level_fields(data, shape_field)?;
+        Some(Shape {
+            kind,
+            object,
+            choices,
+            token,
+            candidates,
+            usage_metadata,
+            prompt_feedback,
+            meta_info,
+            done,
+            stop,
+            content,
+            error,
+        })
+    }
+
+    fn by_serde(data: &'a [u8]) -> Option<Self> {
+        let shape = serde_json::from_slice::<SerdeShape<'a>>(data).ok()?;
+        let raw = |value: Option<&'a RawValue>| value.map(RawValue::get);
+        Some(Shape {
+            kind: raw(shape.kind),
+            object: raw(shape.object),
+            choices: raw(shape.choices),
+            token: raw(shape.token),
+            candidates: raw(shape.candidates),
+            usage_metadata: raw(shape.usage_metadata),
+            prompt_feedback: raw(shape.prompt_feedback),
+            meta_info: raw(shape.meta_info),
+            done: raw(shape.done),
+            stop: raw(shape.stop),
+            content: raw(shape.content),
+            error: raw(shape.error),
+        })
+    }
+
+    fn is_error(&self, event_kind: &[u8]) -> bool {
+        present(self.error) || self.kind == Some(r#""error""#) || event_kind == b"error"
+    }
+
     fn format(&self) -> Option<Format> {
-        let kind = self.kind.map(RawValue::get).unwrap_or("");
+        let kind = self.kind.unwrap_or("");
         let kind = kind.trim_matches('"');
         if kind.starts_with("response.") {
             return Some(Format::Responses);
@@ -165,14 +240,14 @@ impl Shape<'_> {
         if ANTHROPIC_TYPES.contains(&kind) {
             return Some(Format::Anthropic);
         }
-        let object = self.object.map(RawValue::get).unwrap_or("");
+        let object = self.object.unwrap_or("");
         if present(self.choices)
             || object == r#""chat.completion.chunk""#
             || object == r#""text_completion""#
         {
             return Some(Format::OpenAi);
         }
-        if self.token.is_some_and(|t| t.get().starts_with('{')) {
+        if self.token.is_some_and(|t| t.starts_with('{')) {
             return Some(Format::Tgi);
         }
         if present(self.candidates) || present(self.usage_metadata) || present(self.prompt_feedback)
@@ -192,8 +267,13 @@ impl Shape<'_> {
     }
 }
 
-fn is_bool(raw: Option<&RawValue>) -> bool {
-    raw.is_some_and(|r| matches!(r.get(), "true" | "false"))
+/// A raw value that is there and not `null` (as `json::present`).
+fn present(raw: Option<&str>) -> bool {
+    raw.is_some_and(|r| r != "null")
+}
+
+fn is_bool(raw: Option<&str>) -> bool {
+    raw.is_some_and(|r| matches!(r, "true" | "false"))
 }
 
 #[cfg(test)]
@@ -280,6 +360,58 @@ mod tests {
                 Some(format),
                 "{data}"
             );
+        }
+    }
+
+    #[test]
+    fn the_walker_declines_shapes_it_cannot_read_exactly() {
+        for data in [
+            r#"{"type":"a","type":"b"}"#,
+            r#"{"typ\u0065":"message_start"}"#,
+            r#"{"done":false} x"#,
+            r#"["choices"]"#,
+            r#"{"done":tru}"#,
+        ] {
+            assert_eq!(Shape::by_walker(data.as_bytes()), None, "{data}");
+        }
+        let read =
+            Shape::by_walker(br#" {"choices" : null, "done": false, "x": [1, {"y": "z"}]} "#);
+        assert_eq!(
+            read,
+            Some(Shape {
+                done: Some("false"),
+                ..Shape::default()
+            })
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+        /// Random edits of each API's first events: wherever the walker reads a shape, serde
+        /// reads the same.
+        #[test]
+        fn the_walker_never_reads_a_shape_serde_does_not(
+            base in 0usize..6,
+            edits in proptest::collection::vec((0usize..300, 0usize..3, 0usize..27), 0..4),
+        ) {
+            const BASES: [&str; 6] = [
+                r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+                r#"{"index":1,"token":{"id":1533,"text":" Deep","logprob":-0.5,"special":false},"generated_text":null,"details":null}"#,
+                r#"{"index":0,"content":" Paris","tokens":[],"stop":false,"id_slot":0}"#,
+                r#"{"text":" Paris","meta_info":{"id":"a","prompt_tokens":7},"index":0,"done":false}"#,
+                r#"{"type":"message_start","message":{"id":"msg_1","usage":{"input_tokens":25}},"error":null}"#,
+                r#"{"candidates": [{"content": {"parts": [{"text": "The"}]}}],"usageMetadata":{},"promptFeedback":null}"#,
+            ];
+            const PIECES: [&str; 27] = [
+                "{", "}", "[", "]", ",", ":", "\"", "\\", " ", "null", "1", "-", "true", "e",
+                "\"type\"", "\"object\"", "\"choices\"", "\"token\"", "\"done\"",
+                "\"stop\"", "\"content\"", "\"error\"", "\u{e9}", "\"\"",
+                "\"done\":true,", ",\"error\":{}", "\"type\":\"ping\",",
+            ];
+            let data = crate::format::json::edited(BASES[base], &edits, &PIECES);
+            if let Some(fast) = Shape::by_walker(data.as_bytes()) {
+                proptest::prop_assert_eq!(Some(fast), Shape::by_serde(data.as_bytes()), "{}", data);
+            }
         }
     }
 

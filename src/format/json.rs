@@ -82,6 +82,33 @@ impl<'de> Deserialize<'de> for ArrayLen {
     }
 }
 
+/// `base` changed by `edits` for the readers' property tests: each `(at, op, piece)` inserts
+/// `pieces[piece]` at byte `at` (op 0), deletes one to eight bytes there (op 1, as many as the piece's index modulo 8, plus one) or replaces one
+/// character there with the piece (op 2), at character boundaries, positions taken modulo the
+/// length.
+#[cfg(test)]
+pub(crate) fn edited(base: &str, edits: &[(usize, usize, usize)], pieces: &[&str]) -> String {
+    let mut data = base.to_string();
+    for &(at, op, index) in edits {
+        let piece = pieces[index % pieces.len()];
+        let mut at = at % (data.len() + 1);
+        while !data.is_char_boundary(at) {
+            at -= 1;
+        }
+        let reach = if op % 3 == 1 { 1 + index % 8 } else { 1 };
+        let mut end = (at + reach).min(data.len());
+        while !data.is_char_boundary(end) {
+            end += 1;
+        }
+        match op % 3 {
+            0 => data.insert_str(at, piece),
+            1 => data.replace_range(at..end, ""),
+            _ => data.replace_range(at..end, piece),
+        }
+    }
+    data
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,6 +20,7 @@ mod template;
 mod walker;
 
 pub(super) use reference::usage_details_by_serde;
+pub(super) use walker::top_level_fields;
 
 use super::count::RunningCount;
 use super::{Classified, FinishReason, Phase};
@@ -65,8 +66,13 @@ impl OpenAiAccounting {
         // did; the walker reads the usual chunk in one pass; anything it is not sure to read
         // exactly as serde does goes to serde, which has the last word.
         let template = self.template.as_deref().and_then(|t| t.read(data));
+        let mut walked_details = None;
         let Some(chunk) = template
-            .or_else(|| self.walk(data))
+            .or_else(|| {
+                let (summary, details) = self.walk(data)?;
+                walked_details = details;
+                Some(summary)
+            })
             .or_else(|| Summary::by_serde(data))
         else {
             return Classified {
@@ -84,9 +90,11 @@ impl OpenAiAccounting {
             }
         }
         // The prompt's and the reasoning tokens come with the usage chunk at the end (once per
-        // stream): read by serde there only, so the per-token readers stay as they are.
+        // stream): read there only, by the walker when it was sure of them, else by serde.
         let (usage_prompt, usage_reasoning) = match usage_total {
-            Some(_) if !token_event => usage_details_by_serde(data),
+            Some(_) if !token_event => {
+                walked_details.unwrap_or_else(|| usage_details_by_serde(data))
+            }
             _ => (None, None),
         };
         Classified {
@@ -105,9 +113,14 @@ impl OpenAiAccounting {
         }
     }
 
-    /// The walker's reading of `data`; a token event it read becomes the template.
-    fn walk<'a>(&mut self, data: &'a [u8]) -> Option<Summary<'a>> {
-        let (summary, text) = walker::summary_and_text(data)?;
+    /// The walker's reading of `data` and of its usage details (`None`: serde's to read); a
+    /// token event it read becomes the template.
+    fn walk<'a>(&mut self, data: &'a [u8]) -> Option<(Summary<'a>, Option<walker::UsageDetails>)> {
+        let walker::Walked {
+            summary,
+            text,
+            usage_details,
+        } = walker::walk(data)?;
         if let Some(text) = text {
             match &mut self.template {
                 Some(template) => template.keep(data, text, &summary),
@@ -116,7 +129,7 @@ impl OpenAiAccounting {
                 }
             }
         }
-        Some(summary)
+        Some((summary, usage_details))
     }
 }
 

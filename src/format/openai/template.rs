@@ -141,7 +141,7 @@ mod tests {
 
     /// The template made from walking `base`, and whether it reads `next` (checked against serde).
     fn template_reads(base: &str, next: &str) -> bool {
-        let (summary, text) = walker::summary_and_text(base.as_bytes()).expect("walked");
+        let walker::Walked { summary, text, .. } = walker::walk(base.as_bytes()).expect("walked");
         let template = Template::new(base.as_bytes(), text.expect("a token event"), &summary);
         match template.read(next.as_bytes()) {
             Some(read) => {
@@ -171,7 +171,7 @@ mod tests {
         let after = r#"{"choices":[{"delta":{"content":"ab"}}],"model":"late-model","id":"x"}"#;
         let next = after.replace("ab", "a much longer text");
         assert!(template_reads(after, &next));
-        let (summary, text) = walker::summary_and_text(after.as_bytes()).unwrap();
+        let walker::Walked { summary, text, .. } = walker::walk(after.as_bytes()).unwrap();
         let template = Template::new(after.as_bytes(), text.unwrap(), &summary);
         assert_eq!(
             template.read(next.as_bytes()).unwrap().model,
@@ -197,7 +197,7 @@ mod tests {
         // Invalid UTF-8 in the new text.
         let mut bytes = VLLM_CHUNK.as_bytes().to_vec();
         bytes[VLLM_CHUNK.find(" Hi").unwrap()] = 0xff;
-        let (summary, text) = walker::summary_and_text(VLLM_CHUNK.as_bytes()).unwrap();
+        let walker::Walked { summary, text, .. } = walker::walk(VLLM_CHUNK.as_bytes()).unwrap();
         let template = Template::new(VLLM_CHUNK.as_bytes(), text.unwrap(), &summary);
         assert_eq!(template.read(&bytes), None);
     }
@@ -223,7 +223,7 @@ mod tests {
                 "\"", "\\", "\u{1}", r#"\u12"#, r#"\x"#, "}", "]", "\u{7f}",
             ];
             let base = BASES[base];
-            let (summary, text) = walker::summary_and_text(base.as_bytes()).unwrap();
+            let walker::Walked { summary, text, .. } = walker::walk(base.as_bytes()).unwrap();
             let (open, end) = text.unwrap();
             let template = Template::new(base.as_bytes(), (open, end), &summary);
             let new_text: String = pieces.iter().map(|p| PIECES[*p]).collect();

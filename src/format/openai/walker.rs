@@ -17,33 +17,40 @@ use super::{FinishReason, Phase, Summary};
 /// The chunk's summary, or `None` to leave it to serde.
 #[cfg(test)]
 pub(super) fn summary(data: &[u8]) -> Option<Summary<'_>> {
-    summary_and_text(data).map(|(summary, _)| summary)
+    walk(data).map(|walked| walked.summary)
 }
 
-/// The chunk's summary and, when it is a token event, the raw span of a non-empty text value
-/// that makes it one (the last such); `None` to leave the chunk to serde.
-pub(super) fn summary_and_text(data: &[u8]) -> Option<(Summary<'_>, Option<Span>)> {
-    // serde checks the UTF-8 of the values it borrows; checking all of it is a superset, and a
-    // chunk that fails goes to serde.
-    let text = std::str::from_utf8(data).ok()?;
-    let mut walker = Walker {
-        text,
-        bytes: data,
-        at: 0,
-        depth: 0,
-        content: None,
-        other: None,
-        phase: None,
-    };
+/// `usage.prompt_tokens` and `usage.completion_tokens_details.reasoning_tokens`, as
+/// `usage_details_by_serde` reads them.
+pub(super) type UsageDetails = (Option<u64>, Option<u64>);
+
+/// What one pass of the walker read of a chunk.
+pub(super) struct Walked<'a> {
+    /// The chunk's summary, as serde's `Summary::by_serde` reads it.
+    pub(super) summary: Summary<'a>,
+    /// When the chunk is a token event, the raw span of a non-empty text value that makes it one
+    /// (the last such).
+    pub(super) text: Option<Span>,
+    /// The usage details, when the walker is sure `usage_details_by_serde` reads them so;
+    /// `None` leaves them to serde (a type it does not take, a repeated field).
+    pub(super) usage_details: Option<UsageDetails>,
+}
+
+/// The walker's reading of `data`; `None` to leave the chunk to serde.
+pub(super) fn walk(data: &[u8]) -> Option<Walked<'_>> {
+    let mut walker = Walker::new(data)?;
     let mut summary = walker.chunk()?;
-    walker.whitespace();
-    if walker.at != data.len() {
+    if !walker.at_end() {
         return None;
     }
     summary.token_event = walker.phase.is_some();
     summary.phase = walker.phase.unwrap_or_default();
     summary.text = walker.content.map(|(start, end)| &data[start + 1..end - 1]);
-    Some((summary, walker.content.or(walker.other)))
+    Some(Walked {
+        summary,
+        text: walker.content.or(walker.other),
+        usage_details: walker.usage_details,
+    })
 }
 
 pub(super) struct Walker<'a> {
@@ -57,11 +64,63 @@ pub(super) struct Walker<'a> {
     other: Option<Span>,
     /// The phase of the output read so far (content before tool_call before reasoning).
     phase: Option<Phase>,
+    /// The usage details read so far; `None` once a field is one serde must read.
+    usage_details: Option<UsageDetails>,
+}
+
+/// The raw text of each top-level field of the object `data` that `field` numbers below `N`
+/// (`None` where it is absent or `null`), as serde reads a struct of `Option<&RawValue>` fields
+/// with those names; `None` to leave `data` to serde (not an object, a repeated or escaped field
+/// name, invalid JSON or UTF-8, deep nesting). For format detection, which reads any API's first
+/// event this way; `field` is a `match` on the name, which compiles to a few comparisons.
+pub(in crate::format) fn top_level_fields<const N: usize>(
+    data: &[u8],
+    field: impl Fn(&[u8]) -> Option<usize>,
+) -> Option<[Option<&str>; N]> {
+    let mut walker = Walker::new(data)?;
+    if walker.peek()? != b'{' {
+        return None; // serde also reads a struct from an array
+    }
+    let (text, mut found, mut seen) = (walker.text, [None; N], [false; N]);
+    walker.object(|w, name| {
+        let Some(field) = field(name).filter(|&i| i < N) else {
+            return w.value().map(drop);
+        };
+        if replace(&mut seen[field], true) {
+            return None; // serde refuses a repeated field
+        }
+        found[field] = w.optional()?.map(|(start, end)| &text[start..end]);
+        Some(())
+    })?;
+    walker.at_end().then_some(found)
 }
 
 // === impl Walker ===
 
 impl<'a> Walker<'a> {
+    /// A walker at the start of `data`; `None` when `data` is not UTF-8.
+    fn new(data: &'a [u8]) -> Option<Self> {
+        // serde checks the UTF-8 of the values it borrows; checking all of it is a superset, and
+        // a chunk that fails goes to serde.
+        let text = std::str::from_utf8(data).ok()?;
+        Some(Walker {
+            text,
+            bytes: data,
+            at: 0,
+            depth: 0,
+            content: None,
+            other: None,
+            phase: None,
+            usage_details: Some((None, None)),
+        })
+    }
+
+    /// Whether only whitespace is left, as serde requires after the value.
+    fn at_end(&mut self) -> bool {
+        self.whitespace();
+        self.at == self.bytes.len()
+    }
+
     /// Whether the text value at `span` shows output (a non-empty string) of `phase`;
     /// remembers it if so.
     fn text(&mut self, span: Span, phase: Phase) -> bool {
@@ -262,40 +321,161 @@ impl<'a> Walker<'a> {
         Some(arguments)
     }
 
-    /// `usage`: its `completion_tokens`, when a plain unsigned integer (or null / absent).
+    /// `usage`: its `completion_tokens`, when a plain unsigned integer (or null / absent); its
+    /// details go to `usage_details`.
     fn usage(&mut self) -> Option<Option<u64>> {
-        let (mut seen, mut total) = (false, None);
+        let (mut seen, mut total) = ([false; 3], None);
         self.object(|w, name| {
-            if name != b"completion_tokens" {
+            let field = match name {
+                b"completion_tokens" => 0,
+                b"prompt_tokens" => 1,
+                b"completion_tokens_details" => 2,
+                _ => return w.value().map(drop),
+            };
+            if replace(&mut seen[field], true) {
+                if field == 0 {
+                    return None; // serde refuses a repeated field
+                }
+                // Only the details reader refuses this one: the summary stands.
+                w.usage_details = None;
                 return w.value().map(drop);
             }
-            if replace(&mut seen, true) {
-                return None;
-            }
-            if let Some(span) = w.optional()? {
-                let digits = w.raw(span);
-                if !digits.iter().all(u8::is_ascii_digit) {
-                    return None; // a sign, fraction or exponent: serde decides
+            match field {
+                0 => {
+                    if let Some(span) = w.optional()? {
+                        // A sign, fraction or exponent: serde decides.
+                        total = Some(plain_u64(w.raw(span))?);
+                    }
                 }
-                total = Some(std::str::from_utf8(digits).ok()?.parse::<u64>().ok()?);
+                1 => {
+                    let prompt = w.detail()?;
+                    if let Some(details) = &mut w.usage_details {
+                        details.0 = prompt;
+                    }
+                }
+                _ => w.completion_details()?,
             }
             Some(())
         })?;
         Some(total)
     }
+
+    /// A usage detail, an `Option<u64>` to serde: a plain unsigned integer, or `None` for
+    /// `null` (and for anything else, which also leaves the details to serde).
+    fn detail(&mut self) -> Option<Option<u64>> {
+        let Some(span) = self.optional()? else {
+            return Some(None);
+        };
+        let value = plain_u64(self.raw(span));
+        if value.is_none() {
+            self.usage_details = None;
+        }
+        Some(value)
+    }
+
+    /// `usage.completion_tokens_details`: its `reasoning_tokens`, to `usage_details`.
+    fn completion_details(&mut self) -> Option<()> {
+        if !matches!(self.peek()?, b'n' | b'{') {
+            // Not a struct to serde's details reader: skipped here, serde decides.
+            self.usage_details = None;
+            return self.value().map(drop);
+        }
+        let mut seen = false;
+        self.null_or_object(|w| {
+            w.object(|w, name| {
+                if name != b"reasoning_tokens" {
+                    return w.value().map(drop);
+                }
+                if replace(&mut seen, true) {
+                    w.usage_details = None;
+                    return w.value().map(drop);
+                }
+                let reasoning = w.detail()?;
+                if let Some(details) = &mut w.usage_details {
+                    details.1 = reasoning;
+                }
+                Some(())
+            })
+        })
+    }
+}
+
+/// A JSON number's raw text as a `u64`, when it is plain digits that fit; `None` for a sign,
+/// fraction or exponent, or for anything that is not a number.
+fn plain_u64(raw: &[u8]) -> Option<u64> {
+    if raw.is_empty() || !raw.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(raw).ok()?.parse::<u64>().ok()
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::usage_details_by_serde;
     use super::*;
 
     /// Where the walker answers, serde answers the same; serde is the reference.
     fn agrees(data: &str) -> Option<Summary<'_>> {
-        let fast = summary(data.as_bytes());
-        if let Some(fast) = fast {
-            assert_eq!(Some(fast), Summary::by_serde(data.as_bytes()), "{data}");
+        let walked = walk(data.as_bytes())?;
+        assert_eq!(
+            Some(walked.summary),
+            Summary::by_serde(data.as_bytes()),
+            "{data}"
+        );
+        if let Some(details) = walked.usage_details {
+            assert_eq!(details, usage_details_by_serde(data.as_bytes()), "{data}");
         }
-        fast
+        Some(walked.summary)
+    }
+
+    /// The walker's usage details of `data`, checked against serde's where it has them.
+    fn details(data: &str) -> Option<UsageDetails> {
+        agrees(data).expect("the walker reads the chunk");
+        walk(data.as_bytes()).unwrap().usage_details
+    }
+
+    #[test]
+    fn the_walker_reads_usage_details_as_serde_does() {
+        for (data, expected) in [
+            (
+                r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":40,"total_tokens":45}}"#,
+                (Some(5), None),
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":7,"completion_tokens":9,"completion_tokens_details":{"reasoning_tokens":4,"x":[1]}}}"#,
+                (Some(7), Some(4)),
+            ),
+            (
+                r#"{"usage":{"completion_tokens":9,"completion_tokens_details":null,"prompt_tokens":null}}"#,
+                (None, None),
+            ),
+            (
+                r#"{"usage":{"completion_tokens_details":{"reasoning_tokens":null},"completion_tokens":1}}"#,
+                (None, None),
+            ),
+            (r#"{"usage":null}"#, (None, None)),
+            (r#"{"choices":[]}"#, (None, None)),
+        ] {
+            assert_eq!(details(data), Some(expected), "{data}");
+        }
+    }
+
+    #[test]
+    fn the_walker_leaves_usage_details_it_cannot_read_exactly_to_serde() {
+        for data in [
+            r#"{"usage":{"prompt_tokens":-1,"completion_tokens":1}}"#,
+            r#"{"usage":{"prompt_tokens":1.0,"completion_tokens":1}}"#,
+            r#"{"usage":{"prompt_tokens":"5","completion_tokens":1}}"#,
+            r#"{"usage":{"prompt_tokens":18446744073709551616,"completion_tokens":1}}"#,
+            r#"{"usage":{"prompt_tokens":1,"prompt_tokens":2,"completion_tokens":1}}"#,
+            r#"{"usage":{"completion_tokens_details":[3],"completion_tokens":1}}"#,
+            r#"{"usage":{"completion_tokens_details":7,"completion_tokens":1}}"#,
+            r#"{"usage":{"completion_tokens_details":{"reasoning_tokens":1e1}}}"#,
+            r#"{"usage":{"completion_tokens_details":{"reasoning_tokens":1,"reasoning_tokens":1}}}"#,
+            r#"{"usage":{"completion_tokens_details":{},"completion_tokens_details":{}}}"#,
+        ] {
+            assert_eq!(details(data), None, "{data}");
+        }
     }
 
     #[test]
@@ -384,46 +564,36 @@ mod tests {
         /// Random edits of real chunks: wherever the walker answers, serde answers the same.
         #[test]
         fn the_walker_never_disagrees_with_serde(
-            base in 0usize..4,
-            edits in proptest::collection::vec((0usize..400, 0usize..3, 0usize..24), 0..4),
+            base in 0usize..7,
+            edits in proptest::collection::vec((0usize..400, 0usize..3, 0usize..30), 0..4),
         ) {
-            const BASES: [&str; 4] = [
+            const BASES: [&str; 7] = [
                 r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" Hi"},"logprobs":null,"finish_reason":null}]}"#,
                 r#"{"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":40,"total_tokens":45}}"#,
                 r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{\"a"}}]},"token_ids":[1,2]}]}"#,
                 r#"{"object":"text_completion","choices":[{"index":0,"text":"a\nb","finish_reason":null},{"index":1,"text":""}],"error":null}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":40,"completion_tokens_details":{"reasoning_tokens":30}}}"#,
+                r#"{"usage":{"prompt_tokens":-1,"completion_tokens":4,"completion_tokens_details":{"reasoning_tokens":3}}}"#,
+                r#"{"usage":{"prompt_tokens":2,"completion_tokens":4,"completion_tokens_details":[3]}}"#,
             ];
-            const PIECES: [&str; 24] = [
+            const PIECES: [&str; 30] = [
                 "{", "}", "[", "]", ",", ":", "\"", "\\", " ", "null", "1", "-", ".", "e", "0",
                 "\"model\"", "\"choices\"", "\"delta\"", "\"content\"", "\"usage\"",
-                "\"token_ids\"", "\"error\"", "\u{e9}", "\"\"",
+                "\"token_ids\"", "\"error\"", "\u{e9}", "\"\"", "\"prompt_tokens\"",
+                "\"completion_tokens_details\"", "\"reasoning_tokens\"", "\"prompt_tokens\":-1,",
+                "\"reasoning_tokens\":\"7\",", ",\"prompt_tokens\":3",
             ];
-            let mut data = BASES[base].to_string();
-            for (at, op, piece) in edits {
-                let mut at = at % (data.len() + 1);
-                while !data.is_char_boundary(at) {
-                    at -= 1;
+            let data = crate::format::json::edited(BASES[base], &edits, &PIECES);
+            if let Some(walked) = walk(data.as_bytes()) {
+                proptest::prop_assert_eq!(
+                    Some(walked.summary),
+                    Summary::by_serde(data.as_bytes()),
+                    "{}",
+                    data
+                );
+                if let Some(details) = walked.usage_details {
+                    proptest::prop_assert_eq!(details, usage_details_by_serde(data.as_bytes()), "{}", data);
                 }
-                match op {
-                    0 => data.insert_str(at, PIECES[piece]),
-                    1 => {
-                        let mut end = (at + 1 + piece % 8).min(data.len());
-                        while !data.is_char_boundary(end) {
-                            end += 1;
-                        }
-                        data.replace_range(at..end, "");
-                    }
-                    _ => {
-                        let mut end = (at + 1).min(data.len());
-                        while !data.is_char_boundary(end) {
-                            end += 1;
-                        }
-                        data.replace_range(at..end, PIECES[piece]);
-                    }
-                }
-            }
-            if let Some(fast) = summary(data.as_bytes()) {
-                proptest::prop_assert_eq!(Some(fast), Summary::by_serde(data.as_bytes()), "{}", data);
             }
         }
     }
