@@ -92,7 +92,9 @@ http {
     client_body_temp_path $work/nginx;
     proxy_temp_path $work/nginx;
     keepalive_timeout 300s;
-    upstream sim { server 127.0.0.1:$2; keepalive 4096; }
+    # Kept connections stay kept (nginx's default closes them after 1,000 requests).
+    keepalive_requests 1000000;
+    upstream sim { server 127.0.0.1:$2; keepalive 4096; keepalive_requests 1000000; }
     server {
         listen 127.0.0.1:$1 backlog=4096;
         location / {
