@@ -6,7 +6,7 @@
 # compiling scripts/lib/streambench.rs); that program's unit tests and the legs' arithmetic are
 # checked on known inputs below. Then a short scripts/tail-split.sh run, which must join every
 # stream with its timeline, print the gaps at each point and count the episodes of late gaps from
-# the gap CSV.
+# the gap CSV. Last, a one-second turn per path of scripts/cpu-per-stream.sh.
 # The figures are not checked (too noisy for CI); the scripts' arithmetic is, on known inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -125,3 +125,15 @@ if [ -z "$joined" ] || [ "$n" != "$total" ] || [ "$n" -eq 0 ] \
   exit 1
 fi
 echo "tail-split smoke passed: $joined"
+
+# The CPU-per-stream script (scripts/cpu-per-stream.sh), tiny: one turn of one second per path
+# on four connections; every path must complete streams and fail none.
+C=4 D=1 ROUNDS=1 bash scripts/cpu-per-stream.sh > "$out" 2>&1 || {
+  cat "$out"; echo "cpu-per-stream smoke FAILED: the script failed"; exit 1; }
+rows=$(grep -cE '^\| (metronome|passthrough|nginx) \| [0-9.]+ \| [0-9.]+ \| [0-9,]+ \| [0-9,]+ µs \| 0 \|$' "$out" || true)
+if [ "$rows" != 3 ]; then
+  cat "$out"
+  echo "cpu-per-stream smoke FAILED: expected a row for each of the three paths, none failing"
+  exit 1
+fi
+echo "cpu-per-stream smoke passed"

@@ -13,7 +13,7 @@
 # /proc/PID/stat, so it includes the kernel's share of its sockets), divided by the streams the
 # client completed. Prints each round and the medians.
 #
-#   bash scripts/cpu-per-stream.sh [BIN]     # default: target/release/metronome (built if absent)
+#   bash scripts/cpu-per-stream.sh [BIN]     # default: the release build of this tree (built first)
 #   C=64 D=8 ROUNDS=3 bash scripts/cpu-per-stream.sh BIN    # the defaults
 #   EVENTS=16 bash scripts/cpu-per-stream.sh BIN            # content events per stream
 #
@@ -22,8 +22,12 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/lib/loopback.sh"
-bin=${1:-$root/target/release/metronome}
-[ -x "$bin" ] || (cd "$root" && cargo build --quiet --release --bin metronome)
+if [ $# -gt 0 ]; then
+  bin=$1
+else
+  (cd "$root" && cargo build --quiet --release --bin metronome)
+  bin=$root/target/release/metronome
+fi
 conns=${C:-64} seconds=${D:-8} rounds=${ROUNDS:-3} events=${EVENTS:-1}
 rustc -O --edition 2021 "$root/scripts/lib/streambench.rs" -o "$work/streambench"
 
