@@ -18,9 +18,15 @@
 #   EVENTS=16 bash scripts/cpu-per-stream.sh BIN            # content events per stream
 #
 # The proxy is saturated (its one worker near a full core), so compare paths within one run.
-# Everything on 127.0.0.1; every process it starts is stopped on exit. Needs nginx.
+# Everything on 127.0.0.1; every process it starts is stopped on exit. Installs nginx (Debian's)
+# with apt-get when it is missing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx >/dev/null
+fi
+nginx=$(command -v nginx || echo /usr/sbin/nginx)
 source "$root/scripts/lib/loopback.sh"
 if [ $# -gt 0 ]; then
   bin=$1
@@ -51,7 +57,7 @@ done
 paths+=(metronome passthrough)
 nginx_port=$(free_port)
 nginx_config "$nginx_port" "$mock_port" 1
-nginx -c "$work/nginx.conf" -p "$work" >"$work/nginx.log" 2>&1 &
+"$nginx" -c "$work/nginx.conf" -p "$work" >"$work/nginx.log" 2>&1 &
 pids+=($!)
 procs+=($!)
 wait_port "$nginx_port"
