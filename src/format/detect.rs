@@ -182,17 +182,46 @@ struct SerdeShape<'a> {
 // === impl Shape ===
 
 impl<'a> Shape<'a> {
-    /// The shape of the object `data`, read in one pass by the OpenAI walker's grammar (a
-    /// stream's first event costs serde about 5,000 instructions), or by serde where the walker
-    /// is not sure to read it as serde does; `None` when `data` is not an object serde reads.
+    /// The shape of the object `data`, read in one pass by the OpenAI walker's grammar (serde's
+    /// reading cost ~5,600 instructions per stream, callgrind's inclusive count in BENCHMARKS'
+    /// instructions per request), or by serde where the walker is not sure to read it as serde
+    /// does; `None` when `data` is not an object serde reads.
     fn read(data: &'a [u8]) -> Option<Self> {
         Self::by_walker(data).or_else(|| Self::by_serde(data))
     }
 
+    /// The walker's reading; `None` where it leaves `data` to serde.
     fn by_walker(data: &'a [u8]) -> Option<Self> {
+        super::openai::top_level_fields(data, shape_field).map(Self::from_fields)
+    }
+
+    /// serde's reading, the reference; `None` when `data` is not an object serde reads.
+    fn by_serde(data: &'a [u8]) -> Option<Self> {
+        let s = serde_json::from_slice::<SerdeShape<'a>>(data).ok()?;
+        Some(Self::from_fields(
+            [
+                s.kind,
+                s.object,
+                s.choices,
+                s.token,
+                s.candidates,
+                s.usage_metadata,
+                s.prompt_feedback,
+                s.meta_info,
+                s.done,
+                s.stop,
+                s.content,
+                s.error,
+            ]
+            .map(|raw| raw.map(RawValue::get)),
+        ))
+    }
+
+    /// The shape from its fields' raw texts in [`shape_field`]'s order.
+    fn from_fields(fields: [Option<&'a str>; 12]) -> Self {
         let [kind, object, choices, token, candidates, usage_metadata, prompt_feedback, meta_info, done, stop, content, error] =
-            super::openai::top_level_fields(data, shape_field)?;
-        Some(Shape {
+            fields;
+        Shape {
             kind,
             object,
             choices,
@@ -205,32 +234,16 @@ impl<'a> Shape<'a> {
             stop,
             content,
             error,
-        })
+        }
     }
 
-    fn by_serde(data: &'a [u8]) -> Option<Self> {
-        let shape = serde_json::from_slice::<SerdeShape<'a>>(data).ok()?;
-        let raw = |value: Option<&'a RawValue>| value.map(RawValue::get);
-        Some(Shape {
-            kind: raw(shape.kind),
-            object: raw(shape.object),
-            choices: raw(shape.choices),
-            token: raw(shape.token),
-            candidates: raw(shape.candidates),
-            usage_metadata: raw(shape.usage_metadata),
-            prompt_feedback: raw(shape.prompt_feedback),
-            meta_info: raw(shape.meta_info),
-            done: raw(shape.done),
-            stop: raw(shape.stop),
-            content: raw(shape.content),
-            error: raw(shape.error),
-        })
-    }
-
+    /// An error report (`{"error": ...}`, `{"type": "error"}`, `event: error`), which every API
+    /// can send before its first output and which therefore tells nothing about the API.
     fn is_error(&self, event_kind: &[u8]) -> bool {
         present(self.error) || self.kind == Some(r#""error""#) || event_kind == b"error"
     }
 
+    /// The API whose events look like this, when only one does.
     fn format(&self) -> Option<Format> {
         let kind = self.kind.unwrap_or("");
         let kind = kind.trim_matches('"');

@@ -200,6 +200,30 @@ mod tests {
         assert_eq!(usage.usage_total, Some(40));
         assert_eq!(usage.usage_prompt, Some(5));
         assert_eq!(finish.usage_prompt, None);
+        // The details as the walker reads them, and as serde does where the walker declines the
+        // chunk (an escaped field name).
+        for (data, reader) in [
+            (
+                r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":41,"completion_tokens_details":{"reasoning_tokens":30}}}"#,
+                "walker",
+            ),
+            (
+                r#"{"choices":[],"\u0078":1,"usage":{"prompt_tokens":7,"completion_tokens":41,"completion_tokens_details":{"reasoning_tokens":30}}}"#,
+                "serde",
+            ),
+        ] {
+            assert_eq!(
+                walker::walk(data.as_bytes()).is_some(),
+                reader == "walker",
+                "{data}"
+            );
+            let details = classify(&mut OpenAiAccounting::default(), data);
+            assert_eq!(
+                (details.usage_prompt, details.usage_reasoning),
+                (Some(7), Some(30)),
+                "{reader}"
+            );
+        }
         assert_eq!(finish.finish, Some(FinishReason::Stop));
         assert_eq!(
             (role.finish, token.finish, usage.finish),
