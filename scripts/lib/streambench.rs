@@ -10,21 +10,36 @@
 //! to every path for the whole leg, alternating between them stream by stream. The same client
 //! and the same mock then serve every path, so what differs between paths is the proxy alone.
 //!
-//! Only the standard library, so that the bench compiles it with `rustc -O` in seconds:
+//! Only the standard library (epoll, timerfd and eventfd declared `extern "C"`, as `prctl`), so
+//! that the bench compiles it with `rustc -O` in seconds:
 //!
 //!   streambench mock  --listen 127.0.0.1:PORT [--events 64] [--gap-ms 20] [--bytes 16]
+//!                     [--threads 1]
 //!   streambench c1    --target NAME=ADDR ... --streams 500 [--warmup 10] [--events 64]
 //!                     [--mock ADDR] --out F
 //!   streambench sweep --target NAME=ADDR --concurrency N --duration-s 10 [--events 64]
-//!                     [--stall-ms 200] --out F
+//!                     [--threads 1] --out F
+//!
+//! Both generators run on a few threads, so that at the sweep's 1,024 streams the proxy does not
+//! share the two cores with a thousand or two generator threads (one per connection each, as they
+//! were, measured the scheduler rather than the proxy). The mock serves every connection from
+//! `--threads` epoll event loops (the accepting loop hands connections out in turn): per
+//! connection it reads a request, writes the head and role chunk at once, then each delta when
+//! due, then the tail. Every delta is due at the request's arrival plus k gaps, so lateness never
+//! accumulates; each loop keeps its deadlines in a min-heap and sleeps on a timerfd armed at the
+//! earliest, at an absolute CLOCK_MONOTONIC time, which the kernel fires without timer slack. A
+//! write that would block keeps the rest of the bytes, in order, for the socket's next EPOLLOUT.
 //!
 //! `c1` runs rounds: in each round one stream per target, in an order rotated every round, on one
-//! keep-alive connection per target opened before the warm-up rounds. `sweep` opens N connections
-//! to one target, warms each with a one-event stream, then starts them together, each running
-//! streams back to back until the duration is over. Both write one JSON object per stream (a line
-//! each), then one line per target with the connections it opened. The mock answers `GET /stats`
-//! with the connections it accepted and the streams it served; with `--mock`, c1 writes how many
-//! it accepted during the counted rounds (0: every proxy kept its upstream connection warm).
+//! blocking keep-alive connection per target opened before the warm-up rounds. `sweep` opens N
+//! connections to one target, shared by `--threads` epoll event loops, warms each with a
+//! one-event stream, then starts them together, each running streams back to back until the
+//! duration is over; it opens its connections with a blocking connect (immediate on loopback).
+//! Both clients take a frame's time when the read that completed it returns, and parse with the
+//! same incremental reader. Both write one JSON object per stream (a line each), then one line
+//! per target with the connections it opened. The mock answers `GET /stats` with the connections
+//! it accepted and the streams it served, then closes; with `--mock`, c1 writes how many it
+//! accepted during the counted rounds (0: every proxy kept its upstream connection warm).
 //!
 //! Unit tests: `rustc --edition 2021 --test scripts/lib/streambench.rs -o T && ./T`.
 
@@ -966,6 +981,7 @@ extern "C" {
     fn timerfd_settime(fd: i32, flags: i32, new: *const Itimerspec, old: *mut Itimerspec) -> i32;
     fn eventfd(initval: u32, flags: i32) -> i32;
     fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    fn listen(fd: i32, backlog: i32) -> i32;
 }
 
 /// A new file descriptor returned by a system call, or its error.
@@ -1575,8 +1591,17 @@ impl MockLoop {
     }
 }
 
+/// The mock's accept queue: a proxy opening its upstream connections for 1,024 streams at once
+/// must not overflow it (std listens with 128, and a dropped SYN costs its stream 1 s). The
+/// kernel caps it at net.core.somaxconn.
+const MOCK_BACKLOG: i32 = 4096;
+
 /// Serves `listener` from `opts.threads` event loops until the process ends.
 fn serve_mock(listener: TcpListener, opts: &Options, stats: Arc<MockStats>) -> io::Result<()> {
+    // SAFETY: listen() again on a listening socket only sets its backlog.
+    if unsafe { listen(listener.as_raw_fd(), MOCK_BACKLOG) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
     let loops = opts.threads.max(1);
     let handoffs: Vec<Handoff> = (0..loops)
         .map(|_| {
