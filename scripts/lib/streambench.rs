@@ -1994,6 +1994,58 @@ mod tests {
         assert_eq!(mock_connections(&Some(addr)), Ok(Some(9)));
     }
 
+    /// A server that answers each connection's first request with a one-frame response of
+    /// known length, which does not say it will close, then closes.
+    fn start_closing_server() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        thread::spawn(move || {
+            for socket in listener.incoming() {
+                let Ok(mut socket) = socket else { continue };
+                thread::spawn(move || {
+                    let (mut pending, mut buf) = (Vec::new(), [0u8; 4096]);
+                    while take_request(&mut pending).is_none() {
+                        match socket.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => pending.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let body = "data: {\"content\":\"a\"}\n\ndata: [DONE]\n\n";
+                    let _ = write!(
+                        socket,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                });
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn a_sweep_stream_on_a_connection_the_server_closed_is_retried_on_a_new_one() {
+        let addr = start_closing_server();
+        let mut opts = parse(&[]).expect("defaults");
+        opts.concurrency = 2;
+        opts.events = 1;
+        opts.duration_s = 0.2;
+        let conns = sweep(&addr, &opts).expect("sweep");
+        for (results, connects) in &conns {
+            assert!(!results.is_empty());
+            for r in results {
+                assert_eq!(
+                    (r.status, r.content, r.done),
+                    (200, 1, true),
+                    "{:?}",
+                    r.error
+                );
+            }
+            // The warm-up's connection, then a new one for every stream: each found its kept
+            // connection closed and was sent again.
+            assert_eq!(*connects as usize, results.len() + 1);
+        }
+    }
+
     #[test]
     fn the_sweep_reports_a_target_that_refuses_as_failed_streams() {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
