@@ -20,9 +20,9 @@
 //!   streambench sweep --target NAME=ADDR --concurrency N --duration-s 10 [--events 64]
 //!                     [--threads 1] --out F
 //!
-//! Both generators run on a few threads, so that at the sweep's 1,024 streams the proxy does not
-//! share the two cores with a thousand or two generator threads (one per connection each, as they
-//! were, measured the scheduler rather than the proxy). The mock serves every connection from
+//! Both generators run on a thread or two: with one thread per connection each, as they were, the
+//! sweep's 512 and 1,024 streams put a thousand or two threads on the two cores beside the proxy,
+//! and the sweep measured the scheduler rather than the proxy. The mock serves every connection from
 //! `--threads` epoll event loops (the accepting loop hands connections out in turn): per
 //! connection it reads a request, writes the head and role chunk at once, then each delta when
 //! due, then the tail. Every delta is due at the request's arrival plus k gaps, so lateness never
