@@ -228,7 +228,8 @@ class StreamLegs:
             for i, level in enumerate(a.sweep_levels):
                 shift = i % len(paths)
                 for path in paths[shift:] + paths[:shift]:
-                    cells.append(self.sweep_one(path, level))
+                    # The row it belongs to: a level given twice (turns) has a row per turn.
+                    cells.append(dict(self.sweep_one(path, level), row=i))
         finally:
             self.b.procs.stop(self.mock)
         result = {"paths": paths, "levels": a.sweep_levels, "duration_s": a.sweep_duration,
@@ -291,14 +292,16 @@ def c1_table(result):
 
 def sweep_table(result):
     paths = result["paths"]
-    by = {(c["level"], c["path"]): c for c in result["cells"]}
+    # By row (the level's place in --sweep-levels), so each turn of a repeated level is a row.
+    by = {(c.get("row", c["level"]), c["path"]): c for c in result["cells"]}
     head = "| streams at once | " + " | ".join(paths) + " | load average |"
     lines = ["TTFT p50 and stall-free streams (of those run) per level; for proxies also CPU per "
              "1,000 content frames and peak RSS:", "", head, "|---|" + "---|" * (len(paths) + 1)]
-    for level in result["levels"]:
+    for row, level in enumerate(result["levels"]):
+        key = row if all("row" in c for c in result["cells"]) else level
         cells = []
         for path in paths:
-            c = by.get((level, path))
+            c = by.get((key, path))
             if not c:
                 cells.append("-")
                 continue
@@ -306,7 +309,7 @@ def sweep_table(result):
             if c.get("cpu_ms_per_1000") is not None:
                 text += f", {c['cpu_ms_per_1000']:.1f} ms, {c['peak_rss_mib']:.1f} MiB"
             cells.append(text)
-        loads = sorted({by[(level, p)]["load"] for p in paths if (level, p) in by})
+        loads = sorted({by[(key, p)]["load"] for p in paths if (key, p) in by})
         lines.append(f"| {level:,} | " + " | ".join(cells) + f" | {'; '.join(loads)} |")
     lines.append("")
     lines.append("Highest level with every stream stall-free: " + ", ".join(
