@@ -102,6 +102,9 @@ assert (cell["streams"], cell["failed"], cell["stall_free"], cell["ttft_p50_us"]
 assert bs.highest_clean_level([{"level": 1, "streams": 1, "stall_free": 1},
                                {"level": 2, "streams": 2, "stall_free": 2},
                                {"level": 4, "streams": 4, "stall_free": 3}]) == 2
+assert bs.highest_clean_level([{"level": 2, "streams": 2, "stall_free": 2},
+                               {"level": 4, "streams": 4, "stall_free": 4},
+                               {"level": 4, "streams": 4, "stall_free": 3}]) == 2, "every turn"
 # A level given twice (two turns) is two rows of the table, each with its own turn's figures.
 turns = [dict(row=r, level=512, path=p, load="0 0 0", ttft_p50_us=1000 * (r + 1), stall_free=5,
               streams=5) for r in (0, 1) for p in ("direct", "nginx")]

@@ -115,9 +115,10 @@ def sweep_cell(streams, events, stall_us):
 
 
 def highest_clean_level(cells):
-    """The board's stall-free figure: the highest level at which every stream was stall-free."""
-    clean = [c["level"] for c in cells if c["streams"] and c["stall_free"] == c["streams"]]
-    return max(clean, default=0)
+    """The board's stall-free figure: the highest level at which every stream was stall-free (in
+    every turn, when a level ran more than once)."""
+    dirty = {c["level"] for c in cells if not c["streams"] or c["stall_free"] < c["streams"]}
+    return max((c["level"] for c in cells if c["level"] not in dirty), default=0)
 
 
 class StreamLegs:
@@ -293,15 +294,14 @@ def c1_table(result):
 def sweep_table(result):
     paths = result["paths"]
     # By row (the level's place in --sweep-levels), so each turn of a repeated level is a row.
-    by = {(c.get("row", c["level"]), c["path"]): c for c in result["cells"]}
+    by = {(c["row"], c["path"]): c for c in result["cells"]}
     head = "| streams at once | " + " | ".join(paths) + " | load average |"
     lines = ["TTFT p50 and stall-free streams (of those run) per level; for proxies also CPU per "
              "1,000 content frames and peak RSS:", "", head, "|---|" + "---|" * (len(paths) + 1)]
     for row, level in enumerate(result["levels"]):
-        key = row if all("row" in c for c in result["cells"]) else level
         cells = []
         for path in paths:
-            c = by.get((key, path))
+            c = by.get((row, path))
             if not c:
                 cells.append("-")
                 continue
@@ -309,7 +309,7 @@ def sweep_table(result):
             if c.get("cpu_ms_per_1000") is not None:
                 text += f", {c['cpu_ms_per_1000']:.1f} ms, {c['peak_rss_mib']:.1f} MiB"
             cells.append(text)
-        loads = sorted({by[(key, p)]["load"] for p in paths if (key, p) in by})
+        loads = sorted({by[(row, p)]["load"] for p in paths if (row, p) in by})
         lines.append(f"| {level:,} | " + " | ".join(cells) + f" | {'; '.join(loads)} |")
     lines.append("")
     lines.append("Highest level with every stream stall-free: " + ", ".join(
