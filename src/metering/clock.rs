@@ -27,12 +27,19 @@ struct Origin {
     instant: Instant,
 }
 
+impl Origin {
+    /// The origin from `raw` and `instant`, read in that order (a struct literal's fields are
+    /// evaluated in the order written, which a reordering would silently swap).
+    fn read(raw: impl FnOnce() -> i64, instant: impl FnOnce() -> Instant) -> Origin {
+        let raw = raw();
+        let instant = instant();
+        Origin { raw, instant }
+    }
+}
+
 fn origin() -> &'static Origin {
     static ORIGIN: OnceLock<Origin> = OnceLock::new();
-    ORIGIN.get_or_init(|| Origin {
-        raw: monotonic_nanos(),
-        instant: Instant::now(),
-    })
+    ORIGIN.get_or_init(|| Origin::read(monotonic_nanos, Instant::now))
 }
 
 /// `CLOCK_MONOTONIC` as nanoseconds.
@@ -180,6 +187,23 @@ mod tests {
             i.duration_since(before_origin).as_nanos() as u64
         );
         assert_eq!(Tick(0).micros_since(Tick(i64::MIN)), u32::MAX);
+    }
+
+    #[test]
+    fn the_origin_reads_the_raw_clock_before_the_instant() {
+        let order = std::cell::RefCell::new(Vec::new());
+        let origin = Origin::read(
+            || {
+                order.borrow_mut().push("raw");
+                7
+            },
+            || {
+                order.borrow_mut().push("instant");
+                Instant::now()
+            },
+        );
+        assert_eq!(origin.raw, 7);
+        assert_eq!(*order.borrow(), ["raw", "instant"]);
     }
 
     #[test]
