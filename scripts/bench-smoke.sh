@@ -112,6 +112,22 @@ table = bs.sweep_table({"paths": ["direct", "nginx"], "levels": [512, 512], "cel
 assert "| 512 | 1,000 µs, 5 of 5 | 1,000 µs, 5 of 5 |" in table, table
 assert "| 512 | 2,000 µs, 5 of 5 | 2,000 µs, 5 of 5 |" in table, table
 print("bench_stream.py's percentiles, added latency and stall-free streams give the known answers")
+
+# --metronome-toml: added after the kept connections' timeout, and refused (before anything
+# starts) where it would make the configuration invalid, such as a table the bench writes.
+def refuse(message):
+    raise ValueError(message)
+added = bench.board_toml(["[batch]\nenabled = false"], refuse)
+assert 'upstream_idle = "300s"' in added and added.index("upstream_idle") < added.index("[batch]")
+assert bench.tomllib.loads(bench.metronome_config_text(1, 2, 3, True, extra=added))["batch"] == \
+    {"enabled": False}
+for bad in ("[metering]\nenabled = false", "[batch\n"):
+    try:
+        bench.board_toml([bad], refuse)
+        raise AssertionError(f"accepted {bad!r}")
+    except ValueError as e:
+        assert str(e).startswith("--metronome-toml: "), e
+print("--metronome-toml adds valid TOML to the board legs' metronome paths and refuses the rest")
 PY
 
 tests=$(mktemp)

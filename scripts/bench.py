@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -327,9 +328,28 @@ class Ports:
         }[path]
 
 
+def board_toml(parts, error):
+    """The TOML the c1 and sweep legs give their metronome paths: the mock's kept connections
+    (`upstream_idle`, see bench_stream.py) and then each `--metronome-toml`. Checked here, so a
+    mistake stops the bench before anything starts, naming the problem."""
+    text = '\n[timeouts]\nupstream_idle = "300s"\n' + "".join(f"\n{p}\n" for p in parts)
+    try:
+        tomllib.loads(metronome_config_text(1, 2, 3, True, extra=text))
+    except tomllib.TOMLDecodeError as e:
+        error(f"--metronome-toml: {e} (in the TOML the c1 and sweep legs add:\n{text})")
+    return text
+
+
 def metronome_config(work, name, listen, admin, upstream, metering, threading="per_core", extra=""):
     path = work / f"{name}.toml"
-    path.write_text(
+    path.write_text(metronome_config_text(listen, admin, upstream, metering, threading, extra))
+    return path
+
+
+def metronome_config_text(listen, admin, upstream, metering, threading="per_core", extra=""):
+    """A metronome configuration for the bench: its ports, its upstream, metering on or off, and
+    `extra` TOML after it."""
+    return (
         f"""[server]
 listen = "127.0.0.1:{listen}"
 admin = "127.0.0.1:{admin}"
@@ -344,7 +364,6 @@ check_upstream = false
 enabled = {"true" if metering else "false"}
 {extra}"""
     )
-    return path
 
 
 def variant_toml(path, ports):
@@ -1135,6 +1154,10 @@ def parse_args(argv):
     ap.add_argument("--board-paths", default=None,
                     help="paths of the c1 and sweep legs (default direct,metronome,nginx, plus "
                          f"{BASELINE} with --baseline; also passthrough, haproxy)")
+    ap.add_argument("--metronome-toml", action="append", default=[], metavar="TOML",
+                    help="c1 and sweep legs: TOML added to the configuration of the metronome "
+                         "paths (e.g. $'[batch]\\nenabled = false'), to measure what one "
+                         "feature costs; repeatable")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.legs = legs_to_run(args, argv)
@@ -1149,6 +1172,7 @@ def parse_args(argv):
         args.sweep_levels, args.sweep_duration = "1,8", 1
         args.board_paths = "direct,metronome"
     args.metronome_env = dict(kv.split("=", 1) for kv in args.metronome_env)
+    args.metronome_toml = board_toml(args.metronome_toml, ap.error)
     args.levels = [int(x) for x in args.levels.split(",") if x]
     args.paths = [p for p in args.paths.split(",") if p]
     for p in args.paths:

@@ -153,7 +153,7 @@ class StreamLegs:
             # four paths take turns, where nginx's pool here keeps its connections for 300 s.
             config = bench.metronome_config(self.b.work, f"stream-{path}", listen, admin, upstream,
                                             path != "passthrough",
-                                            extra='\n[timeouts]\nupstream_idle = "300s"\n')
+                                            extra=self.args.metronome_toml)
             binary = self.args.baseline if path == bench.BASELINE else str(bench.BIN)
             proc = self.b.procs.start(f"stream-{path}", [binary, "serve", "--config", str(config)],
                                       env=self.args.metronome_env)
