@@ -329,9 +329,11 @@ class Ports:
 
 
 def board_toml(parts, error):
-    """The TOML the c1 and sweep legs give their metronome paths: the mock's kept connections
-    (`upstream_idle`, see bench_stream.py) and then each `--metronome-toml`. Checked here, so a
-    mistake stops the bench before anything starts, naming the problem."""
+    """The TOML the c1 and sweep legs give their metronome paths, then each `--metronome-toml`.
+    `upstream_idle = "300s"`: the mock never closes an idle connection, and metronome's default
+    (4 s, under uvicorn's 5 s) would close its pooled connection between c1 streams when four
+    paths take turns, where nginx's pool here keeps its connections for 300 s. Checked here, so
+    a mistake stops the bench before anything starts, naming the problem."""
     text = '\n[timeouts]\nupstream_idle = "300s"\n' + "".join(f"\n{p}\n" for p in parts)
     try:
         tomllib.loads(metronome_config_text(1, 2, 3, True, extra=text))

@@ -148,9 +148,7 @@ class StreamLegs:
             return None, upstream
         if path in ("metronome", "passthrough", bench.BASELINE):
             listen, admin = p.stream_of(path)
-            # The mock never closes an idle connection; metronome's default upstream_idle (4 s,
-            # under uvicorn's 5 s) would close its pooled connection between c=1 streams when
-            # four paths take turns, where nginx's pool here keeps its connections for 300 s.
+            # The kept connections' timeout and each --metronome-toml (bench.board_toml).
             config = bench.metronome_config(self.b.work, f"stream-{path}", listen, admin, upstream,
                                             path != "passthrough",
                                             extra=self.args.metronome_toml)
