@@ -3,14 +3,26 @@
 # harness works (the machine's wake-up lateness measured before each run included) and that no
 # stream fails. The same run takes a tiny c1 leg (10 streams of 16 frames per path) and sweep (1 and
 # 8 streams at once, 1 s), which must complete every stream on kept connections (about 25 s with
-# compiling scripts/lib/streambench.rs); that program's unit tests and the legs' arithmetic are
-# checked on known inputs below. Then a short scripts/tail-split.sh run, which must join every
-# stream with its timeline, print the gaps at each point and count the episodes of late gaps from
-# the gap CSV. Last, a one-second turn per path of scripts/cpu-per-stream.sh.
+# compiling scripts/lib/streambench.rs), with a --metronome-toml that must reach their metronome's
+# configuration; that program's unit tests and the legs' arithmetic are checked on known inputs
+# below. Then a short scripts/tail-split.sh run, which must join every stream with its timeline,
+# print the gaps at each point and count the episodes of late gaps from the gap CSV. Last, a
+# one-second turn per path of scripts/cpu-per-stream.sh.
 # The figures are not checked (too noisy for CI); the scripts' arithmetic is, on known inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bench.sh --smoke "$@"
+# With a --metronome-toml that changes nothing (the batch detector is on by default): the c1 and
+# sweep legs' metronome must run with that text at the end of its configuration.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+added=$'[batch]\nenabled = true'
+bash scripts/bench.sh --smoke --work "$work" --metronome-toml "$added" "$@"
+if [ "$(tail -n 2 "$work/stream-metronome.toml")" != "$added" ]; then
+  cat "$work/stream-metronome.toml"
+  echo "bench smoke FAILED: --metronome-toml did not reach the end of stream-metronome.toml"
+  exit 1
+fi
+echo "bench smoke: --metronome-toml reached the legs' metronome configuration"
 
 # The two scripts the benchmark's noise figures rest on, on inputs with known answers.
 python3 - <<'PY'
@@ -128,6 +140,15 @@ for bad in ("[metering]\nenabled = false", "[batch\n"):
     except ValueError as e:
         assert str(e).startswith("--metronome-toml: "), e
 print("--metronome-toml adds valid TOML to the board legs' metronome paths and refuses the rest")
+# The run's command as the report records it: one line that bash reads back into the same words.
+import json
+words = ["scripts/bench.sh", "--metronome-toml", "[batch]\nenabled = false", "it's", "a\\b\tc", "x y", "plain"]
+line = bench.shell_command(words)
+assert "\n" not in line and line.startswith("scripts/bench.sh --metronome-toml $'[batch]\\nenabled"), line
+echo = f"{sys.executable} -c 'import json, sys; print(json.dumps(sys.argv[1:]))' {line}"
+back = json.loads(subprocess.run(["bash", "-c", echo], capture_output=True, text=True, check=True).stdout)
+assert back == words, (line, back)
+print("the report's command line gives its words back in bash, a TOML table's newlines included")
 PY
 
 tests=$(mktemp)
@@ -136,7 +157,7 @@ rustc --edition 2021 --test scripts/lib/streambench.rs -o "$tests"
 rm -f "$tests"
 
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out"; rm -rf "$work"' EXIT
 bash scripts/tail-split.sh --streams 50 --tokens 20 --gap 50ms --duration 3 > "$out" 2>&1 || {
   cat "$out"; echo "tail-split smoke FAILED: the script failed"; exit 1; }
 joined=$(grep -E '^attribution +[0-9]+ of [0-9]+ streams joined' "$out" || true)

@@ -40,6 +40,7 @@ import os
 import platform
 import re
 import resource
+import shlex
 import signal
 import socket
 import statistics
@@ -326,6 +327,19 @@ class Ports:
             NOBATCH: (self.nobatch, self.nobatch_admin),
             OTLP: (self.otlp, self.otlp_admin),
         }[path]
+
+
+def shell_command(words):
+    """`words` as one bash command line that gives them back, for the report's record of its run:
+    an argument with a space or a quote is quoted, and one with a newline or a tab (a
+    `--metronome-toml` table) is written in bash's `$'...'` form, so the line stays one line."""
+    def quote(word):
+        if any(c in word for c in "\n\t\r"):
+            escaped = word.replace("\\", "\\\\").replace("'", "\\'")
+            escaped = escaped.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+            return f"$'{escaped}'"
+        return shlex.quote(word)
+    return " ".join(quote(w) for w in words)
 
 
 def board_toml(parts, error):
@@ -1313,7 +1327,7 @@ def main(argv):
         rows = summarize(results, paths)
 
     out = []
-    command = args.command or ("scripts/bench.sh " + " ".join(argv)).strip()
+    command = args.command or shell_command(["scripts/bench.sh", *argv])
     out.append(f"Run {started}, `{command}`; load average {load_start} at the start, {load_end} at the end.")
     out.append(f"Machine: {machine()}. Open-file limit {bench.nofile}.")
     if args.pin and rows:
