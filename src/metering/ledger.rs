@@ -16,7 +16,7 @@ use crate::format::{FinishReason, Format, Phase, PhaseMix};
 use crate::metering::clock::{FrameStamp, Tick};
 use crate::metrics::counter::add_saturating;
 use crate::metrics::{
-    BucketCounts, Exemplar, LocalHistogram, Metrics, NativeCounts, Outcome, Point,
+    BucketCounts, Exemplar, LocalHistogram, Metrics, NativeCounts, Outcome, Point, StreamSeries,
 };
 use crate::sketch::{GapBucket, GapSketch};
 use crate::timeline::{
@@ -427,36 +427,35 @@ impl PointLedger {
     pub(crate) fn flush(&mut self, to: &Target<'_>, point: Point) {
         let Target {
             metrics,
-            route,
-            model,
+            series,
             received,
             with_ttft,
             ref stream,
+            ..
         } = *to;
-        let p = point.as_str();
         if let Some(at) = self.first_byte.filter(|_| !self.flushed.first_byte) {
-            metrics.ttfb.observe(&[route, p], at.secs_since(received));
+            series.ttfb(metrics, point).observe(at.secs_since(received));
             self.flushed.first_byte = true;
         }
         if let Some(at) = self
             .first_token
             .filter(|_| with_ttft && !self.flushed.first_token)
         {
-            metrics
-                .ttft
-                .observe_with(&[route, model, p], at.secs_since(received), Some(stream));
+            series
+                .ttft(metrics, point)
+                .observe_with(at.secs_since(received), Some(stream));
             self.flushed.first_token = true;
         }
         if let Some(at) = self
             .first_output
             .filter(|_| with_ttft && !self.flushed.first_output)
         {
-            metrics
-                .ttfo
-                .observe_with(&[route, model, p], at.secs_since(received), Some(stream));
+            series
+                .ttfo(metrics, point)
+                .observe_with(at.secs_since(received), Some(stream));
             self.flushed.first_output = true;
         }
-        let content = Phase::Content.as_str();
+        let content = Phase::Content;
         let longest = Exemplar {
             value: self.longest_gap as f64 * 1e-9,
             ..*stream
@@ -464,8 +463,7 @@ impl PointLedger {
         let pending = self.itl();
         let (other_gaps, _, other_stalls) = self.others.as_ref().map_or((0, 0, 0), |o| o.pending());
         if pending.count() > 0 {
-            metrics.itl.merge_with(
-                &[route, model, p, content],
+            series.itl(metrics, point, content).merge_with(
                 &pending,
                 &self.itl_native,
                 (self.longest_gap > 0).then_some(&longest),
@@ -475,15 +473,9 @@ impl PointLedger {
         }
         let stalls = self.stalls - self.flushed.stalls - other_stalls;
         if stalls > 0 {
-            add_saturating(
-                &metrics
-                    .stalls
-                    .with_label_values(&[route, model, p, content]),
-                stalls,
-            );
+            add_saturating(series.stalls(metrics, point, content), stalls);
             if let Some(stall_durations) = self.stall_durations.as_deref_mut() {
-                metrics.stall_duration.merge_with(
-                    &[route, model, p, content],
+                series.stall_duration(metrics, point, content).merge_with(
                     &stall_durations.0,
                     &stall_durations.1,
                     Some(&longest),
@@ -493,28 +485,28 @@ impl PointLedger {
             }
         }
         if let Some(others) = self.others.as_deref_mut() {
-            others.flush(to, p);
+            others.flush(to, point);
         }
         self.flushed.gaps += pending.count() + other_gaps;
         self.flushed.until = self.last_token;
         self.flushed.stalls = self.stalls;
         self.longest_gap = 0;
         let bounds = metrics.events_per_frame.bounds();
-        let events = std::mem::take(&mut self.events_per_frame);
-        metrics
-            .events_per_frame
-            .merge(&[route, p], &events.to_local(bounds));
+        let events = std::mem::take(&mut self.events_per_frame).to_local(bounds);
+        // Only a flush with frames makes the series (a slot's first use makes it).
+        if events.count() > 0 {
+            series.events_per_frame(metrics, point).merge(&events);
+        }
     }
 
     /// Merges what is left of this point's figures at the stream's end ([`PointLedger::flush`])
     /// and the one figure that exists only for the whole stream, its jank ratio.
     pub(crate) fn record(&mut self, to: &Target<'_>, point: Point) {
         self.flush(to, point);
-        let p = point.as_str();
-        let labels = |phase: Phase| [to.route, to.model, p, phase.as_str()];
+        let jank = |phase: Phase| to.series.jank(to.metrics, point, phase);
         let Some(others) = self.others.as_deref() else {
-            if let Some(jank) = self.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
-                to.metrics.jank.observe(&labels(Phase::Content), jank);
+            if let Some(ratio) = self.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
+                jank(Phase::Content).observe(ratio);
             }
             return;
         };
@@ -524,19 +516,17 @@ impl PointLedger {
             .zip(&others.phases)
         {
             content.subtract(&gaps.gaps);
-            if let Some(jank) = gaps.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
-                to.metrics.jank.observe(&labels(*phase), jank);
+            if let Some(ratio) = gaps.gaps.jank_ratio(MIN_GAPS_FOR_JANK) {
+                jank(*phase).observe(ratio);
             }
         }
-        if let Some(jank) = content.jank_ratio(MIN_GAPS_FOR_JANK) {
-            to.metrics.jank.observe(&labels(Phase::Content), jank);
+        if let Some(ratio) = content.jank_ratio(MIN_GAPS_FOR_JANK) {
+            jank(Phase::Content).observe(ratio);
         }
         if let Some(reasoning) = self.reasoning_duration().filter(|_| to.with_ttft) {
-            to.metrics.reasoning_duration.observe_with(
-                &[to.route, to.model, p],
-                reasoning.as_secs_f64(),
-                Some(&to.stream),
-            );
+            to.series
+                .reasoning_duration(to.metrics, point)
+                .observe_with(reasoning.as_secs_f64(), Some(&to.stream));
         }
     }
 }
@@ -546,13 +536,12 @@ impl PointLedger {
 impl OtherPhases {
     /// Merges each phase's gaps, stalls and stall durations since the last flush, and forgets
     /// them (see [`PointLedger::flush`]).
-    fn flush(&mut self, to: &Target<'_>, p: &str) {
-        let (metrics, route, model) = (to.metrics, to.route, to.model);
-        for (phase, gaps) in [Phase::Reasoning, Phase::ToolCall]
+    fn flush(&mut self, to: &Target<'_>, point: Point) {
+        let (metrics, series) = (to.metrics, to.series);
+        for (&phase, gaps) in [Phase::Reasoning, Phase::ToolCall]
             .iter()
             .zip(&mut self.phases)
         {
-            let labels = [route, model, p, phase.as_str()];
             let longest = Exemplar {
                 value: gaps.longest_gap as f64 * 1e-9,
                 ..to.stream
@@ -563,8 +552,7 @@ impl OtherPhases {
                     gaps.pending_nanos as f64 * 1e-9,
                     gaps.pending_gaps,
                 );
-                metrics.itl.merge_with(
-                    &labels,
+                series.itl(metrics, point, phase).merge_with(
                     &local,
                     &gaps.itl_native,
                     (gaps.longest_gap > 0).then_some(&longest),
@@ -573,13 +561,9 @@ impl OtherPhases {
                 gaps.itl_native.clear();
             }
             if gaps.pending_stalls > 0 {
-                add_saturating(
-                    &metrics.stalls.with_label_values(&labels),
-                    gaps.pending_stalls,
-                );
+                add_saturating(series.stalls(metrics, point, phase), gaps.pending_stalls);
                 if let Some(durations) = gaps.stall_durations.as_deref_mut() {
-                    metrics.stall_duration.merge_with(
-                        &labels,
+                    series.stall_duration(metrics, point, phase).merge_with(
                         &durations.0,
                         &durations.1,
                         Some(&longest),
@@ -606,6 +590,8 @@ pub(crate) struct Target<'a> {
     pub route: &'a str,
     /// The bounded `model` label.
     pub model: &'a str,
+    /// The series of `route` and `model`, found once per pair.
+    pub series: &'a StreamSeries,
     /// When the request was received.
     pub received: Tick,
     /// TTFT is observed (the beacon's page may not know its first event's time).
@@ -766,17 +752,19 @@ impl EgressLedger {
     }
 
     /// Merges the proxy delays counted since the last flush into the metrics, and forgets them.
-    fn flush_delays(&mut self, metrics: &Metrics, route: &str, stream: &Exemplar<'_>) {
+    fn flush_delays(&mut self, to: &Target<'_>) {
         let longest_delay = Exemplar {
             value: self.longest_delay,
-            ..*stream
+            ..to.stream
         };
-        metrics.proxy_delay.merge_with(
-            &[route],
-            &self.proxy_delay,
-            &self.proxy_delay_native,
-            Some(&longest_delay),
-        );
+        // Only a flush with delays makes the series (a slot's first use makes it).
+        if self.proxy_delay.count() > 0 || !self.proxy_delay_native.is_empty() {
+            to.series.proxy_delay(to.metrics).merge_with(
+                &self.proxy_delay,
+                &self.proxy_delay_native,
+                Some(&longest_delay),
+            );
+        }
         self.proxy_delay = LocalHistogram::default();
         self.proxy_delay_native.clear();
         self.longest_delay = 0.0;
@@ -891,10 +879,12 @@ impl StreamLedger {
             trace_id,
             value: 0.0,
         };
+        let series = metrics.stream_series.get(route, model);
         let to = Target {
             metrics,
             route,
             model,
+            series: &series,
             received: self.info.received,
             with_ttft: true,
             stream,
@@ -902,7 +892,7 @@ impl StreamLedger {
         ingress.point.flush(&to, Point::Ingress);
         let mut egress = self.egress.lock_or_recover();
         egress.point.flush(&to, Point::Egress);
-        egress.flush_delays(metrics, route, &stream);
+        egress.flush_delays(&to);
     }
 
     /// The metrics this stream records into.
@@ -1052,6 +1042,7 @@ struct Ending {
     metrics: Arc<Metrics>,
     route: Arc<str>,
     model: Arc<str>,
+    series: Arc<StreamSeries>,
     id: Arc<str>,
     traceparent: Option<String>,
 }
@@ -1065,6 +1056,7 @@ impl Ending {
             metrics: &self.metrics,
             route: &self.route,
             model: &self.model,
+            series: &self.series,
             received,
             with_ttft: true,
             stream: Exemplar {
@@ -1087,13 +1079,15 @@ impl StreamLedger {
         let mut ingress = self.ingress.get_mut_or_recover().take().map(|boxed| *boxed);
         let frames_stamped = self.egress.get_mut_or_recover().frames_stamped;
         let outcome = self.outcome(ingress.as_ref(), frames_stamped);
+        let model = ingress
+            .as_ref()
+            .and_then(|(l, _)| l.model.clone())
+            .unwrap_or_else(|| self.metrics.models.resolve(None));
         let ending = Ending {
             metrics: self.metrics.clone(),
             route: self.info.route.clone(),
-            model: ingress
-                .as_ref()
-                .and_then(|(l, _)| l.model.clone())
-                .unwrap_or_else(|| self.metrics.models.resolve(None)),
+            series: self.metrics.stream_series.get(&self.info.route, &model),
+            model,
             id: self.info.id.clone(),
             traceparent: self.info.traceparent.clone(),
         };
@@ -1105,9 +1099,9 @@ impl StreamLedger {
         self.record_egress(ingress_ledger.as_deref(), &to);
         self.judge_slo(ingress_ledger.as_deref(), outcome, &to);
         let metrics = to.metrics;
-        metrics
-            .request_duration
-            .observe(&[to.route], Tick::now().secs_since(self.info.received));
+        to.series
+            .request_duration(metrics)
+            .observe(Tick::now().secs_since(self.info.received));
         metrics.streams_active.with_label_values(&[to.route]).dec();
         let format = ingress_ledger
             .as_ref()
@@ -1148,7 +1142,7 @@ impl StreamLedger {
         };
         egress.finish(completed_at_end, delivered, to.metrics);
         egress.point.record(to, Point::Egress);
-        egress.flush_delays(to.metrics, to.route, &to.stream);
+        egress.flush_delays(to);
     }
 
     /// Judges the latency objectives the request carried against what the client was delivered.
@@ -1222,12 +1216,14 @@ impl StreamLedger {
 /// The ingress point's figures: its gaps, tokens per event, token counts, TPOT and the events
 /// that could not be read.
 fn record_ingress(ledger: &mut IngressLedger, to: &Target<'_>) {
-    let (metrics, route, model) = (to.metrics, to.route, to.model);
+    let (metrics, route, model, series) = (to.metrics, to.route, to.model, to.series);
     ledger.point.record(to, Point::Ingress);
     let bounds = metrics.tokens_per_event.bounds();
-    metrics
-        .tokens_per_event
-        .merge(&[route, model], &ledger.tokens_per_event.to_local(bounds));
+    let tokens_per_event = ledger.tokens_per_event.to_local(bounds);
+    // Only a stream with token events makes the series (a slot's first use makes it).
+    if tokens_per_event.count() > 0 {
+        series.tokens_per_event(metrics).merge(&tokens_per_event);
+    }
     let (tokens, source) = ledger.output_tokens();
     // A counted figure (a server's running count) is bounded like a reported one.
     let tokens = ledger.usage_refusals.bound(tokens).unwrap_or(0);
@@ -1240,31 +1236,21 @@ fn record_ingress(ledger: &mut IngressLedger, to: &Target<'_>) {
         );
     }
     if let Some(prompt) = ledger.prompt_tokens.filter(|n| *n > 0) {
-        add_saturating(
-            &metrics.prompt_tokens.with_label_values(&[route, model]),
-            prompt,
-        );
+        add_saturating(series.prompt_tokens(metrics), prompt);
     }
     if let Some(reasoning) = ledger.reasoning_tokens.filter(|n| *n > 0) {
-        add_saturating(
-            &metrics.reasoning_tokens.with_label_values(&[route, model]),
-            reasoning,
-        );
+        add_saturating(series.reasoning_tokens(metrics), reasoning);
     }
     if let Some(prompt) = ledger.prompt_tokens {
-        metrics
-            .request_tokens
-            .observe(&[route, model, "input"], prompt as f64);
+        series.request_tokens(metrics, true).observe(prompt as f64);
     }
     if tokens > 0 || ledger.usage_tokens.is_some() {
-        metrics
-            .request_tokens
-            .observe(&[route, model, "output"], tokens as f64);
+        series.request_tokens(metrics, false).observe(tokens as f64);
     }
     if let Some((first, last)) = ledger.point.token_span() {
         if tokens >= 2 {
             let tpot = last.saturating_duration_since(first).as_secs_f64() / (tokens - 1) as f64;
-            metrics.tpot.observe(&[route, model], tpot);
+            series.tpot(metrics).observe(tpot);
         }
     }
     let [over_bound, decreased] = ledger.usage_refusals.by_reason();
@@ -1349,10 +1335,11 @@ mod tests {
             flushes in proptest::collection::vec(proptest::bool::weighted(0.2), 200),
         ) {
             let (flushed, once) = (default_metrics(), default_metrics());
+            let (fs, os) = (flushed.stream_series.get("r", "m"), once.stream_series.get("r", "m"));
             let (mut a, mut b) = (PointLedger::default(), PointLedger::default());
             let received = Tick::now();
             let stream = Exemplar { stream_id: "s", trace_id: None, value: 0.0 };
-            let to = |metrics| Target { metrics, route: "r", model: "m", received, with_ttft: true, stream };
+            let to = |metrics, series| Target { metrics, route: "r", model: "m", series, received, with_ttft: true, stream };
             let mut at = received;
             for (i, (gap, phases)) in frames.iter().enumerate() {
                 at = at.saturating_add(Duration::from_nanos(*gap));
@@ -1363,11 +1350,11 @@ mod tests {
                     point.events_in_frame(events, metrics);
                 }
                 if flushes[i] {
-                    a.flush(&Target { metrics: &flushed, ..to(&once) }, Point::Ingress);
+                    a.flush(&to(&flushed, &fs), Point::Ingress);
                 }
             }
-            a.record(&Target { metrics: &flushed, ..to(&once) }, Point::Ingress);
-            b.record(&to(&once), Point::Ingress);
+            a.record(&to(&flushed, &fs), Point::Ingress);
+            b.record(&to(&once, &os), Point::Ingress);
             for (x, y) in [
                 (&flushed.itl, &once.itl),
                 (&flushed.ttft, &once.ttft),
@@ -1408,10 +1395,11 @@ mod tests {
             flushes in proptest::collection::vec(proptest::bool::weighted(0.2), 150),
         ) {
             let (phased, plain) = (default_metrics(), default_metrics());
+            let (ps, ls) = (phased.stream_series.get("r", "m"), plain.stream_series.get("r", "m"));
             let (mut a, mut b) = (PointLedger::default(), PointLedger::default());
             let received = Tick::now();
             let stream = Exemplar { stream_id: "s", trace_id: None, value: 0.0 };
-            let to = |metrics| Target { metrics, route: "r", model: "m", received, with_ttft: true, stream };
+            let to = |metrics, series| Target { metrics, route: "r", model: "m", series, received, with_ttft: true, stream };
             let mut at = received;
             let mut want = [0u64; 3];
             let mut seen_token = false;
@@ -1428,11 +1416,11 @@ mod tests {
                 }
                 seen_token |= events > 0;
                 if flushes[i] {
-                    a.flush(&to(&phased), Point::Ingress);
+                    a.flush(&to(&phased, &ps), Point::Ingress);
                 }
             }
-            a.record(&to(&phased), Point::Ingress);
-            b.record(&to(&plain), Point::Ingress);
+            a.record(&to(&phased, &ps), Point::Ingress);
+            b.record(&to(&plain, &ls), Point::Ingress);
             let (all_counts, all_sum) = plain.itl.totals(&[]);
             let (counts, sum) = phased.itl.totals(&[]);
             proptest::prop_assert_eq!(&counts, &all_counts);

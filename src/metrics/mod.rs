@@ -17,6 +17,7 @@ pub mod proto;
 mod proto_wire;
 #[doc(hidden)]
 pub mod reference;
+pub mod stream_series;
 mod text;
 
 use crate::poison::RwLockExt;
@@ -32,10 +33,11 @@ use crate::sketch::GapHistogramIndex;
 pub use counter::{CounterExemplar, CounterExemplars, CounterFamily};
 pub use histogram::{
     BucketCounts, Exemplar, ExemplarPolicy, FamilyOptions, HistogramFamily, LocalHistogram,
-    SeriesSnapshot, StoredExemplar, MAX_BOUNDS,
+    SeriesHandle, SeriesSnapshot, StoredExemplar, MAX_BOUNDS,
 };
 pub use models::ModelLabels;
 pub use native::{NativeCounts, NativeIndex, NativeSettings};
+pub use stream_series::{StreamSeries, StreamSeriesMap};
 
 /// Where a figure was measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -424,6 +426,8 @@ pub struct Metrics {
     pub stream_format: IntCounterVec,
     /// The bounded `model` label.
     pub models: ModelLabels,
+    /// The series of each (route, model) pair's streams, found once per pair.
+    pub stream_series: StreamSeriesMap,
     /// A gap longer than this is a stall, in nanoseconds: an atomic because a SIGHUP reload may
     /// change it while streams run; read with [`Metrics::stall_threshold`].
     stall_threshold_nanos: AtomicU64,
@@ -702,6 +706,7 @@ impl Metrics {
                 &["route", "format"],
             )?,
             models,
+            stream_series: StreamSeriesMap::default(),
             stall_threshold_nanos: AtomicU64::new(nanos(stall_threshold)),
             registry: registry.clone(),
             histograms: Vec::new(),

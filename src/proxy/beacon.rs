@@ -291,6 +291,7 @@ fn record(beacon: &Beacon, state: &ProxyState, route: &str, model: &str) {
             metrics,
             route,
             model,
+            series: &metrics.stream_series.get(route, model),
             received: start,
             with_ttft: beacon.ttft_ms.is_some(),
             stream: crate::metrics::Exemplar {

@@ -1,0 +1,384 @@
+//! The series a stream's figures go to, found once per (route, model) and kept.
+//!
+//! Why: a stream merges its figures into about sixteen series (TTFB, TTFT, TTFO and the gaps at
+//! two points, events per frame, tokens per event, TPOT, token counts, its duration …), each
+//! found by its label values: a hash, a lock, a comparison of the values, about 300
+//! instructions a time, on every stream's flush and again at its end. Every stream of a
+//! (route, model) pair goes to the same series, so one lookup of the pair gives a
+//! [`StreamSeries`] whose slots hold each series once it was first used.
+//!
+//! Invariants: a slot is filled on first use, through the family's own lookup, so a series is
+//! made (and exported) exactly when it would be without the bundle, and never before; the map
+//! holds one bundle per (route, model) pair, which is bounded by the routes the configuration
+//! names and the capped model labels (series are never removed, so neither are bundles).
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::{Arc, OnceLock, RwLock};
+
+use prometheus::IntCounter;
+
+use super::histogram::{hash_labels, KeyIsHash, SeriesHandle};
+use super::{HistogramFamily, Metrics, Point};
+use crate::format::Phase;
+use crate::poison::RwLockExt;
+
+/// Points a stream is measured at ([`Point`]).
+const POINTS: usize = 3;
+/// Phases a gap is counted in ([`Phase`]).
+const PHASES: usize = 3;
+
+/// The families with a series per point.
+#[derive(Clone, Copy)]
+enum PerPoint {
+    Ttft,
+    Ttfo,
+    ReasoningDuration,
+    Ttfb,
+    EventsPerFrame,
+}
+
+/// The families with a series per point and phase.
+#[derive(Clone, Copy)]
+enum PerPhase {
+    Itl,
+    StallDuration,
+    Jank,
+}
+
+/// The families with one series per (route, model) pair (or per route).
+#[derive(Clone, Copy)]
+enum PerStream {
+    TokensPerEvent,
+    Tpot,
+    RequestTokensInput,
+    RequestTokensOutput,
+    RequestDuration,
+    ProxyDelay,
+}
+
+const PER_POINT: usize = 5;
+const PER_PHASE: usize = 3;
+const PER_STREAM: usize = 6;
+const SLOTS: usize = PER_POINT * POINTS + PER_PHASE * POINTS * PHASES + PER_STREAM;
+
+/// The series of one (route, model) pair, each found on its first use.
+#[derive(Debug)]
+pub struct StreamSeries {
+    route: Box<str>,
+    model: Box<str>,
+    histograms: [OnceLock<SeriesHandle>; SLOTS],
+    stalls: [OnceLock<IntCounter>; POINTS * PHASES],
+    prompt_tokens: OnceLock<IntCounter>,
+    reasoning_tokens: OnceLock<IntCounter>,
+}
+
+impl StreamSeries {
+    fn new(route: &str, model: &str) -> Self {
+        StreamSeries {
+            route: route.into(),
+            model: model.into(),
+            histograms: std::array::from_fn(|_| OnceLock::new()),
+            stalls: std::array::from_fn(|_| OnceLock::new()),
+            prompt_tokens: OnceLock::new(),
+            reasoning_tokens: OnceLock::new(),
+        }
+    }
+
+    /// The `route` label.
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+
+    /// The `model` label.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn slot(&self, slot: usize, family: &HistogramFamily, labels: &[&str]) -> &SeriesHandle {
+        let handle = self.histograms[slot].get_or_init(|| family.handle(labels));
+        debug_assert!(handle.is(family, labels), "a slot holds one series");
+        handle
+    }
+
+    fn per_point(&self, metrics: &Metrics, which: PerPoint, point: Point) -> &SeriesHandle {
+        let slot = which as usize * POINTS + point as usize;
+        let p = point.as_str();
+        match which {
+            PerPoint::Ttft => self.slot(slot, &metrics.ttft, &[&self.route, &self.model, p]),
+            PerPoint::Ttfo => self.slot(slot, &metrics.ttfo, &[&self.route, &self.model, p]),
+            PerPoint::ReasoningDuration => self.slot(
+                slot,
+                &metrics.reasoning_duration,
+                &[&self.route, &self.model, p],
+            ),
+            PerPoint::Ttfb => self.slot(slot, &metrics.ttfb, &[&self.route, p]),
+            PerPoint::EventsPerFrame => {
+                self.slot(slot, &metrics.events_per_frame, &[&self.route, p])
+            }
+        }
+    }
+
+    fn per_phase(
+        &self,
+        metrics: &Metrics,
+        which: PerPhase,
+        point: Point,
+        phase: Phase,
+    ) -> &SeriesHandle {
+        let slot = PER_POINT * POINTS
+            + (which as usize * POINTS + point as usize) * PHASES
+            + phase.index();
+        let labels = [&*self.route, &*self.model, point.as_str(), phase.as_str()];
+        let family = match which {
+            PerPhase::Itl => &metrics.itl,
+            PerPhase::StallDuration => &metrics.stall_duration,
+            PerPhase::Jank => &metrics.jank,
+        };
+        self.slot(slot, family, &labels)
+    }
+
+    fn per_stream(&self, metrics: &Metrics, which: PerStream) -> &SeriesHandle {
+        let slot = PER_POINT * POINTS + PER_PHASE * POINTS * PHASES + which as usize;
+        let (route, model) = (&*self.route, &*self.model);
+        match which {
+            PerStream::TokensPerEvent => {
+                self.slot(slot, &metrics.tokens_per_event, &[route, model])
+            }
+            PerStream::Tpot => self.slot(slot, &metrics.tpot, &[route, model]),
+            PerStream::RequestTokensInput => {
+                self.slot(slot, &metrics.request_tokens, &[route, model, "input"])
+            }
+            PerStream::RequestTokensOutput => {
+                self.slot(slot, &metrics.request_tokens, &[route, model, "output"])
+            }
+            PerStream::RequestDuration => self.slot(slot, &metrics.request_duration, &[route]),
+            PerStream::ProxyDelay => self.slot(slot, &metrics.proxy_delay, &[route]),
+        }
+    }
+
+    /// `metronome_time_to_first_token_seconds` at `point`.
+    pub fn ttft(&self, metrics: &Metrics, point: Point) -> &SeriesHandle {
+        self.per_point(metrics, PerPoint::Ttft, point)
+    }
+
+    /// `metronome_time_to_first_output_token_seconds` at `point`.
+    pub fn ttfo(&self, metrics: &Metrics, point: Point) -> &SeriesHandle {
+        self.per_point(metrics, PerPoint::Ttfo, point)
+    }
+
+    /// `metronome_reasoning_duration_seconds` at `point`.
+    pub fn reasoning_duration(&self, metrics: &Metrics, point: Point) -> &SeriesHandle {
+        self.per_point(metrics, PerPoint::ReasoningDuration, point)
+    }
+
+    /// `metronome_time_to_first_byte_seconds` at `point`.
+    pub fn ttfb(&self, metrics: &Metrics, point: Point) -> &SeriesHandle {
+        self.per_point(metrics, PerPoint::Ttfb, point)
+    }
+
+    /// `metronome_events_per_frame` at `point`.
+    pub fn events_per_frame(&self, metrics: &Metrics, point: Point) -> &SeriesHandle {
+        self.per_point(metrics, PerPoint::EventsPerFrame, point)
+    }
+
+    /// `metronome_inter_token_latency_seconds` at `point` in `phase`.
+    pub fn itl(&self, metrics: &Metrics, point: Point, phase: Phase) -> &SeriesHandle {
+        self.per_phase(metrics, PerPhase::Itl, point, phase)
+    }
+
+    /// `metronome_stall_duration_seconds` at `point` in `phase`.
+    pub fn stall_duration(&self, metrics: &Metrics, point: Point, phase: Phase) -> &SeriesHandle {
+        self.per_phase(metrics, PerPhase::StallDuration, point, phase)
+    }
+
+    /// `metronome_stream_jank_ratio` at `point` in `phase`.
+    pub fn jank(&self, metrics: &Metrics, point: Point, phase: Phase) -> &SeriesHandle {
+        self.per_phase(metrics, PerPhase::Jank, point, phase)
+    }
+
+    /// `metronome_tokens_per_event`.
+    pub fn tokens_per_event(&self, metrics: &Metrics) -> &SeriesHandle {
+        self.per_stream(metrics, PerStream::TokensPerEvent)
+    }
+
+    /// `metronome_time_per_output_token_seconds`.
+    pub fn tpot(&self, metrics: &Metrics) -> &SeriesHandle {
+        self.per_stream(metrics, PerStream::Tpot)
+    }
+
+    /// `metronome_request_tokens` of `type` `input` (`input`) or `output`.
+    pub fn request_tokens(&self, metrics: &Metrics, input: bool) -> &SeriesHandle {
+        let which = if input {
+            PerStream::RequestTokensInput
+        } else {
+            PerStream::RequestTokensOutput
+        };
+        self.per_stream(metrics, which)
+    }
+
+    /// `metronome_request_duration_seconds` (per route).
+    pub fn request_duration(&self, metrics: &Metrics) -> &SeriesHandle {
+        self.per_stream(metrics, PerStream::RequestDuration)
+    }
+
+    /// `metronome_proxy_delay_seconds` (per route).
+    pub fn proxy_delay(&self, metrics: &Metrics) -> &SeriesHandle {
+        self.per_stream(metrics, PerStream::ProxyDelay)
+    }
+
+    /// `metronome_stalls_total` at `point` in `phase`.
+    pub fn stalls(&self, metrics: &Metrics, point: Point, phase: Phase) -> &IntCounter {
+        self.stalls[point as usize * PHASES + phase.index()].get_or_init(|| {
+            metrics.stalls.with_label_values(&[
+                &self.route,
+                &self.model,
+                point.as_str(),
+                phase.as_str(),
+            ])
+        })
+    }
+
+    /// `metronome_prompt_tokens_total`.
+    pub fn prompt_tokens(&self, metrics: &Metrics) -> &IntCounter {
+        self.prompt_tokens.get_or_init(|| {
+            metrics
+                .prompt_tokens
+                .with_label_values(&[&self.route, &self.model])
+        })
+    }
+
+    /// `metronome_reasoning_tokens_total`.
+    pub fn reasoning_tokens(&self, metrics: &Metrics) -> &IntCounter {
+        self.reasoning_tokens.get_or_init(|| {
+            metrics
+                .reasoning_tokens
+                .with_label_values(&[&self.route, &self.model])
+        })
+    }
+}
+
+/// Every (route, model) pair's [`StreamSeries`], by a hash of the pair.
+#[derive(Debug, Default)]
+pub struct StreamSeriesMap {
+    map: RwLock<HashMap<u64, Vec<Arc<StreamSeries>>, BuildHasherDefault<KeyIsHash>>>,
+}
+
+impl StreamSeriesMap {
+    /// The series of streams of `route` and the (bounded) `model` label.
+    pub fn get(&self, route: &str, model: &str) -> Arc<StreamSeries> {
+        let hash = hash_labels(&[route, model]);
+        let matches = |s: &&Arc<StreamSeries>| &*s.route == route && &*s.model == model;
+        {
+            let map = self.map.read_or_recover();
+            if let Some(found) = map.get(&hash).and_then(|v| v.iter().find(matches)) {
+                return found.clone();
+            }
+        }
+        let mut map = self.map.write_or_recover();
+        let bucket = map.entry(hash).or_default();
+        if let Some(found) = bucket.iter().find(matches) {
+            return found.clone();
+        }
+        let made = Arc::new(StreamSeries::new(route, model));
+        bucket.push(made.clone());
+        made
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn metrics() -> Metrics {
+        let models = crate::metrics::ModelLabels::new(&[], 8);
+        let buckets = crate::metrics::Buckets::default();
+        Metrics::new(&buckets, models, Duration::from_millis(500)).unwrap()
+    }
+
+    #[test]
+    fn one_bundle_per_pair() {
+        let map = StreamSeriesMap::default();
+        let a = map.get("chat", "m");
+        assert!(Arc::ptr_eq(&a, &map.get("chat", "m")));
+        assert!(!Arc::ptr_eq(&a, &map.get("chat", "n")));
+        assert!(!Arc::ptr_eq(&a, &map.get("completions", "m")));
+        assert_eq!((a.route(), a.model()), ("chat", "m"));
+    }
+
+    /// Every slot is its own series, with the labels its family's lookup would give: a slot
+    /// shared by two figures, or labels in the wrong order, fails here (and in debug builds at
+    /// the slot's first use).
+    #[test]
+    fn every_slot_is_the_series_of_its_labels() {
+        let m = metrics();
+        let s = StreamSeries::new("r", "m");
+        let mut seen = Vec::new();
+        let mut check = |handle: &SeriesHandle, family: &HistogramFamily, labels: &[&str]| {
+            assert!(handle.is(family, labels), "{} {labels:?}", family.name());
+            seen.push(handle.clone());
+        };
+        for point in [Point::Ingress, Point::Egress, Point::Client] {
+            let p = point.as_str();
+            check(s.ttft(&m, point), &m.ttft, &["r", "m", p]);
+            check(s.ttfo(&m, point), &m.ttfo, &["r", "m", p]);
+            check(
+                s.reasoning_duration(&m, point),
+                &m.reasoning_duration,
+                &["r", "m", p],
+            );
+            check(s.ttfb(&m, point), &m.ttfb, &["r", p]);
+            check(
+                s.events_per_frame(&m, point),
+                &m.events_per_frame,
+                &["r", p],
+            );
+            for phase in Phase::ALL {
+                let labels = ["r", "m", p, phase.as_str()];
+                check(s.itl(&m, point, phase), &m.itl, &labels);
+                check(
+                    s.stall_duration(&m, point, phase),
+                    &m.stall_duration,
+                    &labels,
+                );
+                check(s.jank(&m, point, phase), &m.jank, &labels);
+                s.stalls(&m, point, phase).inc();
+                assert_eq!(m.stalls.with_label_values(&labels).get(), 1);
+            }
+        }
+        check(s.tokens_per_event(&m), &m.tokens_per_event, &["r", "m"]);
+        check(s.tpot(&m), &m.tpot, &["r", "m"]);
+        check(
+            s.request_tokens(&m, true),
+            &m.request_tokens,
+            &["r", "m", "input"],
+        );
+        check(
+            s.request_tokens(&m, false),
+            &m.request_tokens,
+            &["r", "m", "output"],
+        );
+        check(s.request_duration(&m), &m.request_duration, &["r"]);
+        check(s.proxy_delay(&m), &m.proxy_delay, &["r"]);
+        assert_eq!(seen.len(), SLOTS);
+        s.prompt_tokens(&m).inc_by(3);
+        s.reasoning_tokens(&m).inc_by(2);
+        assert_eq!(m.prompt_tokens.with_label_values(&["r", "m"]).get(), 3);
+        assert_eq!(m.reasoning_tokens.with_label_values(&["r", "m"]).get(), 2);
+    }
+
+    /// A sample counted through a slot is the family's, as if counted by its label values; a
+    /// series is made on its slot's first use, not before.
+    #[test]
+    fn a_slot_counts_into_its_family() {
+        let m = metrics();
+        let s = m.stream_series.get("r", "m");
+        assert!(m.ttft.snapshot(false).is_empty());
+        s.ttft(&m, Point::Egress).observe(0.25);
+        m.ttft.observe(&["r", "m", "egress"], 0.5);
+        let snapshot = m.ttft.snapshot(false);
+        assert_eq!(snapshot.len(), 1);
+        assert_eq!((snapshot[0].count, snapshot[0].sum), (2, 0.75));
+    }
+}
