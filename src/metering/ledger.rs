@@ -820,6 +820,8 @@ pub struct StreamInfo {
 pub struct StreamLedger {
     metrics: Arc<Metrics>,
     registry: Arc<StreamRegistry>,
+    /// Its route's `metronome_streams_active`, counted up at the open and down when recorded.
+    active: prometheus::IntGauge,
     /// Its ID, route and start (`info.received`, read for every frame's timeline stamp).
     info: StreamInfo,
     /// Stamped by the client connection's egress clock, possibly from another task.
@@ -842,13 +844,12 @@ impl StreamLedger {
         info: StreamInfo,
         in_flight: impl Into<Option<tokio::sync::OwnedSemaphorePermit>>,
     ) -> Arc<Self> {
-        metrics
-            .streams_active
-            .with_label_values(&[&info.route])
-            .inc();
+        let active = metrics.streams_active.with_label_values(&[&info.route]);
+        active.inc();
         Arc::new(StreamLedger {
             metrics,
             registry,
+            active,
             info,
             egress: Mutex::new(EgressLedger::default()),
             ingress: Mutex::new(None),
@@ -1102,7 +1103,7 @@ impl StreamLedger {
         to.series
             .request_duration(metrics)
             .observe(Tick::now().secs_since(self.info.received));
-        metrics.streams_active.with_label_values(&[to.route]).dec();
+        self.active.dec();
         let format = ingress_ledger
             .as_ref()
             .and_then(|l| l.format)
@@ -1119,14 +1120,8 @@ impl StreamLedger {
         // hold part of a stream; anything that starts after a scrape saw these counts finds all
         // of the stream.
         let finish = outcome.finish_label(finish);
-        metrics
-            .streams
-            .with_label_values(&[to.route, to.model, outcome.as_str(), finish])
-            .inc();
-        metrics
-            .stream_format
-            .with_label_values(&[to.route, format.name()])
-            .inc();
+        to.series.count_stream(metrics, outcome.as_str(), finish);
+        to.series.count_format(metrics, format.name());
     }
 
     /// The egress point's figures: the events that completed at the body's end, the gaps and the
@@ -1216,7 +1211,7 @@ impl StreamLedger {
 /// The ingress point's figures: its gaps, tokens per event, token counts, TPOT and the events
 /// that could not be read.
 fn record_ingress(ledger: &mut IngressLedger, to: &Target<'_>) {
-    let (metrics, route, model, series) = (to.metrics, to.route, to.model, to.series);
+    let (metrics, route, series) = (to.metrics, to.route, to.series);
     ledger.point.record(to, Point::Ingress);
     let bounds = metrics.tokens_per_event.bounds();
     let tokens_per_event = ledger.tokens_per_event.to_local(bounds);
@@ -1228,12 +1223,7 @@ fn record_ingress(ledger: &mut IngressLedger, to: &Target<'_>) {
     // A counted figure (a server's running count) is bounded like a reported one.
     let tokens = ledger.usage_refusals.bound(tokens).unwrap_or(0);
     if tokens > 0 {
-        add_saturating(
-            &metrics
-                .output_tokens
-                .with_label_values(&[route, model, source]),
-            tokens,
-        );
+        series.add_output_tokens(metrics, source, tokens);
     }
     if let Some(prompt) = ledger.prompt_tokens.filter(|n| *n > 0) {
         add_saturating(series.prompt_tokens(metrics), prompt);

@@ -536,6 +536,7 @@ impl HistogramFamily {
             |series| series.merge(local),
             |state, index| state.merge(native, index.schema()),
             exemplar,
+            None,
         );
     }
 
@@ -561,6 +562,7 @@ impl HistogramFamily {
             |series| series.add_one(bucket, value),
             |state, index| state.add(index.bucket(value), index.schema()),
             exemplar.as_ref(),
+            Some(bucket),
         );
     }
 
@@ -575,13 +577,15 @@ impl HistogramFamily {
 
     /// Counts into `series`: `classic` adds to its classic counts and `native` to its native
     /// buckets, under the series' lock when it has extras (so that a snapshot sees the classic
-    /// and native counts of the same merges), then offers `exemplar`.
+    /// and native counts of the same merges), then offers `exemplar` (in classic bucket
+    /// `exemplar_bucket`, found from its value when `None`).
     fn count_into(
         &self,
         series: &Series,
         classic: impl FnOnce(&Series),
         native: impl FnOnce(&mut NativeState, &NativeIndex),
         exemplar: Option<&Exemplar<'_>>,
+        exemplar_bucket: Option<usize>,
     ) {
         let Some(extra) = &series.extra else {
             classic(series);
@@ -593,7 +597,8 @@ impl HistogramFamily {
             native(state, index);
         }
         if let Some(exemplar) = exemplar {
-            let bucket = self.inner.bounds.partition_point(|b| *b < exemplar.value);
+            let bucket = exemplar_bucket
+                .unwrap_or_else(|| self.inner.bounds.partition_point(|b| *b < exemplar.value));
             extra.offer(bucket, exemplar, self.inner.options.exemplars);
         }
     }

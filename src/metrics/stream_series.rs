@@ -14,14 +14,14 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use prometheus::IntCounter;
 
 use super::histogram::{hash_labels, KeyIsHash, SeriesHandle};
 use super::{HistogramFamily, Metrics, Point};
 use crate::format::Phase;
-use crate::poison::RwLockExt;
+use crate::poison::{LockExt, RwLockExt};
 
 /// Points a stream is measured at ([`Point`]).
 const POINTS: usize = 3;
@@ -71,6 +71,43 @@ pub struct StreamSeries {
     stalls: [OnceLock<IntCounter>; POINTS * PHASES],
     prompt_tokens: OnceLock<IntCounter>,
     reasoning_tokens: OnceLock<IntCounter>,
+    /// `metronome_streams_total` by outcome and finish reason.
+    streams: Few<2>,
+    /// `metronome_output_tokens_total` by source.
+    output_tokens: Few<1>,
+    /// `metronome_stream_format_total` by format (per route).
+    stream_format: Few<1>,
+}
+
+/// Counters of a (route, model) pair whose other `N` labels take a few fixed values (an outcome
+/// and a finish reason, a token source, a format): each found by all its label values on first
+/// use, then by the fixed ones alone, among the few a pair's streams have had.
+#[derive(Debug)]
+struct Few<const N: usize> {
+    found: Mutex<Vec<([&'static str; N], IntCounter)>>,
+}
+
+impl<const N: usize> Default for Few<N> {
+    fn default() -> Self {
+        Few {
+            found: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<const N: usize> Few<N> {
+    /// Adds `n` to the counter of `values`, which `make` finds the first time.
+    fn add(&self, values: [&'static str; N], n: u64, make: impl FnOnce() -> IntCounter) {
+        let mut found = self.found.lock_or_recover();
+        let counter = match found.iter().position(|(v, _)| *v == values) {
+            Some(at) => &found[at].1,
+            None => {
+                found.push((values, make()));
+                &found[found.len() - 1].1
+            }
+        };
+        crate::metrics::counter::add_saturating(counter, n);
+    }
 }
 
 impl StreamSeries {
@@ -82,6 +119,9 @@ impl StreamSeries {
             stalls: std::array::from_fn(|_| OnceLock::new()),
             prompt_tokens: OnceLock::new(),
             reasoning_tokens: OnceLock::new(),
+            streams: Few::default(),
+            output_tokens: Few::default(),
+            stream_format: Few::default(),
         }
     }
 
@@ -258,6 +298,35 @@ impl StreamSeries {
     }
 }
 
+impl StreamSeries {
+    /// Counts a stream in `metronome_streams_total` under `outcome` and `finish`.
+    pub fn count_stream(&self, metrics: &Metrics, outcome: &'static str, finish: &'static str) {
+        self.streams.add([outcome, finish], 1, || {
+            metrics
+                .streams
+                .with_label_values(&[&self.route, &self.model, outcome, finish])
+        });
+    }
+
+    /// Adds `n` to `metronome_output_tokens_total` under `source`.
+    pub fn add_output_tokens(&self, metrics: &Metrics, source: &'static str, n: u64) {
+        self.output_tokens.add([source], n, || {
+            metrics
+                .output_tokens
+                .with_label_values(&[&self.route, &self.model, source])
+        });
+    }
+
+    /// Counts a stream in `metronome_stream_format_total{route,format}` under `format`.
+    pub fn count_format(&self, metrics: &Metrics, format: &'static str) {
+        self.stream_format.add([format], 1, || {
+            metrics
+                .stream_format
+                .with_label_values(&[&self.route, format])
+        });
+    }
+}
+
 /// Every (route, model) pair's [`StreamSeries`], by a hash of the pair.
 #[derive(Debug, Default)]
 pub struct StreamSeriesMap {
@@ -362,6 +431,22 @@ mod tests {
         check(s.request_duration(&m), &m.request_duration, &["r"]);
         check(s.proxy_delay(&m), &m.proxy_delay, &["r"]);
         assert_eq!(seen.len(), SLOTS);
+        for _ in 0..2 {
+            s.count_stream(&m, "complete", "stop");
+        }
+        s.count_stream(&m, "complete", "length");
+        s.add_output_tokens(&m, "usage", 5);
+        s.add_output_tokens(&m, "counted", 7);
+        s.add_output_tokens(&m, "usage", 1);
+        s.count_format(&m, "openai");
+        let streams = |o, f| m.streams.with_label_values(&["r", "m", o, f]).get();
+        assert_eq!(
+            (streams("complete", "stop"), streams("complete", "length")),
+            (2, 1)
+        );
+        let tokens = |source| m.output_tokens.with_label_values(&["r", "m", source]).get();
+        assert_eq!((tokens("usage"), tokens("counted")), (6, 7));
+        assert_eq!(m.stream_format.with_label_values(&["r", "openai"]).get(), 1);
         s.prompt_tokens(&m).inc_by(3);
         s.reasoning_tokens(&m).inc_by(2);
         assert_eq!(m.prompt_tokens.with_label_values(&["r", "m"]).get(), 3);
