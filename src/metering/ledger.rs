@@ -586,11 +586,8 @@ impl OtherPhases {
 pub(crate) struct Target<'a> {
     /// The families merged into.
     pub metrics: &'a Metrics,
-    /// The `route` label.
-    pub route: &'a str,
-    /// The bounded `model` label.
-    pub model: &'a str,
-    /// The series of `route` and `model`, found once per pair.
+    /// The series of the stream's route and (bounded) model, found once per pair; it carries
+    /// the two labels.
     pub series: &'a StreamSeries,
     /// When the request was received.
     pub received: Tick,
@@ -883,8 +880,6 @@ impl StreamLedger {
         let series = metrics.stream_series.get(route, model);
         let to = Target {
             metrics,
-            route,
-            model,
             series: &series,
             received: self.info.received,
             with_ttft: true,
@@ -1041,7 +1036,6 @@ impl Drop for StreamLedger {
 /// owned so that the ledger can be taken mutably while they are read.
 struct Ending {
     metrics: Arc<Metrics>,
-    route: Arc<str>,
     model: Arc<str>,
     series: Arc<StreamSeries>,
     id: Arc<str>,
@@ -1055,8 +1049,6 @@ impl Ending {
     fn target(&self, received: Tick) -> Target<'_> {
         Target {
             metrics: &self.metrics,
-            route: &self.route,
-            model: &self.model,
             series: &self.series,
             received,
             with_ttft: true,
@@ -1086,7 +1078,6 @@ impl StreamLedger {
             .unwrap_or_else(|| self.metrics.models.resolve(None));
         let ending = Ending {
             metrics: self.metrics.clone(),
-            route: self.info.route.clone(),
             series: self.metrics.stream_series.get(&self.info.route, &model),
             model,
             id: self.info.id.clone(),
@@ -1162,7 +1153,12 @@ impl StreamLedger {
         for verdict in slo.judge(&delivered) {
             to.metrics
                 .slo_streams
-                .with_label_values(&[to.route, to.model, verdict.objective, verdict.result()])
+                .with_label_values(&[
+                    to.series.route(),
+                    to.series.model(),
+                    verdict.objective,
+                    verdict.result(),
+                ])
                 .inc();
         }
     }
@@ -1211,7 +1207,8 @@ impl StreamLedger {
 /// The ingress point's figures: its gaps, tokens per event, token counts, TPOT and the events
 /// that could not be read.
 fn record_ingress(ledger: &mut IngressLedger, to: &Target<'_>) {
-    let (metrics, route, series) = (to.metrics, to.route, to.series);
+    let (metrics, series) = (to.metrics, to.series);
+    let route = series.route();
     ledger.point.record(to, Point::Ingress);
     let bounds = metrics.tokens_per_event.bounds();
     let tokens_per_event = ledger.tokens_per_event.to_local(bounds);
@@ -1329,7 +1326,7 @@ mod tests {
             let (mut a, mut b) = (PointLedger::default(), PointLedger::default());
             let received = Tick::now();
             let stream = Exemplar { stream_id: "s", trace_id: None, value: 0.0 };
-            let to = |metrics, series| Target { metrics, route: "r", model: "m", series, received, with_ttft: true, stream };
+            let to = |metrics, series| Target { metrics, series, received, with_ttft: true, stream };
             let mut at = received;
             for (i, (gap, phases)) in frames.iter().enumerate() {
                 at = at.saturating_add(Duration::from_nanos(*gap));
@@ -1389,7 +1386,7 @@ mod tests {
             let (mut a, mut b) = (PointLedger::default(), PointLedger::default());
             let received = Tick::now();
             let stream = Exemplar { stream_id: "s", trace_id: None, value: 0.0 };
-            let to = |metrics, series| Target { metrics, route: "r", model: "m", series, received, with_ttft: true, stream };
+            let to = |metrics, series| Target { metrics, series, received, with_ttft: true, stream };
             let mut at = received;
             let mut want = [0u64; 3];
             let mut seen_token = false;

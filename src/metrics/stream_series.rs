@@ -1,14 +1,16 @@
 //! The series a stream's figures go to, found once per (route, model) and kept.
 //!
-//! Why: a stream merges its figures into about sixteen series (TTFB, TTFT, TTFO and the gaps at
-//! two points, events per frame, tokens per event, TPOT, token counts, its duration …), each
-//! found by its label values: a hash, a lock, a comparison of the values, about 300
-//! instructions a time, on every stream's flush and again at its end. Every stream of a
-//! (route, model) pair goes to the same series, so one lookup of the pair gives a
-//! [`StreamSeries`] whose slots hold each series once it was first used.
+//! Why: a stream merges its figures into about sixteen histogram series (TTFB, TTFT, TTFO and
+//! the gaps at two points, events per frame, tokens per event, TPOT, its duration …) and counts
+//! itself in a few counters, each found by its label values: a hash, a lock, a comparison of the
+//! values, about 300 instructions a time for a histogram and more for the `prometheus` crate's
+//! counters, on every stream's flush and again at its end. Every stream of a (route, model)
+//! pair goes to the same series, so one lookup of the pair gives a [`StreamSeries`] whose slots
+//! hold each series once it was first used.
 //!
 //! Invariants: a slot is filled on first use, through the family's own lookup, so a series is
-//! made (and exported) exactly when it would be without the bundle, and never before; the map
+//! made (and exported) exactly when it would be without the bundle, and never before (a caller
+//! that may have nothing to merge checks before it asks for the slot); the map
 //! holds one bundle per (route, model) pair, which is bounded by the routes the configuration
 //! names and the capped model labels (series are never removed, so neither are bundles).
 
@@ -296,9 +298,7 @@ impl StreamSeries {
                 .with_label_values(&[&self.route, &self.model])
         })
     }
-}
 
-impl StreamSeries {
     /// Counts a stream in `metronome_streams_total` under `outcome` and `finish`.
     pub fn count_stream(&self, metrics: &Metrics, outcome: &'static str, finish: &'static str) {
         self.streams.add([outcome, finish], 1, || {

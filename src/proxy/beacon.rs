@@ -289,8 +289,6 @@ fn record(beacon: &Beacon, state: &ProxyState, route: &str, model: &str) {
     point.record(
         &crate::metering::ledger::Target {
             metrics,
-            route,
-            model,
             series: &metrics.stream_series.get(route, model),
             received: start,
             with_ttft: beacon.ttft_ms.is_some(),
