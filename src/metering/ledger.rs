@@ -1451,6 +1451,39 @@ mod tests {
         (phases.len() as u32, mix)
     }
 
+    /// A flush or a record with nothing to merge makes no series: `/metrics` shows a series
+    /// only once something was counted in it (a slot of the stream's series is made on first
+    /// use, so the callers check before they take one).
+    #[test]
+    fn merging_nothing_makes_no_series() {
+        let metrics = default_metrics();
+        let series = metrics.stream_series.get("r", "m");
+        let to = Target {
+            metrics: &metrics,
+            series: &series,
+            received: Tick::now(),
+            with_ttft: true,
+            stream: Exemplar {
+                stream_id: "s",
+                trace_id: None,
+                value: 0.0,
+            },
+        };
+        PointLedger::default().flush(&to, Point::Ingress);
+        EgressLedger::default().flush_delays(&to);
+        record_ingress(&mut IngressLedger::default(), &to);
+        for family in [
+            &metrics.events_per_frame,
+            &metrics.proxy_delay,
+            &metrics.tokens_per_event,
+            &metrics.itl,
+            &metrics.ttft,
+            &metrics.ttfb,
+        ] {
+            assert!(family.snapshot(false).is_empty(), "{}", family.name());
+        }
+    }
+
     #[test]
     fn a_reasoning_stream_has_ttfo_at_its_answer_and_a_reasoning_duration() {
         let metrics = default_metrics();

@@ -716,25 +716,13 @@ impl HistogramFamily {
     }
 
     fn series(&self, label_values: &[&str]) -> Arc<Series> {
-        let hash = hash_labels(label_values);
-        let matches = |s: &&Arc<Series>| {
+        let matches = |s: &Series| {
             s.label_values
                 .iter()
                 .map(String::as_str)
                 .eq(label_values.iter().copied())
         };
-        {
-            let map = self.inner.series.read_or_recover();
-            if let Some(series) = map.get(&hash).and_then(|v| v.iter().find(matches)) {
-                return series.clone();
-            }
-        }
-        let mut map = self.inner.series.write_or_recover();
-        let bucket = map.entry(hash).or_default();
-        if let Some(series) = bucket.iter().find(matches) {
-            return series.clone();
-        }
-        let series = Arc::new(Series {
+        let make = || Series {
             label_values: label_values.iter().map(|v| v.to_string()).collect(),
             counts: (0..=self.inner.bounds.len())
                 .map(|_| AtomicU64::new(0))
@@ -743,10 +731,17 @@ impl HistogramFamily {
             count: AtomicU64::new(0),
             created: unix_now(),
             extra: self.extra(),
-        });
-        bucket.push(series.clone());
-        self.inner.added.fetch_add(1, Ordering::Release);
-        series
+        };
+        let made = |_: &Arc<Series>| {
+            self.inner.added.fetch_add(1, Ordering::Release);
+        };
+        find_or_make(
+            &self.inner.series,
+            hash_labels(label_values),
+            matches,
+            make,
+            made,
+        )
     }
 
     /// The series in `order`: the cached order while no series was added since it was made.
@@ -992,7 +987,37 @@ impl Collector for Reservation {
 }
 
 /// The series of a family, by [`hash_labels`]; a `Vec` holds the rare collisions.
-type SeriesMap = HashMap<u64, Vec<Arc<Series>>, BuildHasherDefault<KeyIsHash>>;
+type SeriesMap = LabelMap<Series>;
+
+/// Values by a hash of their label values ([`hash_labels`]); a bucket holds the rare collisions.
+pub(super) type LabelMap<T> = HashMap<u64, Vec<Arc<T>>, BuildHasherDefault<KeyIsHash>>;
+
+/// The value of `map` at `hash` that `matches`, found under the read lock; if there is none,
+/// under the write lock, the one another thread made meanwhile, or else `make`'s, kept and
+/// given to `made` while the write lock is held.
+pub(super) fn find_or_make<T>(
+    map: &RwLock<LabelMap<T>>,
+    hash: u64,
+    matches: impl Fn(&T) -> bool,
+    make: impl FnOnce() -> T,
+    made: impl FnOnce(&Arc<T>),
+) -> Arc<T> {
+    {
+        let map = map.read_or_recover();
+        if let Some(found) = map.get(&hash).and_then(|v| v.iter().find(|t| matches(t))) {
+            return found.clone();
+        }
+    }
+    let mut map = map.write_or_recover();
+    let bucket = map.entry(hash).or_default();
+    if let Some(found) = bucket.iter().find(|t| matches(t)) {
+        return found.clone();
+    }
+    let new = Arc::new(make());
+    made(&new);
+    bucket.push(new.clone());
+    new
+}
 
 impl Collector for HistogramFamily {
     fn desc(&self) -> Vec<&Desc> {

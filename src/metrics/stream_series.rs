@@ -14,16 +14,14 @@
 //! holds one bundle per (route, model) pair, which is bounded by the routes the configuration
 //! names and the capped model labels (series are never removed, so neither are bundles).
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use prometheus::IntCounter;
 
-use super::histogram::{hash_labels, KeyIsHash, SeriesHandle};
+use super::histogram::{find_or_make, hash_labels, LabelMap, SeriesHandle};
 use super::{HistogramFamily, Metrics, Point};
 use crate::format::Phase;
-use crate::poison::{LockExt, RwLockExt};
+use crate::poison::LockExt;
 
 /// Points a stream is measured at ([`Point`]).
 const POINTS: usize = 3;
@@ -330,28 +328,19 @@ impl StreamSeries {
 /// Every (route, model) pair's [`StreamSeries`], by a hash of the pair.
 #[derive(Debug, Default)]
 pub struct StreamSeriesMap {
-    map: RwLock<HashMap<u64, Vec<Arc<StreamSeries>>, BuildHasherDefault<KeyIsHash>>>,
+    map: RwLock<LabelMap<StreamSeries>>,
 }
 
 impl StreamSeriesMap {
     /// The series of streams of `route` and the (bounded) `model` label.
     pub fn get(&self, route: &str, model: &str) -> Arc<StreamSeries> {
-        let hash = hash_labels(&[route, model]);
-        let matches = |s: &&Arc<StreamSeries>| &*s.route == route && &*s.model == model;
-        {
-            let map = self.map.read_or_recover();
-            if let Some(found) = map.get(&hash).and_then(|v| v.iter().find(matches)) {
-                return found.clone();
-            }
-        }
-        let mut map = self.map.write_or_recover();
-        let bucket = map.entry(hash).or_default();
-        if let Some(found) = bucket.iter().find(matches) {
-            return found.clone();
-        }
-        let made = Arc::new(StreamSeries::new(route, model));
-        bucket.push(made.clone());
-        made
+        find_or_make(
+            &self.map,
+            hash_labels(&[route, model]),
+            |s| &*s.route == route && &*s.model == model,
+            || StreamSeries::new(route, model),
+            |_| {},
+        )
     }
 }
 
