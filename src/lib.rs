@@ -29,8 +29,9 @@
 //! - [`sim`], [`probe`], [`demo`]: a streaming server with a cadence you set, a client that measures
 //!   what arrives, and both wired around the proxy in one command.
 
-// `unsafe` only where a module allows it (four do: prefetch, probe::limits,
-// proxy::joined_writes, http1::server::writer), and every block says why it is sound.
+// `unsafe` only where a module allows it (six do: prefetch, probe::limits, metering::clock,
+// proxy::joined_writes, http1::server::writer, format::openai::template), and every block says
+// why it is sound.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

@@ -1,5 +1,8 @@
 //! The template: the last token event the walker read, to read the next chunks by comparison.
 
+// One `unsafe` block: a model the template's bytes already proved UTF-8 is not checked again.
+#![allow(unsafe_code)]
+
 use super::grammar::{non_empty_string, string_close, Span};
 use super::{FinishReason, Phase, Summary};
 
@@ -104,21 +107,26 @@ impl Template {
         if !text.is_ascii() {
             std::str::from_utf8(text).ok()?;
         }
-        let model = self.model.and_then(|(start, end)| {
-            // The model is before the text or after it, never inside it.
-            // After it, the model is as far from the end as in the template.
-            let span = if start > open {
+        let model = self.model.and_then(|(start, model_end)| {
+            // The model is before the text or after it, never inside it (the walker read them
+            // as two strings). After it, the model is as far from the end as in the template.
+            let (span, compared) = if start > open {
                 let at = |i: usize| data.len() - (self.bytes.len() - i);
-                at(start)..at(end)
+                (at(start)..at(model_end), start >= end)
             } else {
-                start..end
+                (start..model_end, model_end <= open)
             };
             let model = &data[span];
-            debug_assert_eq!(model, &self.bytes[start..end]);
-            // Byte for byte the template's model, which was valid UTF-8 when it was kept; the
-            // check is kept anyway (no `unsafe` for a 20-byte name): ASCII, the common case,
-            // passes std's fast path.
-            std::str::from_utf8(model).ok()
+            if !compared {
+                // Not within the bytes compared above: cannot happen, but checked if it does.
+                return std::str::from_utf8(model).ok();
+            }
+            debug_assert_eq!(model, &self.bytes[start..model_end]);
+            // SAFETY: `model` lies within `head` or `tail` (`compared`), which `data` was found
+            // equal to, so it is byte for byte `self.bytes[start..model_end]`: the model `keep`
+            // took from a `&str`, valid UTF-8. (Checking again cost ~120 instructions a token
+            // event, 1.5 % of what one costs.)
+            Some(unsafe { std::str::from_utf8_unchecked(model) })
         });
         Some(Summary {
             model,
