@@ -69,14 +69,21 @@ pub struct UpstreamEpisodes {
     /// Which configured upstream this is.
     upstream: Upstream,
     inner: Mutex<Inner>,
-    /// Wakes the sweep early: a stream began or reported a hitch.
+    /// Wakes the sweep early: a stream's first token came, a stream reported a hitch, or a stream
+    /// began while the sweep lingered.
     wake: tokio::sync::Notify,
+    /// The sweep interval, in nanoseconds.
+    every: i64,
 }
 
 #[derive(Debug)]
 struct Inner {
     tracker: EpisodeTracker<HitchLabels>,
     sweeping: bool,
+    /// When the sweep runs next (nanoseconds, as [`raw`] reads a tick): `i64::MIN` when it is
+    /// about to (just spawned), `i64::MAX` while it lingers with nothing to watch. A first token
+    /// wakes it only when that is more than an interval away.
+    next_sweep: i64,
 }
 
 /// The counters of batch hitches and episodes (registered into the proxy's registry; the
@@ -178,8 +185,10 @@ impl BatchDetector {
             inner: Mutex::new(Inner {
                 tracker: EpisodeTracker::new(self.settings, sweep),
                 sweeping: false,
+                next_sweep: i64::MIN,
             }),
             wake: tokio::sync::Notify::new(),
+            every: sweep,
         });
         all.push(made.clone());
         made
@@ -204,7 +213,7 @@ impl BatchDetector {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         let trace_id: Option<Arc<str>> = trace_id.map(Arc::from);
         let beat = Arc::new(Beat::default());
-        let start_sweep = {
+        let (start, lingering) = {
             let mut inner = episodes.lock();
             inner.tracker.start(
                 key,
@@ -214,16 +223,24 @@ impl BatchDetector {
                 body_bytes,
                 beat.clone(),
             );
-            !std::mem::replace(&mut inner.sweeping, true)
+            let start = !std::mem::replace(&mut inner.sweeping, true);
+            if start {
+                inner.next_sweep = i64::MIN;
+            }
+            (start, inner.next_sweep == i64::MAX)
         };
-        if start_sweep {
+        if start {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
                     runtime.spawn(sweep(self.clone(), episodes.clone()));
                 }
                 Err(_) => episodes.lock().sweeping = false,
             }
-        } else {
+        } else if lingering {
+            // Woken, it lingers anew after this stream. A sweep with streams is not woken: a
+            // stream gives it nothing to do before its first token, and a wake-up per stream
+            // cost a sweep each (and an eventfd write when the sweep's worker was parked or its
+            // next deadline came before the worker's).
             episodes.wake.notify_one();
         }
         let stall_nanos = i64::try_from(self.metrics.stall_threshold_nanos()).unwrap_or(i64::MAX);
@@ -412,7 +429,8 @@ pub const SWEEP_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 /// The sweep of one upstream while it has streams, hitches waiting or an episode open, then for
 /// [`SWEEP_LINGER`] more; then it ends (the next stream starts it again). It sleeps until the
 /// next stream's deadline or hitch's settling (every interval only while streams are silent or
-/// an episode is open), or until a stream begins or reports a hitch, so its cost follows the
+/// an episode is open), or until a stream's first token or hitch (or, while it lingers, start),
+/// so its cost follows the
 /// streams that are due. Deadlines
 /// closer than one sweep interval wait for the interval: streams streaming steadily are due
 /// every threshold or so each, and a wake-up per stream due (a timer, a task poll) cost about
@@ -426,17 +444,22 @@ async fn sweep(detector: Arc<BatchDetector>, upstream: Arc<UpstreamEpisodes>) {
     loop {
         let swept = {
             let mut inner = upstream.lock();
-            (!inner.tracker.idle()).then(|| {
+            if inner.tracker.idle() {
+                inner.next_sweep = i64::MAX;
+                None
+            } else {
                 let now = raw(Tick::now());
                 let outcome = inner.tracker.sweep(now);
-                // Nothing due: a stream's start, first token or hitch wakes the sweep before
+                // Nothing due: a stream's first token or hitch wakes the sweep before
                 // this.
                 let next = inner
                     .tracker
                     .next_work(now, every)
-                    .unwrap_or(now + IDLE_SWEEP);
-                (outcome, next.max(now + every))
-            })
+                    .unwrap_or(now + IDLE_SWEEP)
+                    .max(now + every);
+                inner.next_sweep = next;
+                Some((outcome, next))
+            }
         };
         let Some((outcome, next)) = swept else {
             // Nothing to watch: wait a while for a stream's start (which wakes the sweep) before
@@ -520,12 +543,21 @@ impl StreamProbe {
     }
 
     /// The stream's first token event came at `at`: the sweep reads it from now on (one lock
-    /// and one wake-up in a stream's life; until now the sweep never read it). Called after the
-    /// beat holds the token: the sweep, on another thread, may read the beat at once.
+    /// in a stream's life; until now the sweep never read it), at most an interval late, as it
+    /// notices a silence: it is woken only when it would run later than that (while streams are
+    /// due it runs every interval, and a wake-up per stream cost a sweep each, and an eventfd
+    /// write when the sweep's worker was parked). Called after the beat holds the token: the
+    /// sweep, on another thread, may read the beat at once.
     #[cold]
     fn first(&self, at: Tick) {
-        self.upstream.lock().tracker.first_token(self.key, raw(at));
-        self.upstream.wake.notify_one();
+        let late = {
+            let mut inner = self.upstream.lock();
+            inner.tracker.first_token(self.key, raw(at));
+            inner.next_sweep > raw(at).saturating_add(self.upstream.every)
+        };
+        if late {
+            self.upstream.wake.notify_one();
+        }
     }
 
     /// The stream is held back by its client (a stop began): its silence is not the engine's, so
@@ -669,6 +701,45 @@ mod tests {
         let third = open("s2");
         assert_eq!(tasks(), 1, "the next stream starts it again");
         drop(third);
+    }
+
+    /// A stream's start does not wake a sweep that has streams; its first token wakes a sweep
+    /// that sleeps for longer than an interval (nothing else due), so that the sweep reads it
+    /// at once (in real time; the sweep's next run time tells whether it ran).
+    #[tokio::test]
+    async fn a_first_token_wakes_a_sweep_that_sleeps_long_and_a_start_does_not() {
+        let (detector, upstream) = detector(BatchSettings::default());
+        let episodes = detector.upstream(&upstream);
+        let next_sweep = || episodes.lock().next_sweep;
+        let open = |id: &str| {
+            let route: Arc<str> = Arc::from("chat");
+            detector
+                .open(&upstream, Arc::from(id), None, route, Tick::now(), None)
+                .unwrap()
+        };
+        let mut first = open("s0");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The sweep ran: one stream without a first token, nothing due for a second.
+        let asleep = next_sweep();
+        assert!(asleep > raw(Tick::now()) + 500_000_000, "{asleep}");
+        let _second = open("s1");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            next_sweep(),
+            asleep,
+            "a start does not wake a sweep with streams"
+        );
+        first.token_events(Tick::now(), 1, PhaseMix::ALL_CONTENT, None);
+        let woken = std::time::Instant::now();
+        while next_sweep() == asleep && woken.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(next_sweep() < asleep, "the first token woke the sweep");
+        assert!(
+            woken.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            woken.elapsed()
+        );
     }
 
     /// A hitch carries the phase of the frame's first token event, the one that ended the gap:
