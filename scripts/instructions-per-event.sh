@@ -19,6 +19,8 @@
 #                                                  # coalesce by chance
 #   KEEP=DIR scripts/instructions-per-event.sh     # keep the callgrind outputs in DIR, for
 #                                                  # callgrind_annotate (one per run, named by it)
+#   TTFT=100ms scripts/instructions-per-event.sh A B   # the sim's time to first token (default
+#                                                  # 5ms, under one batch-sweep interval)
 #   CONCURRENCY=1 TOKENS=2 scripts/instructions-per-event.sh A B   # what a request costs: one
 #                                                  # stream at a time of two token events (defaults
 #                                                  # 20 and 100); read the per-request column
@@ -72,7 +74,7 @@ LARGE=120
 printf '| binary | threading | upstream client | metering | instructions per token event | instructions per request | token events (large - small run) |\n'
 printf '|---|---|---|---|---|---|---|\n'
 for bin in "$@"; do
-  start_sim "$bin" --gap "${GAP:-2ms}" --ttft 5ms
+  start_sim "$bin" --gap "${GAP:-2ms}" --ttft "${TTFT:-5ms}"
   for threading in ${THREADING:-per_core}; do
    for client in ${CLIENTS:-default}; do
     for metering in true false; do
