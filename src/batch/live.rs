@@ -430,13 +430,12 @@ pub const SWEEP_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 /// [`SWEEP_LINGER`] more; then it ends (the next stream starts it again). It sleeps until the
 /// next stream's deadline or hitch's settling (every interval only while streams are silent or
 /// an episode is open), or until a stream's first token or hitch (or, while it lingers, start),
-/// so its cost follows the
-/// streams that are due. Deadlines
-/// closer than one sweep interval wait for the interval: streams streaming steadily are due
-/// every threshold or so each, and a wake-up per stream due (a timer, a task poll) cost about
-/// 500 instructions per token event at 20 streams of 20 ms gaps; a silence is noticed at most an
-/// interval late, as it was when every sweep read every stream, and a hitch's times are the
-/// stream's own, not the sweep's.
+/// so its cost follows the streams that are due. Deadlines closer than one sweep interval wait
+/// for the interval: streams streaming steadily are due every threshold or so each, and a
+/// wake-up per stream due (a timer, a task poll) cost about 500 instructions per token event at
+/// 20 streams of 20 ms gaps; a silence (and a first token) is noticed at most an interval late,
+/// as it was when every sweep read every stream, and a hitch's times are the stream's own, not
+/// the sweep's.
 async fn sweep(detector: Arc<BatchDetector>, upstream: Arc<UpstreamEpisodes>) {
     /// How long the sweep sleeps when nothing is due (a bound, in case a wake-up is missed).
     const IDLE_SWEEP: i64 = 1_000_000_000;
