@@ -72,7 +72,7 @@ pub struct UpstreamEpisodes {
     /// Wakes the sweep early: a stream's first token came, a stream reported a hitch, or a stream
     /// began while the sweep lingered.
     wake: tokio::sync::Notify,
-    /// The sweep interval, in nanoseconds.
+    /// The sweep interval, in nanoseconds (the tracker's, and the sweep task's).
     every: i64,
 }
 
@@ -439,7 +439,7 @@ pub const SWEEP_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 async fn sweep(detector: Arc<BatchDetector>, upstream: Arc<UpstreamEpisodes>) {
     /// How long the sweep sleeps when nothing is due (a bound, in case a wake-up is missed).
     const IDLE_SWEEP: i64 = 1_000_000_000;
-    let every = nanos(detector.settings.sweep_interval());
+    let every = upstream.every;
     loop {
         let swept = {
             let mut inner = upstream.lock();
