@@ -24,6 +24,11 @@
 #   CONCURRENCY=1 TOKENS=2 scripts/instructions-per-event.sh A B   # what a request costs: one
 #                                                  # stream at a time of two token events (defaults
 #                                                  # 20 and 100); read the per-request column
+#   RATE=2 CONCURRENCY=1 TOKENS=2 scripts/instructions-per-event.sh A B   # sparse traffic: at
+#                                                  # most RATE streams a second (the probe's
+#                                                  # --rate; default: back to back), so the
+#                                                  # proxy idles between streams (a 120-stream run
+#                                                  # then takes 120 / RATE seconds)
 #
 # For each binary: the sim (native, not measured) streams at a 2 ms cadence; the proxy runs under
 # callgrind; the probe (native) runs two loads of different sizes through it, and the difference
@@ -53,7 +58,7 @@ measure() {
   local proxy=$!
   wait_port "$port"
   "$bin" probe --url "http://127.0.0.1:$port" --concurrency "${CONCURRENCY:-20}" \
-    --requests "$requests" --max-tokens "${TOKENS:-100}" --timeout 120s \
+    --requests "$requests" --max-tokens "${TOKENS:-100}" --timeout 120s ${RATE:+--rate "$RATE"} \
     --detail "$work/probe.json" >/dev/null 2>&1 || true
   kill -TERM "$proxy"
   wait "$proxy" || true

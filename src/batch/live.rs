@@ -69,8 +69,7 @@ pub struct UpstreamEpisodes {
     /// Which configured upstream this is.
     upstream: Upstream,
     inner: Mutex<Inner>,
-    /// Wakes the sweep early: a stream's first token came, a stream reported a hitch, or a stream
-    /// began while the sweep lingered.
+    /// Wakes the sweep early: a stream's first token came or a stream reported a hitch.
     wake: tokio::sync::Notify,
     /// The sweep interval, in nanoseconds (the tracker's, and the sweep task's).
     every: i64,
@@ -84,6 +83,19 @@ struct Inner {
     /// about to (just spawned), `i64::MAX` while it lingers with nothing to watch. A first token
     /// wakes it only when that is more than an interval away.
     next_sweep: i64,
+    /// When a stream last ended (as [`raw`] reads a tick): the sweep lingers until
+    /// [`SWEEP_LINGER`] after it.
+    last_end: i64,
+}
+
+// === impl Inner ===
+
+impl Inner {
+    /// How much longer, at `now`, the sweep lingers after the last stream's end.
+    fn linger_left(&self, now: i64) -> std::time::Duration {
+        let until = self.last_end.saturating_add(nanos(SWEEP_LINGER));
+        std::time::Duration::from_nanos(u64::try_from(until.saturating_sub(now)).unwrap_or(0))
+    }
 }
 
 /// The counters of batch hitches and episodes (registered into the proxy's registry; the
@@ -186,6 +198,7 @@ impl BatchDetector {
                 tracker: EpisodeTracker::new(self.settings, sweep),
                 sweeping: false,
                 next_sweep: i64::MIN,
+                last_end: 0,
             }),
             wake: tokio::sync::Notify::new(),
             every: sweep,
@@ -213,7 +226,7 @@ impl BatchDetector {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         let trace_id: Option<Arc<str>> = trace_id.map(Arc::from);
         let beat = Arc::new(Beat::default());
-        let (start, lingering) = {
+        let start = {
             let mut inner = episodes.lock();
             inner.tracker.start(
                 key,
@@ -227,8 +240,13 @@ impl BatchDetector {
             if start {
                 inner.next_sweep = i64::MIN;
             }
-            (start, inner.next_sweep == i64::MAX)
+            start
         };
+        // A running sweep is not woken, lingering or not: a stream gives it nothing to do before
+        // its first token, which wakes it (after that token's write). Woken here, a lingering
+        // sweep ran between the stream's first write and its first token, on the token's path
+        // when the token came right behind the head (the board's mock, most engines' role
+        // chunk); and a wake-up per stream cost a sweep each.
         if start {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
@@ -236,12 +254,6 @@ impl BatchDetector {
                 }
                 Err(_) => episodes.lock().sweeping = false,
             }
-        } else if lingering {
-            // Woken, it lingers anew after this stream. A sweep with streams is not woken: a
-            // stream gives it nothing to do before its first token, and a wake-up per stream
-            // cost a sweep each (and an eventfd write when the sweep's worker was parked or its
-            // next deadline came before the worker's).
-            episodes.wake.notify_one();
         }
         let stall_nanos = i64::try_from(self.metrics.stall_threshold_nanos()).unwrap_or(i64::MAX);
         Some(StreamProbe {
@@ -420,22 +432,21 @@ impl UpstreamEpisodes {
     }
 }
 
-/// How long an upstream's sweep outlives its last stream. At one stream at a time the next
-/// stream then wakes it (a task wake-up, after the stream's first write) instead of spawning it
-/// anew before its head is written (2.7 µs on the first token's path by
+/// How long an upstream's sweep outlives its last stream's end. At one stream at a time the next
+/// stream then finds it running (its first token wakes it, after that token's write) instead of
+/// spawning it anew before its head is written (2.7 µs on the first token's path by
 /// `scripts/first-token-marks.sh`).
 pub const SWEEP_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The sweep of one upstream while it has streams, hitches waiting or an episode open, then for
 /// [`SWEEP_LINGER`] more; then it ends (the next stream starts it again). It sleeps until the
 /// next stream's deadline or hitch's settling (every interval only while streams are silent or
-/// an episode is open), or until a stream's first token or hitch (or, while it lingers, start),
-/// so its cost follows the streams that are due. Deadlines closer than one sweep interval wait
-/// for the interval: streams streaming steadily are due every threshold or so each, and a
-/// wake-up per stream due (a timer, a task poll) cost about 500 instructions per token event at
-/// 20 streams of 20 ms gaps; a silence (and a first token) is noticed at most an interval late,
-/// as it was when every sweep read every stream, and a hitch's times are the stream's own, not
-/// the sweep's.
+/// an episode is open), or until a stream's first token or hitch, so its cost follows the
+/// streams that are due. Deadlines closer than one sweep interval wait for the interval: streams
+/// streaming steadily are due every threshold or so each, and a wake-up per stream due (a timer,
+/// a task poll) cost about 500 instructions per token event at 20 streams of 20 ms gaps; a
+/// silence (and a first token) is noticed at most an interval late, as it was when every sweep
+/// read every stream, and a hitch's times are the stream's own, not the sweep's.
 async fn sweep(detector: Arc<BatchDetector>, upstream: Arc<UpstreamEpisodes>) {
     /// How long the sweep sleeps when nothing is due (a bound, in case a wake-up is missed).
     const IDLE_SWEEP: i64 = 1_000_000_000;
@@ -461,11 +472,16 @@ async fn sweep(detector: Arc<BatchDetector>, upstream: Arc<UpstreamEpisodes>) {
             }
         };
         let Some((outcome, next)) = swept else {
-            // Nothing to watch: wait a while for a stream's start (which wakes the sweep) before
-            // ending, so that streams one after another do not each spawn a sweep.
-            let woken = tokio::time::timeout(SWEEP_LINGER, upstream.wake.notified()).await;
+            // Nothing to watch: linger until SWEEP_LINGER after the last stream's end, so that
+            // streams one after another do not each spawn a sweep. A stream that starts meanwhile
+            // keeps it (it is not idle when the linger is over); its first token wakes it.
+            let left = upstream.lock().linger_left(raw(Tick::now()));
+            let woken = tokio::time::timeout(left, upstream.wake.notified()).await;
             let mut inner = upstream.lock();
-            if woken.is_err() && inner.tracker.idle() {
+            if woken.is_err()
+                && inner.tracker.idle()
+                && inner.linger_left(raw(Tick::now())).is_zero()
+            {
                 inner.sweeping = false;
                 return;
             }
@@ -624,10 +640,10 @@ impl StreamProbe {
 
 impl Drop for StreamProbe {
     fn drop(&mut self) {
-        self.upstream
-            .lock()
-            .tracker
-            .end(self.key, self.prompt_tokens);
+        let ended = raw(Tick::now());
+        let mut inner = self.upstream.lock();
+        inner.tracker.end(self.key, self.prompt_tokens);
+        inner.last_end = ended;
     }
 }
 
@@ -661,9 +677,10 @@ mod tests {
     }
 
     /// An upstream's sweep outlives its last stream by [`SWEEP_LINGER`]: a stream that starts
-    /// meanwhile wakes it rather than spawning another, and once the linger passes with no
-    /// stream the sweep ends, no sooner than the linger after the stream's end (waited for up to
-    /// ten lingers, in real time).
+    /// meanwhile finds it rather than spawning another, and once the linger passes with no
+    /// stream the sweep ends, no sooner than the linger after the last stream's end, even when
+    /// that stream started and ended inside an earlier stream's linger (waited for up to ten
+    /// lingers, in real time).
     #[tokio::test]
     async fn a_sweep_outlives_its_last_stream_by_its_linger_then_ends() {
         let (detector, upstream) = detector(BatchSettings::default());
@@ -688,7 +705,7 @@ mod tests {
         assert_eq!(
             tasks(),
             1,
-            "a stream in the linger wakes the sweep, not a new one"
+            "a stream in the linger finds the sweep, not a new one"
         );
         drop(second);
         let ended = std::time::Instant::now();
@@ -734,6 +751,46 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert!(next_sweep() < asleep, "the first token woke the sweep");
+        assert!(
+            woken.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            woken.elapsed()
+        );
+    }
+
+    /// A stream that starts while the sweep lingers with nothing to watch does not wake it (the
+    /// sweep would run between the stream's head and its first token); its first token does (in
+    /// real time; the sweep's next run time tells whether it ran).
+    #[tokio::test]
+    async fn a_start_in_the_linger_leaves_the_sweep_asleep_and_its_first_token_wakes_it() {
+        let (detector, upstream) = detector(BatchSettings::default());
+        let episodes = detector.upstream(&upstream);
+        let next_sweep = || episodes.lock().next_sweep;
+        let open = |id: &str| {
+            let route: Arc<str> = Arc::from("chat");
+            detector
+                .open(&upstream, Arc::from(id), None, route, Tick::now(), None)
+                .unwrap()
+        };
+        drop(open("s0"));
+        let lingering = std::time::Instant::now();
+        while next_sweep() != i64::MAX && lingering.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(next_sweep(), i64::MAX, "the sweep lingers");
+        let mut second = open("s1");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            next_sweep(),
+            i64::MAX,
+            "a start does not wake a lingering sweep"
+        );
+        second.token_events(Tick::now(), 1, PhaseMix::ALL_CONTENT, None);
+        let woken = std::time::Instant::now();
+        while next_sweep() == i64::MAX && woken.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(next_sweep() < i64::MAX, "the first token woke the sweep");
         assert!(
             woken.elapsed() < Duration::from_millis(500),
             "{:?}",
