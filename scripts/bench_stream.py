@@ -9,8 +9,10 @@ detector), nginx (`proxy_buffering off`, a keep-alive upstream pool), and on req
 (metering off), haproxy and metronome-before (--baseline).
 
 c=1 leg: every proxy runs at once; the client holds one keep-alive connection to each path for
-the whole leg and runs rounds of one stream per path, the order rotated every round, so that a
-slow minute of the shared machine falls on every path alike. Warm-up rounds come first and are not
+the whole leg and runs rounds of one stream per path, the order changed every round so that a
+slow minute of the shared machine falls on every path alike and each path runs right after each
+other equally often (a Williams design: a path's stream starts while the one before may still be
+finishing its last). Warm-up rounds come first and are not
 counted. The mock counts the connections it accepted: one per path, or a proxy reopened its
 upstream connection, which the report says.
 
