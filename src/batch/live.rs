@@ -676,6 +676,24 @@ mod tests {
         (detector, upstream)
     }
 
+    /// Opens stream `id` on `upstream` (route "chat"), received now.
+    fn open_now(detector: &Arc<BatchDetector>, upstream: &Upstream, id: &str) -> StreamProbe {
+        let route: Arc<str> = Arc::from("chat");
+        detector
+            .open(upstream, Arc::from(id), None, route, Tick::now(), None)
+            .unwrap()
+    }
+
+    /// Waits (in real time, up to 5 s) until the sweep's next run time is no longer `asleep`:
+    /// the sweep ran. Returns how long that took.
+    async fn until_swept(episodes: &UpstreamEpisodes, asleep: i64) -> Duration {
+        let woken = std::time::Instant::now();
+        while episodes.lock().next_sweep == asleep && woken.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        woken.elapsed()
+    }
+
     /// An upstream's sweep outlives its last stream by [`SWEEP_LINGER`]: a stream that starts
     /// meanwhile finds it rather than spawning another, and once the linger passes with no
     /// stream the sweep ends, no sooner than the linger after the last stream's end, even when
@@ -689,12 +707,7 @@ mod tests {
                 .metrics()
                 .num_alive_tasks()
         };
-        let open = |id: &str| {
-            let route: Arc<str> = Arc::from("chat");
-            detector
-                .open(&upstream, Arc::from(id), None, route, Tick::now(), None)
-                .unwrap()
-        };
+        let open = |id: &str| open_now(&detector, &upstream, id);
         let first = open("s0");
         assert_eq!(tasks(), 1);
         drop(first);
@@ -727,12 +740,7 @@ mod tests {
         let (detector, upstream) = detector(BatchSettings::default());
         let episodes = detector.upstream(&upstream);
         let next_sweep = || episodes.lock().next_sweep;
-        let open = |id: &str| {
-            let route: Arc<str> = Arc::from("chat");
-            detector
-                .open(&upstream, Arc::from(id), None, route, Tick::now(), None)
-                .unwrap()
-        };
+        let open = |id: &str| open_now(&detector, &upstream, id);
         let mut first = open("s0");
         tokio::time::sleep(Duration::from_millis(50)).await;
         // The sweep ran: one stream without a first token, nothing due for a second.
@@ -746,16 +754,9 @@ mod tests {
             "a start does not wake a sweep with streams"
         );
         first.token_events(Tick::now(), 1, PhaseMix::ALL_CONTENT, None);
-        let woken = std::time::Instant::now();
-        while next_sweep() == asleep && woken.elapsed() < Duration::from_secs(5) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let took = until_swept(&episodes, asleep).await;
         assert!(next_sweep() < asleep, "the first token woke the sweep");
-        assert!(
-            woken.elapsed() < Duration::from_millis(500),
-            "{:?}",
-            woken.elapsed()
-        );
+        assert!(took < Duration::from_millis(500), "{took:?}");
     }
 
     /// A stream that starts while the sweep lingers with nothing to watch does not wake it (the
@@ -766,12 +767,7 @@ mod tests {
         let (detector, upstream) = detector(BatchSettings::default());
         let episodes = detector.upstream(&upstream);
         let next_sweep = || episodes.lock().next_sweep;
-        let open = |id: &str| {
-            let route: Arc<str> = Arc::from("chat");
-            detector
-                .open(&upstream, Arc::from(id), None, route, Tick::now(), None)
-                .unwrap()
-        };
+        let open = |id: &str| open_now(&detector, &upstream, id);
         drop(open("s0"));
         let lingering = std::time::Instant::now();
         while next_sweep() != i64::MAX && lingering.elapsed() < Duration::from_secs(5) {
@@ -786,16 +782,9 @@ mod tests {
             "a start does not wake a lingering sweep"
         );
         second.token_events(Tick::now(), 1, PhaseMix::ALL_CONTENT, None);
-        let woken = std::time::Instant::now();
-        while next_sweep() == i64::MAX && woken.elapsed() < Duration::from_secs(5) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let took = until_swept(&episodes, i64::MAX).await;
         assert!(next_sweep() < i64::MAX, "the first token woke the sweep");
-        assert!(
-            woken.elapsed() < Duration::from_millis(500),
-            "{:?}",
-            woken.elapsed()
-        );
+        assert!(took < Duration::from_millis(500), "{took:?}");
     }
 
     /// A hitch carries the phase of the frame's first token event, the one that ended the gap:
