@@ -503,7 +503,9 @@ fn stream_json(path: &str, index: u64, conn: usize, r: &StreamResult, gaps: bool
 /// target equally often. A stream starts while the target before it may still be finishing its
 /// own (a proxy's end-of-stream work, its timers): with the order only rotated, each target
 /// always followed the same one, and a build compared as a second metronome path (always right
-/// after the first) read 9-35 µs slower at the median than the same build in the first's place.
+/// after the first) read 9-35 µs slower at the median than the same build in the first's place
+/// (`METRONOME_BIN=A bash scripts/bench.sh --only c1 --stream-events 4 --board-paths
+/// direct,metronome,metronome-before,passthrough,nginx --baseline B`, with A = B and swapped).
 fn round_order(targets: usize, round: usize) -> Vec<usize> {
     let n = targets.max(1);
     let rows = if n % 2 == 0 { n } else { 2 * n };
